@@ -1,0 +1,86 @@
+"""The Iceberg catalog behind one narrow interface: load it from the spec, create the output tables.
+
+``KRISHIV_ICEBERG_CATALOG_URI`` picks the catalog by scheme: ``sqlite:///PATH`` or
+``postgresql+psycopg://…`` for pyiceberg's SQL catalog, ``http(s)://…`` for a REST catalog.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+
+from krishiv.spec import KrishivSpec, PipelineSpec
+from krishiv.tables import aggregate_table_schema, rejects_table_schema
+from outbox.errors import CatalogUnavailable
+
+#: Table properties Krishiv sets on the tables it creates. The relay owns commit retries (it re-checks
+#: the table before each attempt), so pyiceberg's own retry loop is switched off.
+TABLE_PROPERTIES = {
+    "format-version": "2",
+    "commit.retry.num-retries": "0",
+    "write.parquet.compression-codec": "zstd",
+}
+
+
+def redact(uri: str) -> str:
+    """The URI with any password replaced, for error messages."""
+    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", uri)
+
+
+def load_catalog(spec: KrishivSpec) -> Catalog:
+    uri = spec.catalog_uri()
+    name = spec.iceberg.catalog_name
+    warehouse = spec.warehouse_uri()
+    try:
+        if uri.startswith(("http://", "https://")):
+            from pyiceberg.catalog.rest import RestCatalog
+
+            return RestCatalog(name, uri=uri, warehouse=warehouse)
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        if uri.startswith("postgresql://"):
+            uri = "postgresql+psycopg://" + uri[len("postgresql://") :]
+        if uri.startswith("sqlite:///"):
+            from pathlib import Path
+
+            Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+        if warehouse.startswith("file://"):
+            from pathlib import Path
+            from urllib.parse import urlparse
+
+            Path(urlparse(warehouse).path).mkdir(parents=True, exist_ok=True)
+        return SqlCatalog(name, uri=uri, warehouse=warehouse)
+    except Exception as exc:  # connection errors differ by driver: name the address whatever they are
+        raise CatalogUnavailable(f"Iceberg catalog at {redact(uri)} is unreachable: {exc}") from exc
+
+
+def table_identifier(spec: KrishivSpec, table: str) -> tuple[str, str]:
+    return (spec.iceberg.namespace, table)
+
+
+def ensure_table(catalog: Catalog, identifier: tuple[str, str], schema: Schema) -> Table:
+    """Load the table, creating the namespace and table on first use (concurrent creators are fine)."""
+    try:
+        return catalog.load_table(identifier)
+    except NoSuchTableError:
+        pass
+    try:
+        catalog.create_namespace(identifier[0])
+    except NamespaceAlreadyExistsError:
+        pass
+    try:
+        return catalog.create_table(identifier, schema=schema, properties=TABLE_PROPERTIES)
+    except TableAlreadyExistsError:
+        return catalog.load_table(identifier)
+
+
+def ensure_pipeline_tables(catalog: Catalog, spec: KrishivSpec, pipeline: PipelineSpec) -> tuple[Table, Table]:
+    """The pipeline's aggregate table and its rejects table, created from the spec if missing."""
+    return (
+        ensure_table(catalog, table_identifier(spec, pipeline.table), aggregate_table_schema(pipeline)),
+        ensure_table(catalog, table_identifier(spec, pipeline.rejects_table), rejects_table_schema()),
+    )

@@ -1,0 +1,23 @@
+"""Domain exceptions of the krishiv package (configuration, environment, broker)."""
+
+from __future__ import annotations
+
+
+class KrishivError(Exception):
+    """Base class of every error Krishiv raises on purpose."""
+
+
+class ConfigError(KrishivError):
+    """A pipeline spec or an environment override has a wrong value; the message names the field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class EnvironmentProblem(KrishivError):
+    """Something the machine must provide is missing (Java, a broker binary)."""
+
+
+class BrokerUnavailable(KrishivError):
+    """The Kafka broker did not answer at the configured address."""

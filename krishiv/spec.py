@@ -1,0 +1,436 @@
+"""The declarative pipeline spec: one TOML file drives the Spark job, the relay and the Dagster assets.
+
+A spec file holds shared settings (Kafka, Iceberg, storage, Spark) and one or more ``[[pipelines]]``.
+Each pipeline reads one topic, parses JSON events with a declared schema, aggregates them in tumbling
+event-time windows and writes one Iceberg table (plus ``<table>_rejects``). Environment variables
+override the shared addresses and paths so one file serves a laptop and a cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from krishiv.errors import ConfigError
+
+DEFAULT_SPEC_FILE = "krishiv.toml"
+SPEC_FILE_ENV = "KRISHIV_SPEC"
+
+#: Environment overrides, by the field of the spec they replace.
+ENV_OVERRIDES = {
+    "KRISHIV_KAFKA_BOOTSTRAP": "kafka.bootstrap_servers",
+    "KRISHIV_ICEBERG_CATALOG_URI": "iceberg.catalog_uri",
+    "KRISHIV_ICEBERG_WAREHOUSE": "iceberg.warehouse",
+    "KRISHIV_LEDGER_PATH": "storage.ledger_path",
+    "KRISHIV_CHECKPOINT_LOCATION": "storage.checkpoint_location",
+}
+
+_DECIMAL = re.compile(r"^decimal\((\d+),\s*(\d+)\)$")
+_SCALAR_TYPES = ("string", "long", "int", "double", "boolean", "timestamp_ms", "timestamp")
+_AGG_FUNCTIONS = ("count", "sum", "min", "max", "avg")
+_DURATION = re.compile(r"^(\d+)\s*(ms|s|m|h)$")
+_DURATION_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_OUTPUT_MODES = ("append",)
+
+
+@dataclass(frozen=True)
+class FieldType:
+    """A JSON field's declared type: a scalar name or a decimal with precision and scale."""
+
+    name: str
+    precision: int = 0
+    scale: int = 0
+
+    @property
+    def is_decimal(self) -> bool:
+        return self.name == "decimal"
+
+    @property
+    def is_numeric(self) -> bool:
+        return self.name in ("long", "int", "double", "decimal")
+
+    def __str__(self) -> str:
+        return f"decimal({self.precision},{self.scale})" if self.is_decimal else self.name
+
+
+@dataclass(frozen=True)
+class EventField:
+    name: str
+    type: FieldType
+    required: bool = True
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """One output column: ``function(field)`` named ``name``; ``count`` takes no field."""
+
+    name: str
+    function: str
+    field: str | None = None
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    name: str
+    topic: str
+    table: str
+    event_time_field: str
+    fields: tuple[EventField, ...]
+    aggregations: tuple[Aggregation, ...]
+    watermark_delay_ms: int = 5_000
+    window_ms: int = 60_000
+    trigger_interval_ms: int = 2_000
+    max_records_per_batch: int = 200_000
+    output_mode: str = "append"
+
+    @property
+    def rejects_table(self) -> str:
+        return f"{self.table}_rejects"
+
+    def field(self, name: str) -> EventField:
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class KafkaSettings:
+    bootstrap_servers: str = "127.0.0.1:9092"
+    partitions: int = 4
+    consumer: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class IcebergSettings:
+    catalog_uri: str = "sqlite:///state/catalog.db"
+    warehouse: str = "state/warehouse"
+    namespace: str = "krishiv"
+    catalog_name: str = "krishiv"
+
+
+@dataclass(frozen=True)
+class StorageSettings:
+    ledger_path: str = "state/ledger.duckdb"
+    checkpoint_location: str = "state/checkpoints"
+
+
+@dataclass(frozen=True)
+class SparkSettings:
+    master: str = "local[*]"
+    shuffle_partitions: int = 4
+    records_per_split: int = 250_000
+
+
+@dataclass(frozen=True)
+class KrishivSpec:
+    kafka: KafkaSettings
+    iceberg: IcebergSettings
+    storage: StorageSettings
+    spark: SparkSettings
+    pipelines: tuple[PipelineSpec, ...]
+    base_dir: Path = Path(".")
+
+    def pipeline(self, name: str | None = None) -> PipelineSpec:
+        if name is None:
+            return self.pipelines[0]
+        for p in self.pipelines:
+            if p.name == name:
+                return p
+        raise ConfigError("pipelines", f"no pipeline named {name!r}; have {[p.name for p in self.pipelines]}")
+
+    def checkpoint_dir(self, pipeline: PipelineSpec) -> Path:
+        return self.resolve(self.storage.checkpoint_location) / pipeline.name
+
+    def resolve(self, path: str) -> Path:
+        """A path of the spec, relative to the spec file's folder unless absolute."""
+        p = Path(path).expanduser()
+        return p if p.is_absolute() else (self.base_dir / p).resolve()
+
+    def warehouse_uri(self) -> str:
+        w = self.iceberg.warehouse
+        if "://" in w:
+            return w
+        return self.resolve(w).as_uri()
+
+    def catalog_uri(self) -> str:
+        """The catalog URI with a relative SQLite path made absolute against the spec's folder."""
+        uri = self.iceberg.catalog_uri
+        prefix = "sqlite:///"
+        if uri.startswith(prefix) and not uri.startswith(prefix + "/") and uri != "sqlite:///:memory:":
+            return prefix + str(self.resolve(uri[len(prefix) :]))
+        return uri
+
+    def with_overrides(self, **sections: Any) -> KrishivSpec:
+        return replace(self, **sections)
+
+
+# --------------------------------------------------------------------------------------------- parsing
+
+
+def _expect(value: Any, kind: type | tuple[type, ...], field_name: str, what: str) -> Any:
+    if isinstance(value, bool) and kind in (int, (int,)):
+        raise ConfigError(field_name, f"expected {what}, got {value!r}")
+    if not isinstance(value, kind):
+        raise ConfigError(field_name, f"expected {what}, got {value!r}")
+    return value
+
+
+def parse_duration_ms(value: Any, field_name: str) -> int:
+    """``"5s"``, ``"1m"``, ``"250ms"``, ``"1h"`` or a whole number of milliseconds."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        ms = value
+    elif isinstance(value, str) and (m := _DURATION.match(value.strip())):
+        ms = int(m.group(1)) * _DURATION_MS[m.group(2)]
+    else:
+        raise ConfigError(field_name, f"expected a duration like '5s', '1m' or '250ms', got {value!r}")
+    if ms <= 0:
+        raise ConfigError(field_name, f"expected a positive duration, got {value!r}")
+    return ms
+
+
+def parse_field_type(value: Any, field_name: str) -> FieldType:
+    text = _expect(value, str, field_name, f"a type ({', '.join(_SCALAR_TYPES)} or decimal(p,s))").strip()
+    if text in _SCALAR_TYPES:
+        return FieldType(text)
+    m = _DECIMAL.match(text)
+    if m:
+        precision, scale = int(m.group(1)), int(m.group(2))
+        if not (1 <= precision <= 38 and 0 <= scale <= precision):
+            raise ConfigError(field_name, f"decimal precision must be 1..38 and scale 0..precision, got {text}")
+        return FieldType("decimal", precision, scale)
+    raise ConfigError(field_name, f"expected one of {', '.join(_SCALAR_TYPES)} or decimal(p,s), got {text!r}")
+
+
+def _identifier(value: Any, field_name: str) -> str:
+    text = _expect(value, str, field_name, "a name")
+    if not _IDENTIFIER.match(text):
+        raise ConfigError(field_name, f"expected a name of letters, digits and underscores, got {text!r}")
+    return text
+
+
+def _positive_int(value: Any, field_name: str) -> int:
+    number = _expect(value, int, field_name, "a whole number")
+    if number <= 0:
+        raise ConfigError(field_name, f"expected a positive whole number, got {number}")
+    return number
+
+
+def _parse_fields(raw: Any, where: str) -> tuple[EventField, ...]:
+    _expect(raw, dict, where, "a table of field = type")
+    fields = []
+    for name, decl in raw.items():
+        fname = f"{where}.{name}"
+        _identifier(name, fname)
+        if isinstance(decl, dict):
+            unknown = set(decl) - {"type", "required"}
+            if unknown:
+                raise ConfigError(fname, f"unknown keys {sorted(unknown)}; expected 'type' and 'required'")
+            ftype = parse_field_type(decl.get("type"), f"{fname}.type")
+            required = _expect(decl.get("required", True), bool, f"{fname}.required", "true or false")
+        else:
+            ftype, required = parse_field_type(decl, fname), True
+        fields.append(EventField(name, ftype, required))
+    if not fields:
+        raise ConfigError(where, "expected at least one field")
+    return tuple(fields)
+
+
+def _parse_aggregations(raw: Any, where: str, fields: tuple[EventField, ...]) -> tuple[Aggregation, ...]:
+    _expect(raw, list, where, "a list of {name, function, field}")
+    by_name = {f.name: f for f in fields}
+    out: list[Aggregation] = []
+    for i, item in enumerate(raw):
+        at = f"{where}[{i}]"
+        _expect(item, dict, at, "a table with name, function and field")
+        unknown = set(item) - {"name", "function", "field"}
+        if unknown:
+            raise ConfigError(at, f"unknown keys {sorted(unknown)}; expected name, function, field")
+        name = _identifier(item.get("name"), f"{at}.name")
+        function = item.get("function")
+        if function not in _AGG_FUNCTIONS:
+            raise ConfigError(f"{at}.function", f"expected one of {', '.join(_AGG_FUNCTIONS)}, got {function!r}")
+        source = item.get("field")
+        if function == "count":
+            if source is not None and source not in by_name:
+                raise ConfigError(f"{at}.field", f"no event field named {source!r}")
+        else:
+            if source not in by_name:
+                raise ConfigError(f"{at}.field", f"expected one of the event fields {sorted(by_name)}, got {source!r}")
+            ftype = by_name[source].type
+            if function in ("sum", "avg") and not ftype.is_numeric:
+                raise ConfigError(f"{at}.field", f"{function} needs a numeric field; {source} is {ftype}")
+        if name in {a.name for a in out} or name in ("window_start", "window_end"):
+            raise ConfigError(f"{at}.name", f"output column {name!r} is used twice")
+        out.append(Aggregation(name, function, source))
+    if not out:
+        raise ConfigError(where, "expected at least one aggregation")
+    return tuple(out)
+
+
+def _parse_pipeline(raw: Any, where: str) -> PipelineSpec:
+    _expect(raw, dict, where, "a table")
+    known = {
+        "name",
+        "topic",
+        "table",
+        "event_time_field",
+        "watermark_delay",
+        "window",
+        "trigger_interval",
+        "max_records_per_batch",
+        "output_mode",
+        "fields",
+        "aggregations",
+    }
+    unknown = set(raw) - known
+    if unknown:
+        raise ConfigError(where, f"unknown keys {sorted(unknown)}; expected some of {sorted(known)}")
+    name = _identifier(raw.get("name"), f"{where}.name")
+    topic = _expect(raw.get("topic"), str, f"{where}.topic", "a Kafka topic name")
+    if not re.match(r"^[A-Za-z0-9._-]{1,249}$", topic):
+        raise ConfigError(f"{where}.topic", f"not a valid Kafka topic name: {topic!r}")
+    table = _identifier(raw.get("table", name), f"{where}.table")
+    fields = _parse_fields(raw.get("fields"), f"{where}.fields")
+    event_time = raw.get("event_time_field")
+    by_name = {f.name: f for f in fields}
+    if event_time not in by_name:
+        raise ConfigError(
+            f"{where}.event_time_field", f"expected one of the event fields {sorted(by_name)}, got {event_time!r}"
+        )
+    if by_name[event_time].type.name not in ("timestamp_ms", "timestamp"):
+        raise ConfigError(
+            f"{where}.event_time_field",
+            f"the event time field must be of type timestamp_ms or timestamp, {event_time} is {by_name[event_time].type}",
+        )
+    output_mode = raw.get("output_mode", "append")
+    if output_mode not in _OUTPUT_MODES:
+        raise ConfigError(f"{where}.output_mode", f"expected one of {list(_OUTPUT_MODES)}, got {output_mode!r}")
+    return PipelineSpec(
+        name=name,
+        topic=topic,
+        table=table,
+        event_time_field=event_time,
+        fields=fields,
+        aggregations=_parse_aggregations(raw.get("aggregations"), f"{where}.aggregations", fields),
+        watermark_delay_ms=parse_duration_ms(raw.get("watermark_delay", "5s"), f"{where}.watermark_delay"),
+        window_ms=parse_duration_ms(raw.get("window", "1m"), f"{where}.window"),
+        trigger_interval_ms=parse_duration_ms(raw.get("trigger_interval", "2s"), f"{where}.trigger_interval"),
+        max_records_per_batch=_positive_int(
+            raw.get("max_records_per_batch", 200_000), f"{where}.max_records_per_batch"
+        ),
+        output_mode=output_mode,
+    )
+
+
+def _section(raw: Mapping[str, Any], name: str, allowed: set[str]) -> dict[str, Any]:
+    section = raw.get(name, {})
+    _expect(section, dict, name, "a table")
+    unknown = set(section) - allowed
+    if unknown:
+        raise ConfigError(name, f"unknown keys {sorted(unknown)}; expected some of {sorted(allowed)}")
+    return dict(section)
+
+
+def _apply_env(raw: dict[str, Any], env: Mapping[str, str]) -> None:
+    for var, path in ENV_OVERRIDES.items():
+        value = env.get(var)
+        if value is None or value == "":
+            continue
+        section, key = path.split(".")
+        raw.setdefault(section, {})
+        _expect(raw[section], dict, section, "a table")
+        raw[section][key] = value
+
+
+def parse_spec(
+    raw: Mapping[str, Any], env: Mapping[str, str] | None = None, base_dir: Path | None = None
+) -> KrishivSpec:
+    """Validate a decoded spec document, applying environment overrides first."""
+    doc = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    _apply_env(doc, env if env is not None else {})
+    unknown = set(doc) - {"kafka", "iceberg", "storage", "spark", "pipelines"}
+    if unknown:
+        raise ConfigError("spec", f"unknown sections {sorted(unknown)}")
+
+    k = _section(doc, "kafka", {"bootstrap_servers", "partitions", "consumer"})
+    kafka = KafkaSettings(
+        bootstrap_servers=_expect(
+            k.get("bootstrap_servers", KafkaSettings.bootstrap_servers),
+            str,
+            "kafka.bootstrap_servers",
+            "host:port[,host:port]",
+        ),
+        partitions=_positive_int(k.get("partitions", 4), "kafka.partitions"),
+        consumer={str(a): str(b) for a, b in _expect(k.get("consumer", {}), dict, "kafka.consumer", "a table").items()},
+    )
+    for server in kafka.bootstrap_servers.split(","):
+        if not re.match(r"^[^:\s]+:\d{1,5}$", server.strip()):
+            raise ConfigError(
+                "kafka.bootstrap_servers", f"expected host:port[,host:port], got {kafka.bootstrap_servers!r}"
+            )
+
+    i = _section(doc, "iceberg", {"catalog_uri", "warehouse", "namespace", "catalog_name"})
+    iceberg = IcebergSettings(
+        catalog_uri=_expect(i.get("catalog_uri", IcebergSettings.catalog_uri), str, "iceberg.catalog_uri", "a URI"),
+        warehouse=_expect(i.get("warehouse", IcebergSettings.warehouse), str, "iceberg.warehouse", "a path or URI"),
+        namespace=_identifier(i.get("namespace", IcebergSettings.namespace), "iceberg.namespace"),
+        catalog_name=_identifier(i.get("catalog_name", IcebergSettings.catalog_name), "iceberg.catalog_name"),
+    )
+    scheme = iceberg.catalog_uri.split(":", 1)[0]
+    if scheme not in ("sqlite", "postgresql+psycopg", "postgresql", "http", "https"):
+        raise ConfigError(
+            "iceberg.catalog_uri",
+            f"expected sqlite:///PATH, postgresql+psycopg://… or http(s)://… (REST), got {iceberg.catalog_uri!r}",
+        )
+
+    s = _section(doc, "storage", {"ledger_path", "checkpoint_location"})
+    storage = StorageSettings(
+        ledger_path=_expect(s.get("ledger_path", StorageSettings.ledger_path), str, "storage.ledger_path", "a path"),
+        checkpoint_location=_expect(
+            s.get("checkpoint_location", StorageSettings.checkpoint_location),
+            str,
+            "storage.checkpoint_location",
+            "a path",
+        ),
+    )
+
+    sp = _section(doc, "spark", {"master", "shuffle_partitions", "records_per_split"})
+    spark = SparkSettings(
+        master=_expect(sp.get("master", SparkSettings.master), str, "spark.master", "a Spark master URL"),
+        shuffle_partitions=_positive_int(sp.get("shuffle_partitions", 4), "spark.shuffle_partitions"),
+        records_per_split=_positive_int(sp.get("records_per_split", 250_000), "spark.records_per_split"),
+    )
+
+    raw_pipelines = doc.get("pipelines")
+    _expect(raw_pipelines, list, "pipelines", "at least one [[pipelines]] table")
+    if not raw_pipelines:
+        raise ConfigError("pipelines", "expected at least one [[pipelines]] table")
+    pipelines = tuple(_parse_pipeline(p, f"pipelines[{n}]") for n, p in enumerate(raw_pipelines))
+    for attr in ("name", "table"):
+        values = [getattr(p, attr) for p in pipelines]
+        dupes = {v for v in values if values.count(v) > 1}
+        if dupes:
+            raise ConfigError(f"pipelines.{attr}", f"must be unique across pipelines; repeated: {sorted(dupes)}")
+    return KrishivSpec(kafka, iceberg, storage, spark, pipelines, base_dir or Path.cwd())
+
+
+def load_spec(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> KrishivSpec:
+    """Load a spec file (default: ``$KRISHIV_SPEC`` or ``./krishiv.toml``) and apply environment overrides."""
+    environ = os.environ if env is None else env
+    spec_path = Path(path or environ.get(SPEC_FILE_ENV) or DEFAULT_SPEC_FILE).expanduser().resolve()
+    try:
+        text = spec_path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError("spec", f"no spec file at {spec_path}") from None
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("spec", f"{spec_path} is not valid TOML: {exc}") from None
+    return parse_spec(raw, environ, spec_path.parent)

@@ -1,0 +1,220 @@
+"""Phase 2 of the outbox: promote PENDING ledger entries into Iceberg snapshots, strictly in batch order.
+
+For each pending entry of a table, oldest first:
+
+1. If it staged no rows, mark it COMMITTED with no snapshot (nothing to publish).
+2. Load the table and look for the batch: the intended snapshot id among the snapshots, or a snapshot of
+   this query whose high-water batch id is at or past this batch (that survives snapshot expiry).
+   Found: mark COMMITTED and move on. Nothing is committed twice.
+3. Check every staged file still exists; a missing one stops the relay (committing would lose rows).
+4. Commit one fast-append snapshot that registers the staged files in place, with the intended
+   snapshot id and a summary naming query, batch, high-water batch and Kafka offsets.
+5. Mark the entry COMMITTED.
+
+A conflict with another writer (``CommitFailedException``) means the commit did not happen: back off,
+reload, go back to step 2. Any other failure of the catalog call has an unknown outcome: it is never
+retried blindly, the table is reloaded and step 2 decides. Both loops are bounded by named constants.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
+from pyiceberg.io.pyarrow import parquet_file_to_data_file
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot
+
+from krishiv.faults import fault_point
+from outbox.errors import CatalogUnavailable, CommitConflict, StagedFileMissing
+from outbox.ledger import Ledger, OutboxEntry
+from outbox.snapshot_producer import fast_append
+
+log = logging.getLogger(__name__)
+
+SUMMARY_PIPELINE = "krishiv.pipeline"
+SUMMARY_QUERY_ID = "krishiv.query-id"
+SUMMARY_BATCH_ID = "krishiv.batch-id"
+SUMMARY_HIGH_WATER = "krishiv.high-water-batch-id"
+SUMMARY_OFFSETS = "krishiv.kafka-offsets"
+
+MAX_CONFLICT_RETRIES = 8
+MAX_AMBIGUOUS_RECHECKS = 3
+RETRY_BACKOFF_START_S = 0.05
+RETRY_BACKOFF_MAX_S = 2.0
+CATALOG_RELOAD_BUDGET_S = 20.0
+
+#: The identity of a committed batch in the table: the snapshot that recorded it, None if expired.
+_EXPIRED = -1
+
+
+@dataclass
+class TableCommitReport:
+    table: str
+    committed: list[int] = field(default_factory=list)  # batch ids committed by this run
+    recovered: list[int] = field(default_factory=list)  # batch ids found already in the table
+    empty: list[int] = field(default_factory=list)  # batch ids with nothing to publish
+    snapshot_ids: list[int] = field(default_factory=list)
+    commit_latencies_ms: list[float] = field(default_factory=list)
+    records: int = 0
+
+
+def snapshot_summary(entry: OutboxEntry) -> dict[str, str]:
+    return {
+        SUMMARY_PIPELINE: entry.pipeline,
+        SUMMARY_QUERY_ID: entry.query_id,
+        SUMMARY_BATCH_ID: str(entry.batch_id),
+        SUMMARY_HIGH_WATER: str(entry.batch_id),
+        SUMMARY_OFFSETS: json.dumps(entry.offsets, sort_keys=True, separators=(",", ":")),
+    }
+
+
+def ancestors(table: Table) -> Iterator[Snapshot]:
+    """The current snapshot and its parents, newest first, until the chain ends or was expired."""
+    snapshot = table.current_snapshot()
+    while snapshot is not None:
+        yield snapshot
+        if snapshot.parent_snapshot_id is None:
+            return
+        snapshot = table.metadata.snapshot_by_id(snapshot.parent_snapshot_id)
+
+
+def find_committed(table: Table, entry: OutboxEntry) -> int | None:
+    """The snapshot id that holds ``entry`` (``-1`` if it is recorded but expired), or None if absent."""
+    if table.metadata.snapshot_by_id(entry.intended_snapshot_id) is not None:
+        return entry.intended_snapshot_id
+    for snapshot in ancestors(table):
+        summary = snapshot.summary
+        if summary is None or summary.get(SUMMARY_QUERY_ID) != entry.query_id:
+            continue
+        high_water = int(summary.get(SUMMARY_HIGH_WATER) or -1)
+        if high_water < entry.batch_id:
+            return None
+        if int(summary.get(SUMMARY_BATCH_ID) or -1) == entry.batch_id:
+            return snapshot.snapshot_id
+        for older in ancestors(table):
+            if (
+                older.summary is not None
+                and older.summary.get(SUMMARY_QUERY_ID) == entry.query_id
+                and older.summary.get(SUMMARY_BATCH_ID) == str(entry.batch_id)
+            ):
+                return older.snapshot_id
+        return _EXPIRED
+    return None
+
+
+def _backoff(attempt: int) -> float:
+    return min(RETRY_BACKOFF_START_S * (2**attempt), RETRY_BACKOFF_MAX_S) * random.uniform(0.5, 1.0)
+
+
+class CommitRelay:
+    """Commits a ledger's pending entries for the tables of one catalog."""
+
+    def __init__(
+        self, ledger: Ledger, catalog: Catalog | Callable[[], Catalog], catalog_address: str = "catalog"
+    ) -> None:
+        self.ledger = ledger
+        self._catalog = catalog
+        self.catalog_address = catalog_address
+
+    @property
+    def catalog(self) -> Catalog:
+        if callable(self._catalog) and not isinstance(self._catalog, Catalog):
+            self._catalog = self._catalog()
+        return self._catalog  # type: ignore[return-value]
+
+    def run(self, tables: list[str] | None = None) -> list[TableCommitReport]:
+        return [self.commit_table(t) for t in (tables if tables is not None else self.ledger.tables())]
+
+    def commit_table(self, table_name: str) -> TableCommitReport:
+        report = TableCommitReport(table_name)
+        pending = self.ledger.pending(table_name)
+        if not pending:
+            return report
+        table: Table | None = None
+        for entry in pending:
+            if not entry.files or entry.record_count == 0:
+                self.ledger.mark_committed(entry, None)
+                report.empty.append(entry.batch_id)
+                continue
+            if table is None:
+                table = self._load(table_name)
+            table = self._commit_entry(table, entry, report)
+        return report
+
+    # ------------------------------------------------------------------------------------ steps
+
+    def _load(self, table_name: str) -> Table:
+        deadline = time.monotonic() + CATALOG_RELOAD_BUDGET_S
+        attempt = 0
+        while True:
+            try:
+                return self.catalog.load_table(table_name)
+            except NoSuchTableError:
+                raise
+            except Exception as exc:
+                if time.monotonic() >= deadline:
+                    raise CatalogUnavailable(
+                        f"Iceberg catalog at {self.catalog_address} did not answer for "
+                        f"{CATALOG_RELOAD_BUDGET_S:.0f}s while loading {table_name}: {exc}; pending entries stay pending"
+                    ) from exc
+                time.sleep(_backoff(attempt))
+                attempt += 1
+
+    def _commit_entry(self, table: Table, entry: OutboxEntry, report: TableCommitReport) -> Table:
+        conflicts = ambiguous = 0
+        while True:
+            found = find_committed(table, entry)
+            if found is not None:
+                self.ledger.mark_committed(entry, None if found == _EXPIRED else found)
+                report.recovered.append(entry.batch_id)
+                return table
+            data_files = [self._data_file(table, f.path) for f in entry.files]
+            started = time.perf_counter()
+            try:
+                fault_point("relay.before_catalog_commit", entry.batch_id)
+                table = fast_append(table, data_files, entry.intended_snapshot_id, snapshot_summary(entry))
+                fault_point("relay.after_catalog_commit", entry.batch_id)
+            except CommitFailedException as exc:
+                conflicts += 1
+                if conflicts > MAX_CONFLICT_RETRIES:
+                    raise CommitConflict(
+                        f"{entry.table} batch {entry.batch_id}: {MAX_CONFLICT_RETRIES} commits lost to concurrent "
+                        f"writers; the entry stays pending: {exc}"
+                    ) from exc
+                log.info("commit of %s batch %s conflicted (%s); re-checking", entry.table, entry.batch_id, exc)
+                time.sleep(_backoff(conflicts))
+                table = self._load(entry.table)
+                continue
+            except Exception as exc:
+                ambiguous += 1
+                if ambiguous > MAX_AMBIGUOUS_RECHECKS:
+                    raise
+                log.warning(
+                    "commit of %s batch %s has an unknown outcome (%r); reloading to check",
+                    entry.table,
+                    entry.batch_id,
+                    exc,
+                )
+                table = self._load(entry.table)
+                continue
+            report.commit_latencies_ms.append((time.perf_counter() - started) * 1000)
+            self.ledger.mark_committed(entry, entry.intended_snapshot_id)
+            report.committed.append(entry.batch_id)
+            report.snapshot_ids.append(entry.intended_snapshot_id)
+            report.records += entry.record_count
+            return table
+
+    def _data_file(self, table: Table, path: str):
+        try:
+            return parquet_file_to_data_file(table.io, table.metadata, path)
+        except FileNotFoundError as exc:
+            raise StagedFileMissing(
+                f"staged file {path} of a pending entry is missing; refusing to commit a partial batch"
+            ) from exc

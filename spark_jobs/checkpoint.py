@@ -1,0 +1,67 @@
+"""Reads of Spark's streaming checkpoint: the query id and each batch's offsets and watermark.
+
+Spark writes ``offsets/<batch>`` before it runs a batch: a version line, a JSON line of batch metadata
+(including ``batchWatermarkMs``, the watermark the batch runs with) and one line per source with the end
+offsets. The start of batch N is the end of batch N-1; batch 0 starts at the offsets Krishiv pins in
+``krishiv/starting_offsets.json`` before the query first starts, so a batch id always means the same range.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+STARTING_OFFSETS_FILE = "krishiv/starting_offsets.json"
+
+
+@dataclass(frozen=True)
+class BatchOffsets:
+    batch_id: int
+    start: dict[str, int]
+    end: dict[str, int]
+    watermark_ms: int
+
+    def ranges(self) -> dict[str, list[int]]:
+        return {p: [self.start.get(p, 0), end] for p, end in sorted(self.end.items(), key=lambda kv: int(kv[0]))}
+
+    @property
+    def records(self) -> int:
+        return sum(end - start for start, end in self.ranges().values())
+
+
+class Checkpoint:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def query_id(self) -> str:
+        return json.loads((self.path / "metadata").read_text())["id"]
+
+    def has_batches(self) -> bool:
+        offsets = self.path / "offsets"
+        return offsets.is_dir() and any(p.name.isdigit() for p in offsets.iterdir())
+
+    def starting_offsets(self) -> dict[str, int] | None:
+        f = self.path / STARTING_OFFSETS_FILE
+        return {k: int(v) for k, v in json.loads(f.read_text()).items()} if f.exists() else None
+
+    def pin_starting_offsets(self, offsets: dict[str, int]) -> None:
+        f = self.path / STARTING_OFFSETS_FILE
+        f.parent.mkdir(parents=True, exist_ok=True)
+        tmp = f.with_suffix(".tmp")
+        tmp.write_text(json.dumps(offsets, sort_keys=True))
+        tmp.replace(f)
+
+    def _offset_log(self, batch_id: int) -> tuple[dict, dict[str, int]]:
+        lines = (self.path / "offsets" / str(batch_id)).read_text().splitlines()
+        metadata = json.loads(lines[1])
+        source = lines[2] if len(lines) > 2 else "{}"
+        return metadata, {str(k): int(v) for k, v in json.loads(source).items()}
+
+    def batch(self, batch_id: int) -> BatchOffsets:
+        metadata, end = self._offset_log(batch_id)
+        if batch_id == 0:
+            start = self.starting_offsets() or {}
+        else:
+            start = self._offset_log(batch_id - 1)[1]
+        return BatchOffsets(batch_id, start, end, int(metadata.get("batchWatermarkMs", 0)))

@@ -1,0 +1,100 @@
+"""Starting a pipeline's streaming query: Kafka source -> transform -> staging sink, with its checkpoint."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from pyiceberg.catalog import Catalog
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
+from krishiv.catalog import ensure_pipeline_tables, table_identifier
+from krishiv.spec import KrishivSpec, PipelineSpec
+from outbox.ledger import Ledger
+from spark_jobs.checkpoint import Checkpoint
+from spark_jobs.errors import CheckpointMismatch
+from spark_jobs.kafka_source import SOURCE_NAME, KafkaAdmin
+from spark_jobs.staging import BatchStager
+from spark_jobs.transform import build_output
+
+
+@dataclass
+class RunningPipeline:
+    query: StreamingQuery
+    stager: BatchStager
+
+
+def qualified(spec: KrishivSpec, table: str) -> str:
+    return ".".join(table_identifier(spec, table))
+
+
+def _guard_checkpoint(checkpoint: Checkpoint, ledger: Ledger, pipeline: PipelineSpec) -> None:
+    """Refuse to start a fresh checkpoint over a ledger that already holds this pipeline's batches.
+
+    A new checkpoint restarts batch ids and loses the open windows' state, so its output would repeat or
+    miss rows already committed. Restore the checkpoint instead (or point the pipeline at a new table).
+    """
+    known = ledger.query_ids(pipeline.name)
+    if not known or checkpoint.has_batches():
+        return
+    if (checkpoint.path / "metadata").exists() and checkpoint.query_id() in known:
+        return
+    raise CheckpointMismatch(
+        f"checkpoint {checkpoint.path} is empty, but ledger {ledger.path} already holds batches of pipeline "
+        f"{pipeline.name!r} from query {known[-1]}; restore that checkpoint, or give the pipeline a new table"
+    )
+
+
+def start_pipeline(
+    spark: SparkSession,
+    spec: KrishivSpec,
+    pipeline: PipelineSpec,
+    catalog: Catalog,
+    ledger: Ledger,
+    *,
+    once: bool,
+) -> RunningPipeline:
+    checkpoint = Checkpoint(spec.checkpoint_dir(pipeline))
+    _guard_checkpoint(checkpoint, ledger, pipeline)
+    table, rejects = ensure_pipeline_tables(catalog, spec, pipeline)
+    starting = checkpoint.starting_offsets()
+    if starting is None:
+        admin = KafkaAdmin(spec.kafka.bootstrap_servers, pipeline.topic, spec.kafka.consumer)
+        try:
+            starting = admin.earliest()
+        finally:
+            admin.close()
+        checkpoint.pin_starting_offsets(starting)
+
+    reader = (
+        spark.readStream.format(SOURCE_NAME)
+        .option("bootstrap.servers", spec.kafka.bootstrap_servers)
+        .option("topic", pipeline.topic)
+        .option("startingOffsets", json.dumps(starting))
+        .option("maxRecordsPerBatch", str(pipeline.max_records_per_batch))
+        .option("recordsPerSplit", str(spec.spark.records_per_split))
+    )
+    for key, value in spec.kafka.consumer.items():
+        reader = reader.option(f"kafka.{key}", value)
+    output = build_output(reader.load(), pipeline)
+    stager = BatchStager(
+        pipeline,
+        ledger,
+        checkpoint,
+        table,
+        rejects,
+        qualified(spec, pipeline.table),
+        qualified(spec, pipeline.rejects_table),
+    )
+    writer = (
+        output.writeStream.queryName(pipeline.name)
+        .foreachBatch(stager)
+        .option("checkpointLocation", str(checkpoint.path))
+    )
+    writer = (
+        writer.trigger(availableNow=True)
+        if once
+        else writer.trigger(processingTime=f"{pipeline.trigger_interval_ms} milliseconds")
+    )
+    return RunningPipeline(writer.start(), stager)

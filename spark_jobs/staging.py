@@ -1,0 +1,195 @@
+"""Phase 1 of the outbox: each micro-batch's output becomes staged Parquet files plus ledger entries.
+
+For batch N of a query (``foreachBatch``):
+
+1. Read N's offsets and watermark from the Spark checkpoint (written before the batch ran).
+2. Run the batch once, keeping closed windows, rejects, and the events Spark drops as late.
+   The batch always runs, even on replay: Spark's state store must advance with it.
+3. If the ledger already has N for both tables, stop: a replay changes nothing.
+4. Write windows and rejects as Parquet under a per-query, per-batch folder of each table, with fresh
+   file names (a retry never overwrites a file an earlier attempt may have published).
+5. Record one entry per table, with the intended snapshot id, in one ledger transaction. If another
+   attempt recorded N first, its entry wins and this attempt's files are removed (nothing references them).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyiceberg.io.pyarrow import schema_to_pyarrow
+from pyiceberg.table import Table
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from krishiv.faults import fault_point
+from krishiv.spec import PipelineSpec
+from krishiv.tables import REJECT_COLUMNS, WINDOW_END, WINDOW_START
+from outbox.ledger import Ledger, OutboxEntry, StagedFile
+from outbox.snapshot_producer import new_snapshot_id
+from spark_jobs.checkpoint import BatchOffsets, Checkpoint
+from spark_jobs.transform import EVENT_WINDOW_END_MS, KIND, KIND_EVENT, KIND_REJECT, KIND_WINDOW
+
+log = logging.getLogger(__name__)
+
+STAGING_DIR = "data/krishiv-staging"
+
+
+@dataclass(frozen=True)
+class StagedBatch:
+    """What one call of the sink did, for progress reports and tests."""
+
+    batch_id: int
+    records_read: int
+    windows: int
+    rejects: int
+    late_events: int
+    recorded: bool
+
+
+def staging_folder(table: Table, query_id: str, batch_id: int) -> str:
+    return f"{table.location().rstrip('/')}/{STAGING_DIR}/query={query_id}/batch={batch_id:012d}"
+
+
+def write_parquet(table: Table, rows: pa.Table, folder: str) -> StagedFile:
+    """Write ``rows`` (cast to the table's schema, with Iceberg field ids) as one new Parquet file."""
+    target = schema_to_pyarrow(table.schema(), include_field_ids=True)
+    rows = rows.select([f.name for f in target]).cast(target)
+    path = f"{folder}/part-{uuid.uuid4().hex}.parquet"
+    output = table.io.new_output(path)
+    with output.create(overwrite=False) as stream:
+        pq.write_table(rows, stream, compression="zstd")
+    return StagedFile(path=path, records=rows.num_rows, bytes=len(table.io.new_input(path)))
+
+
+class BatchStager:
+    """The ``foreachBatch`` function of one pipeline's query."""
+
+    def __init__(
+        self,
+        pipeline: PipelineSpec,
+        ledger: Ledger,
+        checkpoint: Checkpoint,
+        table: Table,
+        rejects_table: Table,
+        table_name: str,
+        rejects_table_name: str,
+    ) -> None:
+        self.pipeline = pipeline
+        self.ledger = ledger
+        self.checkpoint = checkpoint
+        self.table, self.rejects_table = table, rejects_table
+        self.table_name, self.rejects_table_name = table_name, rejects_table_name
+        self.history: list[StagedBatch] = []
+        self._query_id: str | None = None
+
+    @property
+    def query_id(self) -> str:
+        if self._query_id is None:
+            self._query_id = self.checkpoint.query_id()
+        return self._query_id
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        fault_point("stage.begin", batch_id)
+        offsets = self.checkpoint.batch(batch_id)
+        rows = self._collect(batch, offsets)
+        fault_point("stage.after_compute", batch_id)
+
+        kinds = rows.column(KIND)
+        windows = rows.filter(pc.equal(kinds, KIND_WINDOW))
+        rejects = rows.filter(pc.equal(kinds, KIND_REJECT))
+        late = rows.filter(pc.equal(kinds, KIND_EVENT)).num_rows
+
+        existing = [self.ledger.get(self.query_id, t, batch_id) for t in (self.table_name, self.rejects_table_name)]
+        if all(e is not None for e in existing):
+            self._check_same_offsets(existing, offsets)
+            self._done(StagedBatch(batch_id, offsets.records, windows.num_rows, rejects.num_rows, late, False))
+            return
+
+        ranges = {self.pipeline.topic: offsets.ranges()}
+        metrics = {
+            "records_read": offsets.records,
+            "windows": windows.num_rows,
+            "rejects": rejects.num_rows,
+            "late_events": late,
+            "watermark_ms": offsets.watermark_ms,
+        }
+        window_files = self._stage(self.table, windows.drop_columns([KIND]), batch_id)
+        rejects = rejects.append_column("batch_id", pa.array([batch_id] * rejects.num_rows, pa.int64()))
+        reject_files = self._stage(self.rejects_table, rejects.select(list(REJECT_COLUMNS)), batch_id)
+        fault_point("stage.after_files", batch_id)
+
+        entries = [
+            OutboxEntry(
+                self.query_id,
+                self.pipeline.name,
+                self.table_name,
+                batch_id,
+                ranges,
+                window_files,
+                new_snapshot_id(),
+                metrics,
+            ),
+            OutboxEntry(
+                self.query_id,
+                self.pipeline.name,
+                self.rejects_table_name,
+                batch_id,
+                ranges,
+                reject_files,
+                new_snapshot_id(),
+                {"rejects": rejects.num_rows},
+            ),
+        ]
+        inserted = self.ledger.record_batch(entries)
+        for entry, new in zip(entries, inserted, strict=True):
+            if not new:
+                table = self.table if entry.table == self.table_name else self.rejects_table
+                for f in entry.files:
+                    table.io.delete(f.path)
+        fault_point("stage.after_ledger", batch_id)
+        self._done(StagedBatch(batch_id, offsets.records, windows.num_rows, rejects.num_rows, late, any(inserted)))
+
+    # ------------------------------------------------------------------------------------ steps
+
+    def _collect(self, batch: DataFrame, offsets: BatchOffsets) -> pa.Table:
+        """One pass over the batch: closed windows, rejects, and events whose window had already closed."""
+        keep = (F.col(KIND) == KIND_WINDOW) | (F.col(KIND) == KIND_REJECT)
+        if offsets.watermark_ms > 0:
+            keep = keep | ((F.col(KIND) == KIND_EVENT) & (F.col(EVENT_WINDOW_END_MS) <= F.lit(offsets.watermark_ms)))
+        columns = [KIND, WINDOW_START, WINDOW_END, *[a.name for a in self.pipeline.aggregations], *REJECT_COLUMNS]
+        columns.remove("batch_id")
+        return batch.where(keep).select(*columns).toArrow()
+
+    def _stage(self, table: Table, rows: pa.Table, batch_id: int) -> tuple[StagedFile, ...]:
+        if rows.num_rows == 0:
+            return ()
+        return (write_parquet(table, rows, staging_folder(table, self.query_id, batch_id)),)
+
+    def _check_same_offsets(self, existing: list[Any], offsets: BatchOffsets) -> None:
+        from outbox.errors import BatchReplayMismatch
+
+        ranges = {self.pipeline.topic: offsets.ranges()}
+        for entry in existing:
+            if entry.offsets != ranges:
+                raise BatchReplayMismatch(
+                    f"batch {offsets.batch_id} of query {self.query_id} was recorded for {entry.table} with offsets "
+                    f"{entry.offsets} but Spark replays it with {ranges}; the checkpoint does not match the ledger"
+                )
+
+    def _done(self, staged: StagedBatch) -> None:
+        self.history.append(staged)
+        log.info(
+            "batch %s: %s records, %s windows, %s rejects, %s late, %s",
+            staged.batch_id,
+            staged.records_read,
+            staged.windows,
+            staged.rejects,
+            staged.late_events,
+            "staged" if staged.recorded else "replayed",
+        )

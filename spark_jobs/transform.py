@@ -1,0 +1,169 @@
+"""The streaming plan: parse Kafka values, route rejects, watermark, tumbling windows, aggregates.
+
+The query's output is the union of two kinds of rows, told apart by ``kind``:
+
+- ``window``: one closed window with its aggregates, emitted once by Spark's stateful aggregation in
+  append mode when the watermark passes the window's end;
+- ``event``/``reject``: one row per Kafka record with its coordinates, its window's end and, for rejects,
+  the raw value and the reason. The sink keeps the rejects and counts the events Spark drops as late
+  (their window had already closed), which Spark's own metric cannot give exactly because it counts
+  partially aggregated rows, not events.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    BooleanType,
+    DataType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from krishiv.spec import FieldType, PipelineSpec
+from krishiv.tables import WINDOW_END, WINDOW_START, aggregate_type, spark_type
+
+KIND = "kind"
+KIND_WINDOW = "window"
+KIND_EVENT = "event"
+KIND_REJECT = "reject"
+EVENT_WINDOW_END_MS = "event_window_end_ms"
+CORRUPT = "_corrupt_record"
+_EVENT_TIME = "__event_time"
+
+
+def _json_type(t: FieldType) -> DataType:
+    """How a field is read from JSON. Decimals are read as text and validated, so none is silently rounded."""
+    return {
+        "string": StringType(),
+        "long": LongType(),
+        "int": IntegerType(),
+        "double": DoubleType(),
+        "boolean": BooleanType(),
+        "timestamp_ms": LongType(),
+        "timestamp": TimestampType(),
+        "decimal": StringType(),
+    }[t.name]
+
+
+def _decimal_pattern(t: FieldType) -> str:
+    whole = t.precision - t.scale
+    fraction = rf"(\.[0-9]{{1,{t.scale}}})?" if t.scale else ""
+    return rf"^-?[0-9]{{1,{max(whole, 1)}}}{fraction}$"
+
+
+def _field_ok(raw: Column, t: FieldType) -> Column:
+    """True where a non-null raw JSON text is a valid value of type ``t``."""
+    if t.is_decimal:
+        return raw.rlike(_decimal_pattern(t))
+    if t.name == "string":
+        return F.lit(True)
+    target = {"timestamp_ms": "bigint", "timestamp": "timestamp"}.get(t.name, spark_type(t))
+    return raw.try_cast(target).isNotNull()
+
+
+def parse_events(raw: DataFrame, pipeline: PipelineSpec) -> DataFrame:
+    """Kafka rows -> typed event columns plus ``reason`` (null for a valid event)."""
+    json_schema = StructType(
+        [StructField(f.name, _json_type(f.type)) for f in pipeline.fields] + [StructField(CORRUPT, StringType())]
+    )
+    text = F.col("value").cast("string")
+    j = F.from_json(text, json_schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
+    df = raw.withColumn("__j", j)
+
+    # Only rejected rows reach these branches, so the extra parse costs nothing on the happy path.
+    as_map = F.from_json(text, "map<string,string>")
+    mistyped = F.concat_ws(
+        ", ",
+        *[
+            F.when(as_map[f.name].isNotNull() & ~_field_ok(as_map[f.name], f.type), F.lit(f"{f.name} ({f.type})"))
+            for f in pipeline.fields
+        ],
+    )
+    reason = F.when(F.col("value").isNull(), F.lit("null value")).when(
+        F.col(f"__j.{CORRUPT}").isNotNull(),
+        F.when(as_map.isNull(), F.lit("malformed JSON")).otherwise(
+            F.when(mistyped != "", F.concat(F.lit("mistyped field: "), mistyped)).otherwise(F.lit("malformed JSON"))
+        ),
+    )
+    for f in pipeline.fields:
+        if f.type.is_decimal:
+            reason = reason.when(
+                F.col(f"__j.{f.name}").isNotNull() & ~F.col(f"__j.{f.name}").rlike(_decimal_pattern(f.type)),
+                F.lit(f"mistyped field: {f.name} ({f.type})"),
+            )
+    for f in pipeline.fields:
+        if f.required or f.name == pipeline.event_time_field:
+            reason = reason.when(
+                F.col(f"__j.{f.name}").isNull(),
+                F.when(F.map_contains_key(as_map, f.name), F.lit(f"null field: {f.name}")).otherwise(
+                    F.lit(f"missing field: {f.name}")
+                ),
+            )
+
+    columns = [
+        F.col("topic"),
+        F.col("partition"),
+        F.col("offset"),
+        F.col("timestamp"),
+        F.col("key"),
+        F.col("value"),
+        reason.alias("reason"),
+    ]
+    for f in pipeline.fields:
+        c = F.col(f"__j.{f.name}")
+        if f.type.is_decimal:
+            c = c.cast(spark_type(f.type))
+        elif f.type.name == "timestamp_ms":
+            c = F.timestamp_millis(c)
+        columns.append(c.alias(f.name))
+    return df.select(*columns)
+
+
+def _aggregate(pipeline: PipelineSpec) -> list[Column]:
+    out = []
+    for agg in pipeline.aggregations:
+        if agg.function == "count":
+            expr = F.count(F.col(agg.field)) if agg.field else F.count(F.lit(1))
+        else:
+            expr = getattr(F, agg.function)(F.col(agg.field))
+        out.append(expr.alias(agg.name))
+    return out
+
+
+def build_output(raw: DataFrame, pipeline: PipelineSpec) -> DataFrame:
+    """The streaming DataFrame the staging sink receives each micro-batch."""
+    events = parse_events(raw, pipeline)
+    valid = events.where(F.col("reason").isNull()).withColumn(_EVENT_TIME, F.col(pipeline.event_time_field))
+    windows = (
+        valid.withWatermark(_EVENT_TIME, f"{pipeline.watermark_delay_ms} milliseconds")
+        .groupBy(F.window(_EVENT_TIME, f"{pipeline.window_ms} milliseconds"))
+        .agg(*_aggregate(pipeline))
+        .select(
+            F.lit(KIND_WINDOW).alias(KIND),
+            F.col("window.start").alias(WINDOW_START),
+            F.col("window.end").alias(WINDOW_END),
+            *[F.col(a.name).cast(spark_type(aggregate_type(a, pipeline))).alias(a.name) for a in pipeline.aggregations],
+        )
+    )
+    event_ms = F.unix_millis(F.col(pipeline.event_time_field))
+    window_end_ms = event_ms - F.pmod(event_ms, F.lit(pipeline.window_ms)) + F.lit(pipeline.window_ms)
+    is_reject = F.col("reason").isNotNull()
+    per_event = events.select(
+        F.when(is_reject, F.lit(KIND_REJECT)).otherwise(F.lit(KIND_EVENT)).alias(KIND),
+        F.when(is_reject, F.lit(None)).otherwise(window_end_ms).cast("bigint").alias(EVENT_WINDOW_END_MS),
+        "topic",
+        "partition",
+        "offset",
+        F.col("timestamp").alias("kafka_timestamp"),
+        F.when(is_reject, F.col("key")).alias("key"),
+        F.when(is_reject, F.col("value")).alias("value"),
+        "reason",
+    )
+    return windows.unionByName(per_event, allowMissingColumns=True)
