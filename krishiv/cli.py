@@ -1,0 +1,354 @@
+"""The ``krishiv`` command: broker, produce, run, commit, status, lineage, verify and demo."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table as RichTable
+
+from krishiv.errors import KrishivError
+from krishiv.spec import KrishivSpec, PipelineSpec, load_spec
+from outbox.errors import OutboxError
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+def _pipelines(spec: KrishivSpec, name: str | None) -> list[PipelineSpec]:
+    return [spec.pipeline(name)] if name else list(spec.pipelines)
+
+
+def _ledger(spec: KrishivSpec):
+    from outbox.ledger import Ledger
+
+    return Ledger(spec.resolve(spec.storage.ledger_path))
+
+
+def _print_batch(pipeline: str):
+    def show(b) -> None:
+        console.print(
+            f"[bold]{pipeline}[/] batch {b.batch_id}: {b.records_read} records read, {b.windows} windows closed, "
+            f"{b.rejects} rejects, {b.late_events} late, {'staged' if b.recorded else 'already in the ledger'}"
+        )
+
+    return show
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The first line naming a Krishiv error in a Spark failure, else Spark's first line."""
+    text = str(exc)
+    for line in text.splitlines():
+        if "Error:" in line and ("spark_jobs" in line or "outbox" in line or "krishiv" in line):
+            return line.strip()
+    return text.splitlines()[0] if text else repr(exc)
+
+
+# ------------------------------------------------------------------------------------------ commands
+
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    import subprocess
+
+    from krishiv.broker import broker_command, wait_until_ready
+
+    process = subprocess.Popen(broker_command(args.host, args.port))
+    try:
+        wait_until_ready(f"{args.host}:{args.port}", process=process)
+        console.print(f"Tansu broker listening on {args.host}:{args.port} (pid {process.pid}); Ctrl-C stops it")
+        return process.wait()
+    except KeyboardInterrupt:
+        process.terminate()
+        return process.wait()
+
+
+def cmd_produce(args: argparse.Namespace, spec: KrishivSpec) -> int:
+    from rich.progress import Progress
+
+    from krishiv.produce import demo_orders, ensure_topic, produce
+
+    pipeline = spec.pipeline(args.pipeline)
+    partitions = ensure_topic(spec.kafka.bootstrap_servers, pipeline.topic, spec.kafka.partitions)
+    extra = {}
+    if args.rate:
+        extra = {"start_ms": int(time.time() * 1000), "spacing_ms": max(1, int(1000 / args.rate)), "jitter_ms": 0}
+    events = demo_orders(
+        args.records, seed=args.seed, partitions=partitions, late=args.late, malformed=args.malformed, **extra
+    )
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task(f"producing to {pipeline.topic}", total=len(events))
+        produce(
+            spec.kafka.bootstrap_servers,
+            pipeline.topic,
+            events,
+            rate=args.rate,
+            on_progress=lambda n: progress.update(task, completed=n),
+        )
+    console.print(
+        f"produced {len(events)} events to {pipeline.topic} on {spec.kafka.bootstrap_servers} "
+        f"({args.late} late, {args.malformed} malformed, seed {args.seed})"
+    )
+    return 0
+
+
+def run_pipelines(spec: KrishivSpec, pipelines: list[PipelineSpec], once: bool, quiet: bool = False) -> list:
+    """Run the pipelines' streaming queries; with ``once``, until the data present at start is staged."""
+    from krishiv.catalog import load_catalog
+    from spark_jobs.job import start_pipeline
+    from spark_jobs.session import build_session
+
+    spark = build_session(spec)
+    catalog = load_catalog(spec)
+    ledger = _ledger(spec)
+    running = [
+        start_pipeline(spark, spec, p, catalog, ledger, once=once, on_batch=None if quiet else _print_batch(p.name))
+        for p in pipelines
+    ]
+    if once:
+        from pyspark.errors import StreamingQueryException
+
+        for r in running:
+            try:
+                r.query.awaitTermination()
+            except StreamingQueryException as exc:
+                raise KrishivError(f"query {r.query.name} failed: {_root_cause(exc)}") from exc
+    else:
+
+        def stop(*_: object) -> None:
+            for r in running:
+                r.query.stop()
+
+        signal.signal(signal.SIGTERM, stop)
+        try:
+            spark.streams.awaitAnyTermination()
+        except KeyboardInterrupt:
+            stop()
+    for r in running:
+        if r.query.exception() is not None:
+            raise KrishivError(f"query {r.query.name} failed: {r.query.exception()}")
+    return running
+
+
+def cmd_run(args: argparse.Namespace, spec: KrishivSpec) -> int:
+    running = run_pipelines(spec, _pipelines(spec, args.pipeline), once=args.once)
+    for r in running:
+        staged = [b for b in r.stager.history if b.recorded]
+        console.print(
+            f"{r.query.name}: {len(r.stager.history)} batches, {len(staged)} staged, "
+            f"{sum(b.records_read for b in r.stager.history)} records read"
+        )
+    return 0
+
+
+def commit_pipelines(spec: KrishivSpec, pipelines: list[PipelineSpec]) -> list:
+    from krishiv.catalog import load_catalog, redact
+    from outbox.relay import CommitRelay
+    from spark_jobs.job import qualified
+
+    relay = CommitRelay(_ledger(spec), lambda: load_catalog(spec), redact(spec.catalog_uri()))
+    tables = [qualified(spec, t) for p in pipelines for t in (p.table, p.rejects_table)]
+    return relay.run(tables)
+
+
+def cmd_commit(args: argparse.Namespace, spec: KrishivSpec) -> int:
+    reports = commit_pipelines(spec, _pipelines(spec, args.pipeline))
+    out = RichTable(title="commit relay")
+    for col in ("table", "committed", "already there", "empty", "rows", "p50 ms"):
+        out.add_column(col)
+    for r in reports:
+        lat = sorted(r.commit_latencies_ms)
+        out.add_row(
+            r.table,
+            str(len(r.committed)),
+            str(len(r.recovered)),
+            str(len(r.empty)),
+            str(r.records),
+            f"{lat[len(lat) // 2]:.1f}" if lat else "-",
+        )
+    console.print(out)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
+    from krishiv.status import pipeline_status
+    from spark_jobs.errors import KafkaSourceError
+    from spark_jobs.job import qualified
+    from spark_jobs.kafka_source import KafkaAdmin
+
+    ledger = _ledger(spec)
+    for p in _pipelines(spec, args.pipeline):
+        latest, broker_error = None, None
+        try:
+            admin = KafkaAdmin(spec.kafka.bootstrap_servers, p.topic, spec.kafka.consumer)
+            try:
+                latest = admin.latest()
+            finally:
+                admin.close()
+        except KafkaSourceError as exc:
+            broker_error = str(exc)
+        s = pipeline_status(ledger, p.name, qualified(spec, p.table), p.topic, latest, broker_error)
+        console.print(f"[bold]{p.name}[/] → {s.table}")
+        console.print(
+            f"  outbox: {s.pending} pending, {s.committed} committed; last commit "
+            f"{s.last_commit_at.isoformat() if s.last_commit_at else 'never'} "
+            f"(snapshot {s.last_snapshot_id})"
+        )
+        console.print(f"  events: {s.records_read} read, {s.rejects} rejected, {s.late_events} dropped as late")
+        if broker_error:
+            console.print(f"  [red]broker: {broker_error}[/]")
+        lag = RichTable("partition", "latest", "staged", "committed", "lag")
+        for part in s.partitions:
+            lag.add_row(
+                part.partition,
+                str(part.latest if part.latest is not None else "?"),
+                str(part.staged),
+                str(part.committed),
+                str(part.lag if part.lag is not None else "?"),
+            )
+        console.print(lag)
+    return 0
+
+
+def cmd_lineage(args: argparse.Namespace, spec: KrishivSpec) -> int:
+    from krishiv.catalog import load_catalog
+    from krishiv.lineage import lineage
+    from spark_jobs.job import qualified
+
+    catalog = load_catalog(spec)
+    for p in _pipelines(spec, args.pipeline):
+        for name in (p.table, p.rejects_table):
+            table = catalog.load_table(qualified(spec, name))
+            out = RichTable(title=f"lineage of {qualified(spec, name)} (newest last)")
+            for col in ("snapshot", "parent", "committed at", "batch", "rows added", "offsets"):
+                out.add_column(col)
+            for row in lineage(table):
+                out.add_row(
+                    str(row.snapshot_id),
+                    str(row.parent_id),
+                    row.committed_at.isoformat(timespec="seconds"),
+                    str(row.batch_id),
+                    str(row.added_records),
+                    str(row.offsets or ""),
+                )
+            console.print(out)
+    return 0
+
+
+def verify_pipelines(spec: KrishivSpec, pipelines: list[PipelineSpec]) -> list:
+    from krishiv.catalog import load_catalog
+    from krishiv.verify import verify_table
+    from spark_jobs.job import qualified
+
+    catalog, ledger = load_catalog(spec), _ledger(spec)
+    results = []
+    for p in pipelines:
+        for name, windows in ((p.table, True), (p.rejects_table, False)):
+            q = qualified(spec, name)
+            results.append(verify_table(catalog.load_table(q), q, ledger, windows=windows))
+    return results
+
+
+def cmd_verify(args: argparse.Namespace, spec: KrishivSpec) -> int:
+    results = verify_pipelines(spec, _pipelines(spec, args.pipeline))
+    for r in results:
+        mark = "[green]ok[/]" if r.ok else "[red]VIOLATIONS[/]"
+        console.print(f"{r.table}: {mark} ({r.rows} rows, {r.snapshots} snapshots)")
+        for v in r.violations:
+            console.print(f"  - {v}")
+    return 0 if all(r.ok for r in results) else 1
+
+
+def cmd_demo(args: argparse.Namespace, spec: KrishivSpec) -> int:
+    from krishiv.demo import run_demo
+
+    return run_demo(
+        spec,
+        Path(args.state),
+        records=args.records,
+        late=args.late,
+        malformed=args.malformed,
+        seed=args.seed,
+        console=console,
+    )
+
+
+# ------------------------------------------------------------------------------------------ parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="krishiv", description=__doc__)
+    parser.add_argument("--spec", help="pipeline spec file (default: $KRISHIV_SPEC or ./krishiv.toml)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what the relay and stager do")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("broker", help="run the local Tansu broker in the foreground")
+    b.add_argument("--port", type=int, default=9092)
+    b.add_argument("--host", default="127.0.0.1")
+
+    p = sub.add_parser("produce", help="produce seeded demo orders")
+    p.add_argument("--records", type=int, default=10_000)
+    p.add_argument("--rate", type=float, help="events per second (default: as fast as possible)")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--late", type=int, default=0, help="how many events arrive ten minutes late")
+    p.add_argument("--malformed", type=int, default=0, help="how many events are malformed")
+    p.add_argument("--pipeline")
+
+    r = sub.add_parser("run", help="run the Spark streaming job (phase 1: stage batches)")
+    r.add_argument("--once", action="store_true", help="process what is in the topic now, then stop")
+    r.add_argument("--pipeline")
+
+    for name, text in (
+        ("commit", "commit pending batches to Iceberg (phase 2)"),
+        ("status", "outbox and lag"),
+        ("lineage", "snapshot lineage of the tables"),
+        ("verify", "check exactly-once invariants"),
+    ):
+        c = sub.add_parser(name, help=text)
+        c.add_argument("--pipeline")
+
+    d = sub.add_parser("demo", help="broker + produce + run + commit + show, on embedded defaults")
+    d.add_argument("--records", type=int, default=20_000)
+    d.add_argument("--late", type=int, default=25)
+    d.add_argument("--malformed", type=int, default=30)
+    d.add_argument("--seed", type=int, default=7)
+    d.add_argument("--state", default="state/demo", help="folder for the demo's catalog, warehouse and ledger")
+    return parser
+
+
+COMMANDS = {
+    "produce": cmd_produce,
+    "run": cmd_run,
+    "commit": cmd_commit,
+    "status": cmd_status,
+    "lineage": cmd_lineage,
+    "verify": cmd_verify,
+    "demo": cmd_demo,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    try:
+        if args.command == "broker":
+            return cmd_broker(args)
+        return COMMANDS[args.command](args, load_spec(args.spec))
+    except (KrishivError, OutboxError) as exc:
+        err_console.print(f"[red]krishiv {args.command}: {exc}[/]")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

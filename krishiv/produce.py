@@ -1,0 +1,165 @@
+"""Seeded demo order events and a producer that writes them to Kafka.
+
+Orders carry ``order_id``, ``customer_id``, ``amount`` (a decimal with two places, as JSON text) and
+``event_time`` (epoch milliseconds). On request some events are late (ten minutes behind, placed in the
+last quarter of the stream so the watermark has moved past them) and some are malformed, one of each kind
+the Spark job must quarantine. Records go round-robin over partitions so every partition advances alike.
+The last record of each partition is flushed in a batch of its own: Tansu reports a partition's high
+watermark as the base offset of its last batch + 1, and this keeps every record below it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+
+from krishiv.errors import BrokerUnavailable
+
+DEFAULT_START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+DEFAULT_SPACING_MS = 50
+LATE_BY_MS = 10 * 60_000
+MALFORMED_VALUES: tuple[tuple[bytes, str], ...] = (
+    (b'{"order_id": "o-bad", "amount": "1.00", "event_time": ', "malformed JSON"),
+    (b'{"order_id": "o-bad", "customer_id": "c-1", "event_time": 1767225600000}', "missing field: amount"),
+    (b'{"order_id": "o-bad", "customer_id": "c-1", "amount": "abc", "event_time": 1767225600000}', "mistyped field"),
+    (b'{"order_id": "o-bad", "customer_id": "c-1", "amount": "1.00", "event_time": null}', "null field: event_time"),
+    (b"[1, 2, 3]", "malformed JSON"),
+    (b'{"order_id": "o-bad", "customer_id": "c-1", "amount": "1.005", "event_time": 1767225600000}', "mistyped field"),
+)
+
+
+@dataclass(frozen=True)
+class OrderEvent:
+    """One record to produce, with what the generator meant by it (for tests and the demo's summary)."""
+
+    seq: int
+    partition: int
+    key: bytes
+    value: bytes
+    kind: str  # "valid", "late" or "malformed"
+    event_time_ms: int | None = None
+    amount: Decimal | None = None
+
+
+def demo_orders(
+    records: int,
+    *,
+    seed: int = 7,
+    partitions: int = 4,
+    late: int = 0,
+    malformed: int = 0,
+    start_ms: int = DEFAULT_START_MS,
+    spacing_ms: int = DEFAULT_SPACING_MS,
+    jitter_ms: int = 1_000,
+) -> list[OrderEvent]:
+    """``records`` events in total, of which ``late`` are late and ``malformed`` are malformed."""
+    if late + malformed > records:
+        raise ValueError(f"late ({late}) + malformed ({malformed}) exceed records ({records})")
+    rng = random.Random(seed)
+    special_from = records - records // 4
+    special = rng.sample(range(special_from if late + malformed <= records // 4 else 0, records), late + malformed)
+    late_at, malformed_at = set(special[:late]), set(special[late:])
+    events = []
+    for seq in range(records):
+        partition = seq % partitions
+        key = f"c-{rng.randrange(1000):03d}".encode()
+        if seq in malformed_at:
+            value, _ = MALFORMED_VALUES[len([m for m in malformed_at if m < seq]) % len(MALFORMED_VALUES)]
+            events.append(OrderEvent(seq, partition, key, value, "malformed"))
+            continue
+        now = start_ms + seq * spacing_ms + rng.randint(-jitter_ms, jitter_ms)
+        event_time = now - LATE_BY_MS if seq in late_at else now
+        amount = Decimal(rng.randint(100, 50_000)) / 100
+        value = json.dumps(
+            {
+                "order_id": f"o-{seed}-{seq:08d}",
+                "customer_id": key.decode(),
+                "amount": str(amount),
+                "event_time": event_time,
+            }
+        ).encode()
+        events.append(OrderEvent(seq, partition, key, value, "late" if seq in late_at else "valid", event_time, amount))
+    return events
+
+
+def ensure_topic(bootstrap: str, topic: str, partitions: int, timeout_s: float = 15.0) -> int:
+    """Create the topic if missing; returns its partition count."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    try:
+        existing = admin.list_topics(timeout=timeout_s).topics
+    except Exception as exc:
+        raise BrokerUnavailable(f"Kafka broker at {bootstrap} is unreachable: {exc}") from exc
+    if topic in existing and existing[topic].partitions:
+        return len(existing[topic].partitions)
+    futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
+    for future in futures.values():
+        try:
+            future.result(timeout_s)
+        except Exception as exc:
+            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                raise
+    return partitions
+
+
+def produce(
+    bootstrap: str,
+    topic: str,
+    events: list[OrderEvent],
+    *,
+    rate: float | None = None,
+    on_progress: Callable[[int], None] | None = None,
+) -> None:
+    """Write ``events`` in order; with ``rate`` (events/s) paced by the wall clock."""
+    from confluent_kafka import Producer
+
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 5,
+            "enable.idempotence": False,
+            "queue.buffering.max.messages": 1_000_000,
+        }
+    )
+    failures: list[str] = []
+
+    def delivered(err: object, _msg: object) -> None:
+        if err is not None:
+            failures.append(str(err))
+
+    last_of_partition = {}
+    for e in events:
+        last_of_partition[e.partition] = e.seq
+    tail = set(last_of_partition.values())
+    started = time.monotonic()
+    for n, e in enumerate(_paced(events, rate, started), start=1):
+        if e.seq in tail:
+            producer.flush()
+        producer.produce(topic, value=e.value, key=e.key, partition=e.partition, on_delivery=delivered)
+        if e.seq in tail:
+            producer.flush()
+        if n % 10_000 == 0:
+            producer.poll(0)
+            if on_progress:
+                on_progress(n)
+    remaining = producer.flush(30)
+    if remaining or failures:
+        raise BrokerUnavailable(
+            f"{remaining} of {len(events)} records were not acknowledged by {bootstrap}: {failures[:3]}"
+        )
+    if on_progress:
+        on_progress(len(events))
+
+
+def _paced(events: list[OrderEvent], rate: float | None, started: float) -> Iterator[OrderEvent]:
+    for n, e in enumerate(events):
+        if rate:
+            wait = started + n / rate - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+        yield e
