@@ -2,7 +2,8 @@
 
 Spark writes ``offsets/<batch>`` before it runs a batch: a version line, a JSON line of batch metadata
 (including ``batchWatermarkMs``, the watermark the batch runs with) and one line per source with the end
-offsets. The start of batch N is the end of batch N-1; batch 0 starts at the offsets Krishiv pins in
+offsets. Since SPARK-40925 a stateful operator drops input rows as late with the watermark of the batch
+before (and evicts state with the batch's own), so both are read. The start of batch N is the end of batch N-1; batch 0 starts at the offsets Krishiv pins in
 ``krishiv/starting_offsets.json`` before the query first starts, so a batch id always means the same range.
 """
 
@@ -21,6 +22,7 @@ class BatchOffsets:
     start: dict[str, int]
     end: dict[str, int]
     watermark_ms: int
+    late_watermark_ms: int  # the previous batch's watermark: rows at or behind it are dropped as late
 
     def ranges(self) -> dict[str, list[int]]:
         return {p: [self.start.get(p, 0), end] for p, end in sorted(self.end.items(), key=lambda kv: int(kv[0]))}
@@ -61,7 +63,8 @@ class Checkpoint:
     def batch(self, batch_id: int) -> BatchOffsets:
         metadata, end = self._offset_log(batch_id)
         if batch_id == 0:
-            start = self.starting_offsets() or {}
+            start, late_watermark = self.starting_offsets() or {}, 0
         else:
-            start = self._offset_log(batch_id - 1)[1]
-        return BatchOffsets(batch_id, start, end, int(metadata.get("batchWatermarkMs", 0)))
+            previous, start = self._offset_log(batch_id - 1)
+            late_watermark = int(previous.get("batchWatermarkMs", 0))
+        return BatchOffsets(batch_id, start, end, int(metadata.get("batchWatermarkMs", 0)), late_watermark)

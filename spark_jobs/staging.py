@@ -121,6 +121,7 @@ class BatchStager:
             "rejects": rejects.num_rows,
             "late_events": late,
             "watermark_ms": offsets.watermark_ms,
+            "late_watermark_ms": offsets.late_watermark_ms,
         }
         window_files = self._stage(self.table, windows.drop_columns([KIND]), batch_id)
         rejects = rejects.append_column("batch_id", pa.array([batch_id] * rejects.num_rows, pa.int64()))
@@ -163,8 +164,9 @@ class BatchStager:
     def _collect(self, batch: DataFrame, offsets: BatchOffsets) -> pa.Table:
         """One pass over the batch: closed windows, rejects, and events whose window had already closed."""
         keep = (F.col(KIND) == KIND_WINDOW) | (F.col(KIND) == KIND_REJECT)
-        if offsets.watermark_ms > 0:
-            keep = keep | ((F.col(KIND) == KIND_EVENT) & (F.col(EVENT_WINDOW_END_MS) <= F.lit(offsets.watermark_ms)))
+        if offsets.late_watermark_ms > 0:
+            late = F.col(EVENT_WINDOW_END_MS) <= F.lit(offsets.late_watermark_ms)
+            keep = keep | ((F.col(KIND) == KIND_EVENT) & late)
         columns = [KIND, WINDOW_START, WINDOW_END, *[a.name for a in self.pipeline.aggregations], *REJECT_COLUMNS]
         columns.remove("batch_id")
         return batch.where(keep).select(*columns).toArrow()

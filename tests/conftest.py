@@ -1,0 +1,146 @@
+"""Shared fixtures: a real Tansu broker, a real SparkSession, spec files and a PostgreSQL database."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from krishiv.broker import LocalBroker, start_broker
+from krishiv.spec import KrishivSpec, load_spec
+
+PG_ADMIN_DSN = os.environ.get("KRISHIV_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+
+SPEC_TEMPLATE = """
+[kafka]
+bootstrap_servers = "{bootstrap}"
+partitions = {partitions}
+
+[iceberg]
+catalog_uri = "{catalog_uri}"
+warehouse = "{warehouse}"
+namespace = "krishiv"
+
+[storage]
+ledger_path = "ledger.duckdb"
+checkpoint_location = "checkpoints"
+
+[spark]
+master = "local[2]"
+shuffle_partitions = 2
+
+[[pipelines]]
+name = "orders_per_minute"
+topic = "{topic}"
+table = "orders_per_minute"
+event_time_field = "event_time"
+watermark_delay = "5s"
+window = "1m"
+trigger_interval = "500ms"
+max_records_per_batch = {max_records}
+
+[pipelines.fields]
+order_id = "string"
+customer_id = "string"
+amount = "decimal(12,2)"
+event_time = "timestamp_ms"
+
+[[pipelines.aggregations]]
+name = "order_count"
+function = "count"
+
+[[pipelines.aggregations]]
+name = "amount_total"
+function = "sum"
+field = "amount"
+
+[[pipelines.aggregations]]
+name = "amount_min"
+function = "min"
+field = "amount"
+
+[[pipelines.aggregations]]
+name = "amount_max"
+function = "max"
+field = "amount"
+
+[[pipelines.aggregations]]
+name = "amount_avg"
+function = "avg"
+field = "amount"
+"""
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
+    log = tmp_path_factory.mktemp("broker") / "tansu.log"
+    with start_broker(log_path=log) as b:
+        yield b
+
+
+@pytest.fixture
+def topic() -> str:
+    return f"orders-{uuid.uuid4().hex[:10]}"
+
+
+SpecFactory = Callable[..., KrishivSpec]
+
+
+@pytest.fixture
+def make_spec(tmp_path: Path, broker: LocalBroker, topic: str) -> SpecFactory:
+    """Write a spec file into the test's folder and load it; keyword arguments fill the template."""
+
+    def make(**overrides: object) -> KrishivSpec:
+        values: dict[str, object] = {
+            "bootstrap": broker.bootstrap,
+            "partitions": 4,
+            "catalog_uri": "sqlite:///catalog.db",
+            "warehouse": "warehouse",
+            "topic": topic,
+            "max_records": 2_000,
+        }
+        values.update(overrides)
+        path = tmp_path / "krishiv.toml"
+        path.write_text(SPEC_TEMPLATE.format(**values))
+        return load_spec(path, env={})
+
+    return make
+
+
+@pytest.fixture
+def spec_file(tmp_path: Path, make_spec: SpecFactory) -> Path:
+    make_spec()
+    return tmp_path / "krishiv.toml"
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    from krishiv.spec import parse_spec
+    from spark_jobs.session import build_session
+
+    base = parse_spec(
+        {"spark": {"master": "local[2]", "shuffle_partitions": 2},
+         "pipelines": [{"name": "x", "topic": "x", "event_time_field": "t", "fields": {"t": "timestamp_ms"},
+                        "aggregations": [{"name": "n", "function": "count"}]}]},
+        env={},
+    )
+    session = build_session(base, app_name="krishiv-tests")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def postgres_uri() -> Iterator[str]:
+    """A fresh PostgreSQL database on the machine's server, dropped afterwards."""
+    import psycopg
+
+    name = f"krishiv_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_ADMIN_DSN, autocommit=True, connect_timeout=10) as con:
+        con.execute(f'CREATE DATABASE "{name}"')
+    base = PG_ADMIN_DSN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://")
+    yield f"{base}/{name}"
+    with psycopg.connect(PG_ADMIN_DSN, autocommit=True, connect_timeout=10) as con:
+        con.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

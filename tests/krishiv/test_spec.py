@@ -1,0 +1,560 @@
+"""The pipeline spec: the repository's file, environment overrides, relative paths and field-naming errors."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyiceberg.types import DecimalType, LongType, TimestamptzType
+
+from krishiv.errors import ConfigError
+from krishiv.spec import (
+    ENV_OVERRIDES,
+    Aggregation,
+    FieldType,
+    KrishivSpec,
+    PipelineSpec,
+    load_spec,
+    parse_duration_ms,
+    parse_spec,
+)
+from krishiv.tables import aggregate_table_schema, aggregate_type
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_SPEC = REPO_ROOT / "krishiv.toml"
+
+MINIMAL_TOML = """
+[iceberg]
+catalog_uri = "sqlite:///state/catalog.db"
+warehouse = "state/warehouse"
+
+[storage]
+ledger_path = "state/ledger.duckdb"
+checkpoint_location = "state/checkpoints"
+
+[[pipelines]]
+name = "orders_per_minute"
+topic = "orders"
+event_time_field = "event_time"
+
+[pipelines.fields]
+amount = "decimal(12,2)"
+event_time = "timestamp_ms"
+
+[[pipelines.aggregations]]
+name = "order_count"
+function = "count"
+"""
+
+
+def _doc(**pipeline_overrides: Any) -> dict[str, Any]:
+    """A valid decoded spec document with one pipeline; keyword arguments replace pipeline keys."""
+    pipeline: dict[str, Any] = {
+        "name": "orders_per_minute",
+        "topic": "orders",
+        "table": "orders_per_minute",
+        "event_time_field": "event_time",
+        "watermark_delay": "5s",
+        "window": "1m",
+        "fields": {
+            "order_id": "string",
+            "customer_id": "string",
+            "amount": "decimal(12,2)",
+            "quantity": "long",
+            "event_time": "timestamp_ms",
+        },
+        "aggregations": [
+            {"name": "order_count", "function": "count"},
+            {"name": "amount_total", "function": "sum", "field": "amount"},
+        ],
+    }
+    pipeline.update(pipeline_overrides)
+    return {
+        "kafka": {"bootstrap_servers": "127.0.0.1:9092"},
+        "iceberg": {"catalog_uri": "sqlite:///state/catalog.db", "warehouse": "state/warehouse"},
+        "pipelines": [pipeline],
+    }
+
+
+def _config_error(doc: dict[str, Any], env: dict[str, str] | None = None) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        parse_spec(doc, env=env or {})
+    return info.value
+
+
+def _assert_names_field(error: ConfigError, field: str, *fragments: str) -> None:
+    assert error.field == field
+    message = str(error)
+    assert message.startswith(f"{field}: "), message
+    for fragment in fragments:
+        assert fragment in message, message
+
+
+# ------------------------------------------------------------------------------------------- the repo's spec
+
+
+def test_repository_spec_is_the_classic_recipe() -> None:
+    spec = load_spec(REPO_SPEC, env={})
+
+    assert len(spec.pipelines) == 1
+    pipeline = spec.pipeline()
+    assert spec.pipeline("orders_per_minute") is pipeline
+    assert pipeline.name == "orders_per_minute"
+    assert pipeline.topic == "orders"
+    assert pipeline.event_time_field == "event_time"
+    assert pipeline.field("event_time").type == FieldType("timestamp_ms")
+    assert pipeline.watermark_delay_ms == 5_000
+    assert pipeline.window_ms == 60_000
+    assert pipeline.output_mode == "append"
+    assert pipeline.aggregations == (
+        Aggregation("order_count", "count", None),
+        Aggregation("amount_total", "sum", "amount"),
+    )
+    assert pipeline.field("amount").type == FieldType("decimal", 12, 2)
+    assert pipeline.table == "orders_per_minute"
+    assert pipeline.rejects_table == "orders_per_minute_rejects"
+
+
+def test_repository_spec_shared_settings_and_folder() -> None:
+    spec = load_spec(REPO_SPEC, env={})
+
+    assert spec.base_dir == REPO_ROOT
+    assert spec.kafka.bootstrap_servers == "127.0.0.1:9092"
+    assert spec.kafka.partitions == 4
+    assert spec.iceberg.namespace == "krishiv"
+    assert spec.catalog_uri() == f"sqlite:///{REPO_ROOT / 'state' / 'catalog.db'}"
+    assert spec.resolve(spec.storage.ledger_path) == REPO_ROOT / "state" / "ledger.duckdb"
+
+
+def test_load_spec_reads_krishiv_spec_variable(tmp_path: Path) -> None:
+    path = tmp_path / "elsewhere.toml"
+    path.write_text(MINIMAL_TOML)
+
+    spec = load_spec(env={"KRISHIV_SPEC": str(path)})
+
+    assert spec.base_dir == path.resolve().parent
+    assert spec.pipeline().topic == "orders"
+
+
+def test_unknown_pipeline_name_names_pipelines() -> None:
+    spec = load_spec(REPO_SPEC, env={})
+    with pytest.raises(ConfigError) as info:
+        spec.pipeline("nope")
+    _assert_names_field(info.value, "pipelines", "'nope'", "orders_per_minute")
+
+
+# ------------------------------------------------------------------------------------------- env overrides
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "read"),
+    [
+        ("KRISHIV_KAFKA_BOOTSTRAP", "broker-a:9093,broker-b:9094", lambda s: s.kafka.bootstrap_servers),
+        ("KRISHIV_ICEBERG_CATALOG_URI", "http://rest.example:8181", lambda s: s.iceberg.catalog_uri),
+        ("KRISHIV_ICEBERG_WAREHOUSE", "s3://bucket/warehouse", lambda s: s.iceberg.warehouse),
+        ("KRISHIV_LEDGER_PATH", "/var/lib/krishiv/ledger.duckdb", lambda s: s.storage.ledger_path),
+        ("KRISHIV_CHECKPOINT_LOCATION", "/var/lib/krishiv/checkpoints", lambda s: s.storage.checkpoint_location),
+    ],
+)
+def test_environment_override_replaces_its_field(variable: str, value: str, read: Callable[[KrishivSpec], str]) -> None:
+    baseline = load_spec(REPO_SPEC, env={})
+    assert read(baseline) != value
+
+    spec = load_spec(REPO_SPEC, env={variable: value})
+
+    assert read(spec) == value
+    # Nothing else moves.
+    others = {v: f for v, f in ENV_OVERRIDES.items() if v != variable}
+    for field_path in others.values():
+        section, key = field_path.split(".")
+        assert getattr(getattr(spec, section), key) == getattr(getattr(baseline, section), key)
+
+
+def test_every_override_variable_is_covered() -> None:
+    assert set(ENV_OVERRIDES) == {
+        "KRISHIV_KAFKA_BOOTSTRAP",
+        "KRISHIV_ICEBERG_CATALOG_URI",
+        "KRISHIV_ICEBERG_WAREHOUSE",
+        "KRISHIV_LEDGER_PATH",
+        "KRISHIV_CHECKPOINT_LOCATION",
+    }
+
+
+def test_all_overrides_together_and_derived_locations(tmp_path: Path) -> None:
+    env = {
+        "KRISHIV_KAFKA_BOOTSTRAP": "kafka:29092",
+        "KRISHIV_ICEBERG_CATALOG_URI": f"sqlite:///{tmp_path}/other/catalog.db",
+        "KRISHIV_ICEBERG_WAREHOUSE": str(tmp_path / "wh"),
+        "KRISHIV_LEDGER_PATH": str(tmp_path / "l" / "ledger.duckdb"),
+        "KRISHIV_CHECKPOINT_LOCATION": str(tmp_path / "cp"),
+    }
+    spec = load_spec(REPO_SPEC, env=env)
+
+    assert spec.kafka.bootstrap_servers == "kafka:29092"
+    assert spec.catalog_uri() == f"sqlite:///{tmp_path}/other/catalog.db"
+    assert spec.warehouse_uri() == (tmp_path / "wh").as_uri()
+    assert spec.resolve(spec.storage.ledger_path) == tmp_path / "l" / "ledger.duckdb"
+    assert spec.checkpoint_dir(spec.pipeline()) == tmp_path / "cp" / "orders_per_minute"
+
+
+def test_empty_override_is_ignored() -> None:
+    spec = load_spec(REPO_SPEC, env={"KRISHIV_KAFKA_BOOTSTRAP": "", "KRISHIV_LEDGER_PATH": ""})
+    assert spec.kafka.bootstrap_servers == "127.0.0.1:9092"
+    assert spec.storage.ledger_path == "state/ledger.duckdb"
+
+
+def test_parse_spec_does_not_mutate_the_document() -> None:
+    doc = _doc()
+    before = copy.deepcopy(doc)
+    parse_spec(doc, env={"KRISHIV_KAFKA_BOOTSTRAP": "other:1", "KRISHIV_LEDGER_PATH": "/x.duckdb"})
+    assert doc == before
+
+
+def test_bad_override_is_reported_against_its_field() -> None:
+    error = _config_error(_doc(), env={"KRISHIV_KAFKA_BOOTSTRAP": "nohostport"})
+    _assert_names_field(error, "kafka.bootstrap_servers", "nohostport")
+
+    error = _config_error(_doc(), env={"KRISHIV_ICEBERG_CATALOG_URI": "mysql://db/cat"})
+    _assert_names_field(error, "iceberg.catalog_uri", "mysql://db/cat")
+
+
+# ------------------------------------------------------------------------------------------- relative paths
+
+
+def test_relative_paths_resolve_against_the_spec_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = (tmp_path / "project").resolve()
+    folder.mkdir()
+    (folder / "krishiv.toml").write_text(MINIMAL_TOML)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+
+    spec = load_spec(folder / "krishiv.toml", env={})
+
+    assert spec.base_dir == folder
+    assert spec.resolve(spec.storage.ledger_path) == folder / "state" / "ledger.duckdb"
+    assert spec.checkpoint_dir(spec.pipeline()) == folder / "state" / "checkpoints" / "orders_per_minute"
+    assert spec.catalog_uri() == f"sqlite:///{folder / 'state' / 'catalog.db'}"
+    assert spec.warehouse_uri() == (folder / "state" / "warehouse").as_uri()
+
+
+def test_relative_spec_path_argument_is_found_from_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path.resolve()
+    (folder / "sub").mkdir()
+    (folder / "sub" / "krishiv.toml").write_text(MINIMAL_TOML)
+    monkeypatch.chdir(folder)
+
+    spec = load_spec("sub/krishiv.toml", env={})
+
+    assert spec.resolve("ledger.duckdb") == folder / "sub" / "ledger.duckdb"
+
+
+def test_absolute_paths_and_uris_are_kept(tmp_path: Path) -> None:
+    doc = _doc()
+    doc["iceberg"] = {"catalog_uri": "sqlite:////abs/catalog.db", "warehouse": "file:///data/wh"}
+    doc["storage"] = {"ledger_path": "/abs/ledger.duckdb", "checkpoint_location": "/abs/cp"}
+    spec = parse_spec(doc, env={}, base_dir=tmp_path)
+
+    assert spec.catalog_uri() == "sqlite:////abs/catalog.db"
+    assert spec.warehouse_uri() == "file:///data/wh"
+    assert spec.resolve(spec.storage.ledger_path) == Path("/abs/ledger.duckdb")
+    assert spec.checkpoint_dir(spec.pipeline()) == Path("/abs/cp/orders_per_minute")
+
+
+def test_in_memory_sqlite_catalog_is_left_alone(tmp_path: Path) -> None:
+    doc = _doc()
+    doc["iceberg"] = {"catalog_uri": "sqlite:///:memory:"}
+    assert parse_spec(doc, env={}, base_dir=tmp_path).catalog_uri() == "sqlite:///:memory:"
+
+
+# ------------------------------------------------------------------------------------------- valid variants
+
+
+def test_defaults_and_durations() -> None:
+    pipeline_doc = _doc()["pipelines"][0]
+    for key in ("table", "watermark_delay", "window"):
+        del pipeline_doc[key]
+    spec = parse_spec({"pipelines": [pipeline_doc]}, env={})
+    p = spec.pipeline()
+
+    assert p.table == p.name
+    assert (p.watermark_delay_ms, p.window_ms, p.trigger_interval_ms) == (5_000, 60_000, 2_000)
+    assert p.max_records_per_batch == 200_000
+    assert spec.kafka.bootstrap_servers == "127.0.0.1:9092"
+    assert spec.iceberg.catalog_uri == "sqlite:///state/catalog.db"
+
+
+@pytest.mark.parametrize(
+    ("value", "ms"), [("250ms", 250), ("5s", 5_000), ("1m", 60_000), ("2h", 7_200_000), (" 10 s ", 10_000), (750, 750)]
+)
+def test_parse_duration(value: object, ms: int) -> None:
+    assert parse_duration_ms(value, "x") == ms
+
+
+def test_field_declared_as_table_with_required_flag() -> None:
+    fields = dict(_doc()["pipelines"][0]["fields"])
+    fields["customer_id"] = {"type": "string", "required": False}
+    spec = parse_spec(_doc(fields=fields), env={})
+    assert spec.pipeline().field("customer_id").required is False
+    assert spec.pipeline().field("order_id").required is True
+
+
+# ------------------------------------------------------------------------------------------- bad values
+
+
+@pytest.mark.parametrize("value", ["5 parsecs", "fast", "-5s", 0, True, "0s"])
+def test_bad_watermark_delay(value: object) -> None:
+    error = _config_error(_doc(watermark_delay=value))
+    _assert_names_field(error, "pipelines[0].watermark_delay", repr(value))
+
+
+def test_unknown_aggregation_function() -> None:
+    aggs = [
+        {"name": "order_count", "function": "count"},
+        {"name": "amount_median", "function": "median", "field": "amount"},
+    ]
+    error = _config_error(_doc(aggregations=aggs))
+    _assert_names_field(error, "pipelines[0].aggregations[1].function", "'median'", "count", "sum")
+
+
+def test_sum_over_a_string_field() -> None:
+    aggs = [{"name": "total", "function": "sum", "field": "customer_id"}]
+    error = _config_error(_doc(aggregations=aggs))
+    _assert_names_field(error, "pipelines[0].aggregations[0].field", "customer_id", "string", "numeric")
+
+
+def test_avg_over_a_timestamp_field() -> None:
+    aggs = [{"name": "avg_time", "function": "avg", "field": "event_time"}]
+    error = _config_error(_doc(aggregations=aggs))
+    _assert_names_field(error, "pipelines[0].aggregations[0].field", "event_time", "numeric")
+
+
+def test_aggregation_over_an_unknown_field() -> None:
+    aggs = [{"name": "m", "function": "max", "field": "price"}]
+    error = _config_error(_doc(aggregations=aggs))
+    _assert_names_field(error, "pipelines[0].aggregations[0].field", "'price'")
+
+
+@pytest.mark.parametrize("name", ["order_count", "window_start"])
+def test_duplicate_output_column(name: str) -> None:
+    aggs = [{"name": "order_count", "function": "count"}, {"name": name, "function": "max", "field": "amount"}]
+    error = _config_error(_doc(aggregations=aggs))
+    _assert_names_field(error, "pipelines[0].aggregations[1].name", repr(name))
+
+
+def test_event_time_field_must_be_a_timestamp() -> None:
+    error = _config_error(_doc(event_time_field="amount"))
+    _assert_names_field(error, "pipelines[0].event_time_field", "amount", "timestamp", "decimal(12,2)")
+
+
+def test_event_time_field_must_exist() -> None:
+    error = _config_error(_doc(event_time_field="ts"))
+    _assert_names_field(error, "pipelines[0].event_time_field", "'ts'")
+
+
+@pytest.mark.parametrize("decl", ["decimal(50,2)", "decimal(10,11)", "decimal(0,0)", "money", "varchar"])
+def test_bad_field_type(decl: str) -> None:
+    fields = dict(_doc()["pipelines"][0]["fields"])
+    fields["amount"] = decl
+    error = _config_error(_doc(fields=fields))
+    _assert_names_field(error, "pipelines[0].fields.amount", decl)
+
+
+def test_bad_type_in_table_form_names_the_type_key() -> None:
+    fields = dict(_doc()["pipelines"][0]["fields"])
+    fields["amount"] = {"type": "decimal(50,2)"}
+    error = _config_error(_doc(fields=fields))
+    _assert_names_field(error, "pipelines[0].fields.amount.type", "decimal(50,2)")
+
+
+@pytest.mark.parametrize("servers", ["nohostport", "host:", "host:port", "a:9092,nohostport", "a:9092,"])
+def test_bad_bootstrap_servers(servers: str) -> None:
+    doc = _doc()
+    doc["kafka"] = {"bootstrap_servers": servers}
+    error = _config_error(doc)
+    _assert_names_field(error, "kafka.bootstrap_servers", servers)
+
+
+@pytest.mark.parametrize("uri", ["mysql://user@db/catalog", "file:///tmp/catalog.db"])
+def test_bad_catalog_uri_scheme(uri: str) -> None:
+    doc = _doc()
+    doc["iceberg"] = {"catalog_uri": uri}
+    error = _config_error(doc)
+    _assert_names_field(error, "iceberg.catalog_uri", uri)
+
+
+@pytest.mark.parametrize(
+    "uri", ["sqlite:///c.db", "postgresql://u@h/db", "postgresql+psycopg://u@h/db", "http://r:8181", "https://r"]
+)
+def test_accepted_catalog_uri_schemes(uri: str) -> None:
+    doc = _doc()
+    doc["iceberg"] = {"catalog_uri": uri}
+    assert parse_spec(doc, env={}).iceberg.catalog_uri == uri
+
+
+def test_unknown_key_in_a_pipeline() -> None:
+    error = _config_error(_doc(watermark="5s"))
+    _assert_names_field(error, "pipelines[0]", "'watermark'")
+
+
+def test_unknown_key_in_a_section_and_unknown_section() -> None:
+    doc = _doc()
+    doc["kafka"]["brokers"] = "a:1"
+    _assert_names_field(_config_error(doc), "kafka", "'brokers'")
+
+    doc = _doc()
+    doc["sparkle"] = {}
+    _assert_names_field(_config_error(doc), "spec", "'sparkle'")
+
+
+def test_duplicate_pipeline_names() -> None:
+    doc = _doc()
+    second = copy.deepcopy(doc["pipelines"][0])
+    second["table"] = "other_table"
+    doc["pipelines"].append(second)
+    error = _config_error(doc)
+    _assert_names_field(error, "pipelines.name", "orders_per_minute")
+
+
+def test_duplicate_pipeline_tables() -> None:
+    doc = _doc()
+    second = copy.deepcopy(doc["pipelines"][0])
+    second["name"] = "second"
+    doc["pipelines"].append(second)
+    error = _config_error(doc)
+    _assert_names_field(error, "pipelines.table", "orders_per_minute")
+
+
+@pytest.mark.parametrize("value", [0, -1, True, "100"])
+def test_bad_max_records_per_batch(value: object) -> None:
+    error = _config_error(_doc(max_records_per_batch=value))
+    _assert_names_field(error, "pipelines[0].max_records_per_batch")
+
+
+def test_second_pipeline_errors_name_its_index() -> None:
+    doc = _doc()
+    second = copy.deepcopy(doc["pipelines"][0])
+    second.update(name="second", table="second", window="1 fortnight")
+    doc["pipelines"].append(second)
+    _assert_names_field(_config_error(doc), "pipelines[1].window", "1 fortnight")
+
+
+def test_bad_topic_name() -> None:
+    _assert_names_field(_config_error(_doc(topic="has space")), "pipelines[0].topic", "has space")
+
+
+def test_no_pipelines() -> None:
+    doc = _doc()
+    doc["pipelines"] = []
+    _assert_names_field(_config_error(doc), "pipelines")
+    del doc["pipelines"]
+    _assert_names_field(_config_error(doc), "pipelines")
+
+
+def test_missing_spec_file(tmp_path: Path) -> None:
+    missing = tmp_path / "nope" / "krishiv.toml"
+    with pytest.raises(ConfigError) as info:
+        load_spec(missing, env={})
+    _assert_names_field(info.value, "spec", str(missing))
+
+
+def test_invalid_toml(tmp_path: Path) -> None:
+    path = tmp_path / "krishiv.toml"
+    path.write_text("[kafka\nbootstrap_servers = 1\n")
+    with pytest.raises(ConfigError) as info:
+        load_spec(path, env={})
+    _assert_names_field(info.value, "spec", str(path), "TOML")
+
+
+def test_bad_value_in_a_file_names_the_field(tmp_path: Path) -> None:
+    path = tmp_path / "krishiv.toml"
+    path.write_text(
+        MINIMAL_TOML.replace(
+            'event_time_field = "event_time"', 'event_time_field = "event_time"\nwatermark_delay = "5 parsecs"'
+        )
+    )
+    with pytest.raises(ConfigError) as info:
+        load_spec(path, env={})
+    _assert_names_field(info.value, "pipelines[0].watermark_delay", "5 parsecs")
+
+
+# ------------------------------------------------------------------------------------------- output types
+
+
+def _pipeline(aggregations: list[dict[str, Any]]) -> PipelineSpec:
+    fields = {
+        "amount": "decimal(12,2)",
+        "big": "decimal(38,2)",
+        "quantity": "long",
+        "small": "int",
+        "price": "double",
+        "label": "string",
+        "event_time": "timestamp_ms",
+    }
+    spec: KrishivSpec = parse_spec(_doc(fields=fields, aggregations=aggregations), env={})
+    return spec.pipeline()
+
+
+@pytest.mark.parametrize(
+    ("function", "field", "expected"),
+    [
+        ("count", None, FieldType("long")),
+        ("count", "amount", FieldType("long")),
+        ("sum", "amount", FieldType("decimal", 22, 2)),
+        ("avg", "amount", FieldType("decimal", 16, 6)),
+        ("min", "amount", FieldType("decimal", 12, 2)),
+        ("max", "amount", FieldType("decimal", 12, 2)),
+        ("sum", "big", FieldType("decimal", 38, 2)),
+        ("sum", "quantity", FieldType("long")),
+        ("sum", "small", FieldType("long")),
+        ("sum", "price", FieldType("double")),
+        ("avg", "quantity", FieldType("double")),
+        ("min", "quantity", FieldType("long")),
+        ("max", "small", FieldType("int")),
+        ("max", "price", FieldType("double")),
+        ("min", "label", FieldType("string")),
+        ("max", "event_time", FieldType("timestamp_ms")),
+    ],
+)
+def test_aggregate_type(function: str, field: str | None, expected: FieldType) -> None:
+    agg: dict[str, Any] = {"name": "out", "function": function}
+    if field is not None:
+        agg["field"] = field
+    pipeline = _pipeline([agg])
+    assert aggregate_type(pipeline.aggregations[0], pipeline) == expected
+
+
+def test_aggregate_type_string_forms() -> None:
+    assert str(FieldType("decimal", 22, 2)) == "decimal(22,2)"
+    assert str(FieldType("long")) == "long"
+
+
+def test_aggregate_table_schema_of_the_repository_spec() -> None:
+    pipeline = load_spec(REPO_SPEC, env={}).pipeline()
+    schema = aggregate_table_schema(pipeline)
+
+    assert [f.name for f in schema.fields] == ["window_start", "window_end", "order_count", "amount_total"]
+    assert [f.field_id for f in schema.fields] == [1, 2, 3, 4]
+    assert schema.find_field("window_start").field_type == TimestamptzType()
+    assert schema.find_field("window_start").required
+    assert schema.find_field("window_end").field_type == TimestamptzType()
+    assert schema.find_field("order_count").field_type == LongType()
+    assert schema.find_field("amount_total").field_type == DecimalType(22, 2)
+    assert schema.identifier_field_ids == [1]
+
+
+def test_aggregate_table_schema_min_max_avg() -> None:
+    pipeline = _pipeline(
+        [
+            {"name": "amount_min", "function": "min", "field": "amount"},
+            {"name": "amount_max", "function": "max", "field": "amount"},
+            {"name": "amount_avg", "function": "avg", "field": "amount"},
+        ]
+    )
+    schema = aggregate_table_schema(pipeline)
+    assert schema.find_field("amount_min").field_type == DecimalType(12, 2)
+    assert schema.find_field("amount_max").field_type == DecimalType(12, 2)
+    assert schema.find_field("amount_avg").field_type == DecimalType(16, 6)

@@ -1,0 +1,118 @@
+"""An independent model of what the pipeline must produce, computed from the topic itself.
+
+It reads every record back from the broker, validates it in plain Python, and replays Spark's append-mode
+watermark semantics over the batch ranges the ledger recorded: batch N runs with watermark
+W(N) = max(W(N-1), max event time of batches before N - delay); an event of batch N whose window ended at
+or before W(N-1) is dropped as late (SPARK-40925: late rows are judged by the previous batch's watermark);
+a window is emitted once the watermark reaches its end.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from decimal import ROUND_HALF_UP, Decimal
+
+from confluent_kafka import Consumer, TopicPartition
+
+from outbox.ledger import OutboxEntry
+
+AMOUNT = re.compile(r"^-?[0-9]{1,10}(\.[0-9]{1,2})?$")
+
+
+@dataclass
+class Expected:
+    windows: dict[int, dict[str, object]] = field(default_factory=dict)  # window start ms -> aggregates
+    rejects: set[tuple[int, int]] = field(default_factory=set)  # (partition, offset)
+    late_by_batch: dict[int, int] = field(default_factory=dict)
+    watermark_by_batch: dict[int, int] = field(default_factory=dict)
+    valid_events: int = 0
+
+
+def read_topic(bootstrap: str, topic: str, partitions: int, ends: dict[int, int]) -> dict[tuple[int, int], bytes | None]:
+    """Every record below ``ends`` of every partition, keyed by (partition, offset)."""
+    out: dict[tuple[int, int], bytes | None] = {}
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "oracle", "enable.auto.commit": False})
+    try:
+        for p in range(partitions):
+            if ends.get(p, 0) == 0:
+                continue
+            consumer.assign([TopicPartition(topic, p, 0)])
+            while True:
+                msgs = consumer.consume(10_000, timeout=5)
+                assert msgs, f"oracle could not read {topic}/{p} up to {ends[p]}"
+                for m in msgs:
+                    assert m.error() is None, m.error()
+                    if m.offset() < ends[p]:
+                        out[(p, m.offset())] = m.value()
+                if msgs[-1].offset() >= ends[p] - 1:
+                    break
+    finally:
+        consumer.close()
+    return out
+
+
+def parse(value: bytes | None) -> tuple[int, Decimal] | None:
+    """(event time ms, amount) of a valid order, None for a reject."""
+    if value is None:
+        return None
+    try:
+        doc = json.loads(value)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    if not isinstance(doc.get("order_id"), str) or not isinstance(doc.get("customer_id"), str):
+        return None
+    amount, event_time = doc.get("amount"), doc.get("event_time")
+    if not isinstance(amount, str | int | float) or isinstance(amount, bool) or not AMOUNT.match(str(amount)):
+        return None
+    if not isinstance(event_time, int) or isinstance(event_time, bool):
+        return None
+    return event_time, Decimal(str(amount))
+
+
+def expected_output(records: dict[tuple[int, int], bytes | None], batches: list[OutboxEntry], topic: str,
+                    window_ms: int = 60_000, delay_ms: int = 5_000) -> Expected:
+    exp = Expected()
+    state: dict[int, list[Decimal | int]] = {}
+    watermark = late_watermark = 0
+    max_seen: int | None = None
+    for entry in sorted(batches, key=lambda e: e.batch_id):
+        exp.watermark_by_batch[entry.batch_id] = watermark
+        late = 0
+        batch_max = None
+        for p, (start, end) in entry.offsets[topic].items():
+            for offset in range(start, end):
+                parsed = parse(records[(int(p), offset)])
+                if parsed is None:
+                    exp.rejects.add((int(p), offset))
+                    continue
+                event_time, amount = parsed
+                exp.valid_events += 1
+                batch_max = event_time if batch_max is None else max(batch_max, event_time)
+                window_start = event_time - event_time % window_ms
+                if late_watermark > 0 and window_start + window_ms <= late_watermark:
+                    late += 1
+                    continue
+                agg = state.setdefault(window_start, [0, Decimal(0), amount, amount])
+                agg[0] += 1
+                agg[1] += amount
+                agg[2] = min(agg[2], amount)
+                agg[3] = max(agg[3], amount)
+        exp.late_by_batch[entry.batch_id] = late
+        late_watermark = watermark
+        if batch_max is not None:
+            max_seen = batch_max if max_seen is None else max(max_seen, batch_max)
+            watermark = max(watermark, max_seen - delay_ms)
+    for start, (count, total, low, high) in state.items():
+        if start + window_ms <= watermark:
+            exp.windows[start] = {
+                "order_count": count,
+                "amount_total": total,
+                "amount_min": low,
+                "amount_max": high,
+                "amount_avg": (total / count).quantize(Decimal("0.000001"), rounding=ROUND_HALF_UP),
+            }
+    return exp
