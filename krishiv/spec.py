@@ -370,8 +370,11 @@ def parse_spec(
         partitions=_positive_int(k.get("partitions", 4), "kafka.partitions"),
         consumer={str(a): str(b) for a, b in _expect(k.get("consumer", {}), dict, "kafka.consumer", "a table").items()},
     )
-    for server in kafka.bootstrap_servers.split(","):
-        if not re.match(r"^[^:\s]+:\d{1,5}$", server.strip()):
+    servers = [server.strip() for server in kafka.bootstrap_servers.split(",")]
+    kafka = replace(kafka, bootstrap_servers=",".join(servers))
+    for server in servers:
+        m = re.match(r"^[^:\s]+:(\d{1,5})$", server)
+        if not m or not 0 < int(m.group(1)) < 65536:
             raise ConfigError(
                 "kafka.bootstrap_servers", f"expected host:port[,host:port], got {kafka.bootstrap_servers!r}"
             )

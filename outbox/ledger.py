@@ -132,8 +132,9 @@ def _row_to_entry(row: Sequence[Any]) -> OutboxEntry:
 
 
 def _is_lock_conflict(exc: duckdb.Error) -> bool:
+    """Another process holds the file, or is creating it and has not written its header yet."""
     text = str(exc)
-    return "Could not set lock" in text or "Conflicting lock" in text
+    return "Could not set lock" in text or "Conflicting lock" in text or "not a valid DuckDB database file" in text
 
 
 class Ledger:

@@ -64,7 +64,8 @@ def test_rewound_checkpoint_replays_without_new_rows_or_snapshots(make_spec, bro
     last = max(int(p.name) for p in (checkpoint / "offsets").iterdir() if p.name.isdigit())
     for batch in (last, last - 1):
         for log in ("offsets", "commits"):
-            (checkpoint / log / str(batch)).unlink(missing_ok=True)
+            for name in (str(batch), f".{batch}.crc"):
+                (checkpoint / log / name).unlink(missing_ok=True)
     replay = run_pipelines(spec, list(spec.pipelines), once=True, quiet=True)
     replayed = replay[0].stager.history
     assert [b.batch_id for b in replayed][:2] == [last - 1, last]

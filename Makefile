@@ -1,0 +1,18 @@
+# The README's two commands: `make demo` and `make test`. Both set everything up first.
+.PHONY: setup demo test lint clean
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	.venv/bin/krishiv demo
+
+test: setup
+	.venv/bin/ruff check .
+	.venv/bin/pytest
+
+lint: setup
+	.venv/bin/ruff check . && .venv/bin/ruff format --check .
+
+clean:
+	rm -rf state .pytest_cache .ruff_cache
