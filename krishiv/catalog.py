@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 from pyiceberg.catalog import Catalog
@@ -68,10 +69,8 @@ def ensure_table(catalog: Catalog, identifier: tuple[str, str], schema: Schema) 
         return catalog.load_table(identifier)
     except NoSuchTableError:
         pass
-    try:
+    with contextlib.suppress(NamespaceAlreadyExistsError):
         catalog.create_namespace(identifier[0])
-    except NamespaceAlreadyExistsError:
-        pass
     try:
         return catalog.create_table(identifier, schema=schema, properties=TABLE_PROPERTIES)
     except TableAlreadyExistsError:

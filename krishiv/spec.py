@@ -307,7 +307,8 @@ def _parse_pipeline(raw: Any, where: str) -> PipelineSpec:
     if by_name[event_time].type.name not in ("timestamp_ms", "timestamp"):
         raise ConfigError(
             f"{where}.event_time_field",
-            f"the event time field must be of type timestamp_ms or timestamp, {event_time} is {by_name[event_time].type}",
+            f"the event time field must be of type timestamp_ms or timestamp; "
+            f"{event_time} is {by_name[event_time].type}",
         )
     output_mode = raw.get("output_mode", "append")
     if output_mode not in _OUTPUT_MODES:

@@ -245,7 +245,8 @@ class Ledger:
                     inserted.append(False)
                     continue
                 con.execute(
-                    f"INSERT INTO outbox ({_COLUMNS}, record_count) VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, NULL, ?)",
+                    f"INSERT INTO outbox ({_COLUMNS}, record_count) "
+                    "VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, NULL, ?)",
                     [
                         e.query_id,
                         e.pipeline,

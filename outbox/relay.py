@@ -162,7 +162,8 @@ class CommitRelay:
                 if time.monotonic() >= deadline:
                     raise CatalogUnavailable(
                         f"Iceberg catalog at {self.catalog_address} did not answer for "
-                        f"{CATALOG_RELOAD_BUDGET_S:.0f}s while loading {table_name}: {exc}; pending entries stay pending"
+                        f"{CATALOG_RELOAD_BUDGET_S:.0f}s while loading {table_name}: {exc}; "
+                        "pending entries stay pending"
                     ) from exc
                 time.sleep(_backoff(attempt))
                 attempt += 1

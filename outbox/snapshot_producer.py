@@ -23,7 +23,7 @@ def new_snapshot_id() -> int:
 
 
 def fast_append(table: Table, data_files: Sequence[DataFile], snapshot_id: int, summary: Mapping[str, str]) -> Table:
-    """Commit one fast-append snapshot with the given id and summary properties; returns the table, now at the new snapshot.
+    """Commit one fast-append snapshot with the given id and summary; returns the table at the new snapshot.
 
     A transaction commits only when the ``with`` block exits cleanly, so a failure anywhere above the
     catalog call leaves the table untouched.

@@ -1,10 +1,11 @@
-"""Reads of Spark's streaming checkpoint: the query id and each batch's offsets and watermark.
+"""Reads of Spark's streaming checkpoint: the query id and each batch's offsets and watermarks.
 
 Spark writes ``offsets/<batch>`` before it runs a batch: a version line, a JSON line of batch metadata
 (including ``batchWatermarkMs``, the watermark the batch runs with) and one line per source with the end
 offsets. Since SPARK-40925 a stateful operator drops input rows as late with the watermark of the batch
-before (and evicts state with the batch's own), so both are read. The start of batch N is the end of batch N-1; batch 0 starts at the offsets Krishiv pins in
-``krishiv/starting_offsets.json`` before the query first starts, so a batch id always means the same range.
+before (and evicts state with the batch's own), so both are read. The start of batch N is the end of
+batch N-1; batch 0 starts at the offsets Krishiv pins in ``krishiv/starting_offsets.json`` before the
+query first starts, so a batch id always means the same range.
 """
 
 from __future__ import annotations

@@ -117,14 +117,23 @@ def spec_file(tmp_path: Path, make_spec: SpecFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def spark(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+def spark(tmp_path_factory: pytest.TempPathFactory):
     from krishiv.spec import parse_spec
     from spark_jobs.session import build_session
 
     base = parse_spec(
-        {"spark": {"master": "local[2]", "shuffle_partitions": 2},
-         "pipelines": [{"name": "x", "topic": "x", "event_time_field": "t", "fields": {"t": "timestamp_ms"},
-                        "aggregations": [{"name": "n", "function": "count"}]}]},
+        {
+            "spark": {"master": "local[2]", "shuffle_partitions": 2},
+            "pipelines": [
+                {
+                    "name": "x",
+                    "topic": "x",
+                    "event_time_field": "t",
+                    "fields": {"t": "timestamp_ms"},
+                    "aggregations": [{"name": "n", "function": "count"}],
+                }
+            ],
+        },
         env={},
     )
     session = build_session(base, app_name="krishiv-tests")

@@ -30,7 +30,9 @@ class Expected:
     valid_events: int = 0
 
 
-def read_topic(bootstrap: str, topic: str, partitions: int, ends: dict[int, int]) -> dict[tuple[int, int], bytes | None]:
+def read_topic(
+    bootstrap: str, topic: str, partitions: int, ends: dict[int, int]
+) -> dict[tuple[int, int], bytes | None]:
     """Every record below ``ends`` of every partition, keyed by (partition, offset)."""
     out: dict[tuple[int, int], bytes | None] = {}
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "oracle", "enable.auto.commit": False})
@@ -73,8 +75,13 @@ def parse(value: bytes | None) -> tuple[int, Decimal] | None:
     return event_time, Decimal(str(amount))
 
 
-def expected_output(records: dict[tuple[int, int], bytes | None], batches: list[OutboxEntry], topic: str,
-                    window_ms: int = 60_000, delay_ms: int = 5_000) -> Expected:
+def expected_output(
+    records: dict[tuple[int, int], bytes | None],
+    batches: list[OutboxEntry],
+    topic: str,
+    window_ms: int = 60_000,
+    delay_ms: int = 5_000,
+) -> Expected:
     exp = Expected()
     state: dict[int, list[Decimal | int]] = {}
     watermark = late_watermark = 0

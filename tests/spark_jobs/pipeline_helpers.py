@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -21,26 +22,39 @@ from tests.oracle import Expected, expected_output, read_topic
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def produce_orders(spec: KrishivSpec, records: int, *, late: int = 0, malformed: int = 0, seed: int = 7,
-                   start_ms: int | None = None) -> None:
+def produce_orders(
+    spec: KrishivSpec, records: int, *, late: int = 0, malformed: int = 0, seed: int = 7, start_ms: int | None = None
+) -> None:
     pipeline = spec.pipeline()
     partitions = ensure_topic(spec.kafka.bootstrap_servers, pipeline.topic, spec.kafka.partitions)
     extra = {"start_ms": start_ms} if start_ms is not None else {}
-    produce(spec.kafka.bootstrap_servers, pipeline.topic,
-            demo_orders(records, seed=seed, partitions=partitions, late=late, malformed=malformed, **extra))
+    produce(
+        spec.kafka.bootstrap_servers,
+        pipeline.topic,
+        demo_orders(records, seed=seed, partitions=partitions, late=late, malformed=malformed, **extra),
+    )
 
 
 def ledger_of(spec: KrishivSpec) -> Ledger:
     return Ledger(spec.resolve(spec.storage.ledger_path))
 
 
-def krishiv_cli(spec_file: Path, *args: str, faults: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+def krishiv_cli(
+    spec_file: Path, *args: str, faults: str | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
     """Run the real ``krishiv`` command in its own process (so it can be killed)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KRISHIV_")}
     if faults:
         env["KRISHIV_FAULTS"] = faults
-    return subprocess.run([sys.executable, "-m", "krishiv.cli", "--spec", str(spec_file), *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "krishiv.cli", "--spec", str(spec_file), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def expected_for(spec: KrishivSpec, broker: LocalBroker) -> Expected:
@@ -71,7 +85,7 @@ def assert_exactly_once(spec: KrishivSpec, broker: LocalBroker) -> Expected:
     commit_pipelines(spec, list(spec.pipelines))
     expected = expected_for(spec, broker)
     actual = table_windows(spec)
-    assert set(actual) == set(expected.windows), (sorted(set(actual) ^ set(expected.windows)))
+    assert set(actual) == set(expected.windows), sorted(set(actual) ^ set(expected.windows))
     for start, aggs in expected.windows.items():
         got = {k: (Decimal(v) if isinstance(v, Decimal) else v) for k, v in actual[start].items()}
         assert got == aggs, f"window {start}: table {got} != expected {aggs}"
@@ -80,8 +94,9 @@ def assert_exactly_once(spec: KrishivSpec, broker: LocalBroker) -> Expected:
     coords = list(zip(rejects.column("partition").to_pylist(), rejects.column("offset").to_pylist(), strict=True))
     assert len(coords) == len(set(coords)), "a reject is in the rejects table twice"
     assert set(coords) == expected.rejects
-    late = {e.batch_id: e.metrics["late_events"]
-            for e in ledger_of(spec).entries(table=qualified(spec, pipeline.table))}
+    late = {
+        e.batch_id: e.metrics["late_events"] for e in ledger_of(spec).entries(table=qualified(spec, pipeline.table))
+    }
     assert late == expected.late_by_batch
     for result in verify_pipelines(spec, list(spec.pipelines)):
         assert result.ok, result.violations
@@ -89,6 +104,6 @@ def assert_exactly_once(spec: KrishivSpec, broker: LocalBroker) -> Expected:
         rows = lineage(load_catalog(spec).load_table(qualified(spec, name)))
         batches = [r.batch_id for r in rows]
         assert batches == sorted(set(batches)), f"{name}: batches {batches} are not one snapshot each, in order"
-        for before, after in zip(rows, rows[1:], strict=False):
+        for before, after in itertools.pairwise(rows):
             assert after.parent_id == before.snapshot_id
     return expected

@@ -13,7 +13,7 @@ from tests.spark_jobs.pipeline_helpers import assert_exactly_once, krishiv_cli, 
 KILLED = -signal.SIGKILL
 
 
-def test_driver_killed_during_batches_keeps_exactly_once(make_spec, spec_file, broker):  # noqa: ANN001
+def test_driver_killed_during_batches_keeps_exactly_once(make_spec, spec_file, broker):
     spec = make_spec(max_records=1_000)
     produce_orders(spec, 4_000, late=10, malformed=8)
     # Die before computing, after computing, after staging files (orphans), after the ledger write.
@@ -29,7 +29,7 @@ def test_driver_killed_during_batches_keeps_exactly_once(make_spec, spec_file, b
     assert_exactly_once(spec, broker)
 
 
-def test_relay_killed_after_catalog_commit_commits_nothing_twice(make_spec, spec_file, broker, spark):  # noqa: ANN001
+def test_relay_killed_after_catalog_commit_commits_nothing_twice(make_spec, spec_file, broker, spark):
     spec = make_spec(max_records=1_000)
     produce_orders(spec, 4_000, malformed=4)
     run_pipelines(spec, list(spec.pipelines), once=True, quiet=True)
@@ -52,7 +52,7 @@ def test_relay_killed_after_catalog_commit_commits_nothing_twice(make_spec, spec
     assert len(table.snapshots()) == len(with_rows)
 
 
-def test_commit_that_raises_after_succeeding_is_recognised(make_spec, broker, spark, monkeypatch):  # noqa: ANN001
+def test_commit_that_raises_after_succeeding_is_recognised(make_spec, broker, spark, monkeypatch):
     spec = make_spec(max_records=1_500)
     produce_orders(spec, 3_000, malformed=3)
     run_pipelines(spec, list(spec.pipelines), once=True, quiet=True)

@@ -14,7 +14,7 @@ from tests.spark_jobs.pipeline_helpers import assert_exactly_once, ledger_of, pr
 
 
 @pytest.mark.parametrize("catalog", ["sqlite", "postgresql"])
-def test_seeded_orders_are_counted_exactly_once(catalog, make_spec, broker, spark, request):  # noqa: ANN001
+def test_seeded_orders_are_counted_exactly_once(catalog, make_spec, broker, spark, request):
     uri = request.getfixturevalue("postgres_uri") if catalog == "postgresql" else "sqlite:///catalog.db"
     spec = make_spec(catalog_uri=uri, max_records=1_500)
     produce_orders(spec, 6_000, late=20, malformed=12)
@@ -30,7 +30,7 @@ def test_seeded_orders_are_counted_exactly_once(catalog, make_spec, broker, spar
     assert sum(w["order_count"] for w in expected.windows.values()) > 4_500
 
 
-def test_malformed_events_are_quarantined_with_offsets_and_reasons(make_spec, broker, spark):  # noqa: ANN001
+def test_malformed_events_are_quarantined_with_offsets_and_reasons(make_spec, broker, spark):
     spec = make_spec()
     produce_orders(spec, 600, malformed=60)
     run_pipelines(spec, list(spec.pipelines), once=True, quiet=True)
@@ -45,7 +45,7 @@ def test_malformed_events_are_quarantined_with_offsets_and_reasons(make_spec, br
     assert set(rejects.column("topic").to_pylist()) == {spec.pipeline().topic}
 
 
-def test_rewound_checkpoint_replays_without_new_rows_or_snapshots(make_spec, broker, spark, tmp_path):  # noqa: ANN001
+def test_rewound_checkpoint_replays_without_new_rows_or_snapshots(make_spec, broker, spark, tmp_path):
     spec = make_spec()
     produce_orders(spec, 4_000, late=10, malformed=5)
     run_pipelines(spec, list(spec.pipelines), once=True, quiet=True)
@@ -78,7 +78,6 @@ def test_rewound_checkpoint_replays_without_new_rows_or_snapshots(make_spec, bro
     assert replay[0].stager.history and not any(b.recorded for b in replay[0].stager.history if b.records_read)
 
     assert_exactly_once(spec, broker)
-    assert len(ledger.entries()) - entries_before == sum(
-        1 for b in replay[0].stager.history if b.recorded) * 2
+    assert len(ledger.entries()) - entries_before == sum(1 for b in replay[0].stager.history if b.recorded) * 2
     assert len(load_catalog(spec).load_table(table_name).snapshots()) == snapshots_before
     assert all(e.status == COMMITTED for e in ledger.entries())

@@ -1,0 +1,138 @@
+"""The commit relay against a real SQLite catalog, with batches staged directly (no Spark needed)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from pyiceberg.catalog import Catalog
+from pyiceberg.catalog.sql import SqlCatalog
+
+from krishiv.catalog import ensure_table, load_catalog
+from krishiv.spec import load_spec
+from krishiv.tables import aggregate_table_schema
+from outbox.errors import CatalogUnavailable, StagedFileMissing
+from outbox.ledger import COMMITTED, PENDING, Ledger, OutboxEntry
+from outbox.relay import CommitRelay, TableCommitReport
+from outbox.snapshot_producer import new_snapshot_id
+from spark_jobs.staging import staging_folder, write_parquet
+
+ROOT = Path(__file__).resolve().parents[2]
+TABLE = "krishiv.orders_per_minute"
+
+
+@pytest.fixture
+def catalog(tmp_path: Path) -> Catalog:
+    return SqlCatalog("t", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=tmp_path.as_uri())
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Ledger:
+    return Ledger(tmp_path / "ledger.duckdb")
+
+
+def stage(catalog: Catalog, ledger: Ledger, batch_id: int, minute: int) -> OutboxEntry:
+    pipeline = load_spec(ROOT / "krishiv.toml", env={}).pipeline()
+    table = ensure_table(catalog, ("krishiv", "orders_per_minute"), aggregate_table_schema(pipeline))
+    start = datetime(2026, 1, 1, 0, minute, tzinfo=UTC)
+    rows = pa.table(
+        {
+            "window_start": pa.array([start], pa.timestamp("us", tz="UTC")),
+            "window_end": pa.array([start.replace(minute=minute + 1)], pa.timestamp("us", tz="UTC")),
+            "order_count": pa.array([batch_id + 1], pa.int64()),
+            "amount_total": pa.array([Decimal("10.25")], pa.decimal128(22, 2)),
+        }
+    )
+    staged = write_parquet(table, rows, staging_folder(table, "q1", batch_id))
+    entry = OutboxEntry(
+        "q1",
+        "orders_per_minute",
+        TABLE,
+        batch_id,
+        {"orders": {"0": [batch_id, batch_id + 1]}},
+        (staged,),
+        new_snapshot_id(),
+        {},
+    )
+    assert ledger.record_batch([entry]) == [True]
+    return entry
+
+
+def test_commits_in_order_one_snapshot_each(catalog: Catalog, ledger: Ledger) -> None:
+    entries = [stage(catalog, ledger, b, b) for b in range(3)]
+    report = CommitRelay(ledger, catalog).commit_table(TABLE)
+    assert report.committed == [0, 1, 2]
+    table = catalog.load_table(TABLE)
+    ids = [s.snapshot_id for s in table.snapshots()]
+    assert ids == [e.intended_snapshot_id for e in entries]
+    assert [s.parent_snapshot_id for s in table.snapshots()] == [None, *ids[:-1]]
+    assert CommitRelay(ledger, catalog).commit_table(TABLE).committed == [], "a second run commits nothing"
+
+
+def test_concurrent_writer_conflict_is_rechecked_and_retried(catalog: Catalog, ledger: Ledger, tmp_path) -> None:
+    first = stage(catalog, ledger, 0, 0)
+    relay = CommitRelay(ledger, catalog)
+    relay.commit_table(TABLE)
+    entry = stage(catalog, ledger, 1, 1)
+    stale = catalog.load_table(TABLE)
+    # Another writer commits between the relay's load and its commit.
+    other = SqlCatalog("t", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=tmp_path.as_uri())
+    other.load_table(TABLE).append(stale.scan().to_arrow().slice(0, 0))
+    foreign = other.load_table(TABLE).current_snapshot()
+    assert foreign is not None and foreign.snapshot_id != first.intended_snapshot_id
+
+    report = TableCommitReport(TABLE)
+    relay._commit_entry(stale, entry, report)
+    assert report.committed == [1]
+    table = catalog.load_table(TABLE)
+    head = table.current_snapshot()
+    assert head is not None and head.snapshot_id == entry.intended_snapshot_id
+    assert head.parent_snapshot_id == foreign.snapshot_id, "the retry is the child of the winning commit"
+    assert ledger.get("q1", TABLE, 1).status == COMMITTED
+
+
+def test_missing_staged_file_stops_without_committing(catalog: Catalog, ledger: Ledger) -> None:
+    entry = stage(catalog, ledger, 0, 0)
+    Path(entry.files[0].path.removeprefix("file://")).unlink()
+    with pytest.raises(StagedFileMissing, match="missing"):
+        CommitRelay(ledger, catalog).commit_table(TABLE)
+    assert ledger.get("q1", TABLE, 0).status == PENDING
+    assert catalog.load_table(TABLE).current_snapshot() is None
+
+
+def test_unreachable_catalog_names_the_address_and_keeps_work_pending(
+    tmp_path: Path, catalog: Catalog, ledger: Ledger
+) -> None:
+    from krishiv.broker import free_port
+    from krishiv.spec import parse_spec
+
+    entry = stage(catalog, ledger, 0, 0)
+    port = free_port()
+    spec = parse_spec(
+        {
+            "iceberg": {
+                "catalog_uri": f"postgresql+psycopg://postgres@127.0.0.1:{port}/nowhere",
+                "warehouse": tmp_path.as_uri(),
+            },
+            "pipelines": [
+                {
+                    "name": "p",
+                    "topic": "orders",
+                    "event_time_field": "t",
+                    "fields": {"t": "timestamp_ms"},
+                    "aggregations": [{"name": "n", "function": "count"}],
+                }
+            ],
+        },
+        env={},
+    )
+    with pytest.raises(CatalogUnavailable, match=f"127.0.0.1:{port}"):
+        CommitRelay(ledger, lambda: load_catalog(spec)).commit_table(TABLE)
+    assert ledger.get("q1", TABLE, 0).status == PENDING
+
+    # When the catalog is back, the same entry completes.
+    assert CommitRelay(ledger, catalog).commit_table(TABLE).committed == [0]
+    assert catalog.load_table(TABLE).current_snapshot().snapshot_id == entry.intended_snapshot_id
