@@ -1,1 +1,1 @@
-"""placeholder"""
+"""Krishiv: exactly-once streaming ingestion from Kafka through Spark into Apache Iceberg."""
