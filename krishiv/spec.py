@@ -167,9 +167,6 @@ class KrishivSpec:
             return prefix + str(self.resolve(uri[len(prefix) :]))
         return uri
 
-    def with_overrides(self, **sections: Any) -> KrishivSpec:
-        return replace(self, **sections)
-
 
 # --------------------------------------------------------------------------------------------- parsing
 
