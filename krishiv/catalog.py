@@ -63,6 +63,11 @@ def table_identifier(spec: KrishivSpec, table: str) -> tuple[str, str]:
     return (spec.iceberg.namespace, table)
 
 
+def qualified(spec: KrishivSpec, table: str) -> str:
+    """``namespace.table``, as the ledger, the relay and the catalog name a table."""
+    return ".".join(table_identifier(spec, table))
+
+
 def ensure_table(catalog: Catalog, identifier: tuple[str, str], schema: Schema) -> Table:
     """Load the table, creating the namespace and table on first use (concurrent creators are fine)."""
     try:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -14,6 +13,7 @@ from rich.console import Console
 from rich.table import Table as RichTable
 
 from krishiv.errors import KrishivError
+from krishiv.operations import commit_pipelines, open_ledger, run_pipelines, verify_pipelines
 from krishiv.spec import KrishivSpec, PipelineSpec, load_spec
 from outbox.errors import OutboxError
 
@@ -28,12 +28,6 @@ def _pipelines(spec: KrishivSpec, name: str | None) -> list[PipelineSpec]:
     return [spec.pipeline(name)] if name else list(spec.pipelines)
 
 
-def _ledger(spec: KrishivSpec):
-    from outbox.ledger import Ledger
-
-    return Ledger(spec.resolve(spec.storage.ledger_path))
-
-
 def _print_batch(pipeline: str):
     def show(b) -> None:
         console.print(
@@ -42,15 +36,6 @@ def _print_batch(pipeline: str):
         )
 
     return show
-
-
-def _root_cause(exc: BaseException) -> str:
-    """The first line naming a Krishiv error in a Spark failure, else Spark's first line."""
-    text = str(exc)
-    for line in text.splitlines():
-        if "Error:" in line and ("spark_jobs" in line or "outbox" in line or "krishiv" in line):
-            return line.strip()
-    return text.splitlines()[0] if text else repr(exc)
 
 
 # ------------------------------------------------------------------------------------------ commands
@@ -100,46 +85,8 @@ def cmd_produce(args: argparse.Namespace, spec: KrishivSpec) -> int:
     return 0
 
 
-def run_pipelines(spec: KrishivSpec, pipelines: list[PipelineSpec], once: bool, quiet: bool = False) -> list:
-    """Run the pipelines' streaming queries; with ``once``, until the data present at start is staged."""
-    from krishiv.catalog import load_catalog
-    from spark_jobs.job import start_pipeline
-    from spark_jobs.session import build_session
-
-    spark = build_session(spec)
-    catalog = load_catalog(spec)
-    ledger = _ledger(spec)
-    running = [
-        start_pipeline(spark, spec, p, catalog, ledger, once=once, on_batch=None if quiet else _print_batch(p.name))
-        for p in pipelines
-    ]
-    if once:
-        from pyspark.errors import StreamingQueryException
-
-        for r in running:
-            try:
-                r.query.awaitTermination()
-            except StreamingQueryException as exc:
-                raise KrishivError(f"query {r.query.name} failed: {_root_cause(exc)}") from exc
-    else:
-
-        def stop(*_: object) -> None:
-            for r in running:
-                r.query.stop()
-
-        signal.signal(signal.SIGTERM, stop)
-        try:
-            spark.streams.awaitAnyTermination()
-        except KeyboardInterrupt:
-            stop()
-    for r in running:
-        if r.query.exception() is not None:
-            raise KrishivError(f"query {r.query.name} failed: {r.query.exception()}")
-    return running
-
-
 def cmd_run(args: argparse.Namespace, spec: KrishivSpec) -> int:
-    running = run_pipelines(spec, _pipelines(spec, args.pipeline), once=args.once)
+    running = run_pipelines(spec, _pipelines(spec, args.pipeline), once=args.once, reporter=_print_batch)
     for r in running:
         staged = [b for b in r.stager.history if b.recorded]
         console.print(
@@ -147,16 +94,6 @@ def cmd_run(args: argparse.Namespace, spec: KrishivSpec) -> int:
             f"{sum(b.records_read for b in r.stager.history)} records read"
         )
     return 0
-
-
-def commit_pipelines(spec: KrishivSpec, pipelines: list[PipelineSpec]) -> list:
-    from krishiv.catalog import load_catalog, redact
-    from outbox.relay import CommitRelay
-    from spark_jobs.job import qualified
-
-    relay = CommitRelay(_ledger(spec), lambda: load_catalog(spec), redact(spec.catalog_uri()))
-    tables = [qualified(spec, t) for p in pipelines for t in (p.table, p.rejects_table)]
-    return relay.run(tables)
 
 
 def cmd_commit(args: argparse.Namespace, spec: KrishivSpec) -> int:
@@ -179,12 +116,12 @@ def cmd_commit(args: argparse.Namespace, spec: KrishivSpec) -> int:
 
 
 def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
+    from krishiv.catalog import qualified
     from krishiv.status import pipeline_status
     from spark_jobs.errors import KafkaSourceError
-    from spark_jobs.job import qualified
     from spark_jobs.kafka_source import KafkaAdmin
 
-    ledger = _ledger(spec)
+    ledger = open_ledger(spec)
     for p in _pipelines(spec, args.pipeline):
         latest, broker_error = None, None
         try:
@@ -219,9 +156,8 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
 
 
 def cmd_lineage(args: argparse.Namespace, spec: KrishivSpec) -> int:
-    from krishiv.catalog import load_catalog
+    from krishiv.catalog import load_catalog, qualified
     from krishiv.lineage import lineage
-    from spark_jobs.job import qualified
 
     catalog = load_catalog(spec)
     for p in _pipelines(spec, args.pipeline):
@@ -241,20 +177,6 @@ def cmd_lineage(args: argparse.Namespace, spec: KrishivSpec) -> int:
                 )
             console.print(out)
     return 0
-
-
-def verify_pipelines(spec: KrishivSpec, pipelines: list[PipelineSpec]) -> list:
-    from krishiv.catalog import load_catalog
-    from krishiv.verify import verify_table
-    from spark_jobs.job import qualified
-
-    catalog, ledger = load_catalog(spec), _ledger(spec)
-    results = []
-    for p in pipelines:
-        for name, windows in ((p.table, True), (p.rejects_table, False)):
-            q = qualified(spec, name)
-            results.append(verify_table(catalog.load_table(q), q, ledger, windows=windows))
-    return results
 
 
 def cmd_verify(args: argparse.Namespace, spec: KrishivSpec) -> int:

@@ -36,11 +36,10 @@ def run_demo(
     spec: KrishivSpec, state: Path, *, records: int, late: int, malformed: int, seed: int, console: Console
 ) -> int:
     from krishiv.broker import start_broker
-    from krishiv.catalog import load_catalog
-    from krishiv.cli import commit_pipelines, run_pipelines, verify_pipelines
+    from krishiv.catalog import load_catalog, qualified
     from krishiv.lineage import lineage
+    from krishiv.operations import commit_pipelines, run_pipelines, verify_pipelines
     from krishiv.produce import demo_orders, ensure_topic, produce
-    from spark_jobs.job import qualified
 
     if state.exists():
         shutil.rmtree(state)

@@ -35,7 +35,7 @@ class PipelineStatus:
     broker_error: str | None = None
 
 
-def _end_offsets(entries: list[OutboxEntry], topic: str) -> dict[str, int]:
+def end_offsets(entries: list[OutboxEntry], topic: str) -> dict[str, int]:
     ends: dict[str, int] = {}
     for e in entries:
         for p, (_start, end) in e.offsets.get(topic, {}).items():
@@ -69,7 +69,7 @@ def pipeline_status(
             key=lambda e: e.committed_at,
             default=last,
         ).committed_snapshot_id
-    staged, done = _end_offsets(entries, topic), _end_offsets(committed, topic)
+    staged, done = end_offsets(entries, topic), end_offsets(committed, topic)
     for p in sorted(set(staged) | set(latest or {}), key=int):
         status.partitions.append(PartitionLag(p, (latest or {}).get(p), staged.get(p, 0), done.get(p, 0)))
     return status

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pyiceberg.table import Table
 
 from krishiv.lineage import lineage
@@ -35,6 +36,24 @@ def duplicate_windows(table: Table) -> list[str]:
     starts = table.scan(selected_fields=(WINDOW_START,)).to_arrow().column(WINDOW_START)
     counts = pc.value_counts(starts)
     return [str(c["values"]) for c in counts.to_pylist() if c["counts"] > 1]
+
+
+def duplicate_window_sources(table: Table, windows: list[str]) -> dict[str, list[int]]:
+    """For each duplicated window, the ids of the snapshots that added a data file holding it."""
+    if not windows:
+        return {}
+    wanted = set(windows)
+    sources: dict[str, list[int]] = {w: [] for w in windows}
+    entries = table.inspect.entries().to_pylist()
+    for entry in entries:
+        data_file = entry["data_file"]
+        if entry["status"] == 2 or data_file["content"] != 0:  # deleted entries and delete files hold no rows
+            continue
+        with table.io.new_input(data_file["file_path"]).open() as stream:
+            starts = pq.read_table(stream, columns=[WINDOW_START]).column(WINDOW_START)
+        for value in {str(v) for v in starts.to_pylist()} & wanted:
+            sources[value].append(entry["snapshot_id"])
+    return {w: sorted(set(ids)) for w, ids in sources.items()}
 
 
 def check_lineage(table: Table) -> list[str]:

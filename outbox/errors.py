@@ -36,3 +36,7 @@ class CatalogUnavailable(OutboxError):
 
 class CommitConflict(OutboxError):
     """Concurrent writers kept winning for longer than the retry budget."""
+
+
+class StagerBusy(OutboxError):
+    """Another live process is running the pipeline's Spark query (its checkpoint allows only one)."""

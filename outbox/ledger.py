@@ -10,18 +10,20 @@ and the holder, and nothing has been written.
 from __future__ import annotations
 
 import json
+import os
 import random
+import socket
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import duckdb
 
-from outbox.errors import BatchReplayMismatch, LedgerBusyError, LedgerSchemaError
+from outbox.errors import BatchReplayMismatch, LedgerBusyError, LedgerSchemaError, StagerBusy
 
 PENDING = "PENDING"
 COMMITTED = "COMMITTED"
@@ -70,6 +72,35 @@ class OutboxEntry:
         return sum(f.records for f in self.files)
 
 
+@dataclass(frozen=True)
+class StagerLease:
+    """Who is running a pipeline's Spark query now: a ``krishiv run`` process or a Dagster staging run."""
+
+    pipeline: str
+    holder: str
+    host: str
+    pid: int
+    acquired_at: datetime
+    expires_at: datetime
+
+    def alive(self, now: datetime | None = None) -> bool:
+        """Unexpired, and, when held on this host, by a process that still exists."""
+        if self.expires_at <= (now or datetime.now(UTC)):
+            return False
+        if self.host == socket.gethostname():
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                return False
+            except PermissionError:
+                return True
+        return True
+
+    def describe(self) -> str:
+        until = self.expires_at.isoformat(timespec="seconds")
+        return f"{self.holder} (pid {self.pid} on {self.host}, lease until {until})"
+
+
 # Each migration moves the schema from version i to i + 1. Never edit one that has shipped: add another.
 _MIGRATIONS: tuple[str, ...] = (
     """
@@ -91,6 +122,16 @@ _MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX outbox_status ON outbox (table_name, status);
     """,
+    """
+    CREATE TABLE stager_lease (
+        pipeline VARCHAR PRIMARY KEY,
+        holder VARCHAR NOT NULL,
+        host VARCHAR NOT NULL,
+        pid BIGINT NOT NULL,
+        acquired_at TIMESTAMPTZ NOT NULL,
+        expires_at TIMESTAMPTZ NOT NULL
+    );
+    """,
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 
@@ -98,6 +139,9 @@ _COLUMNS = (
     "query_id, pipeline, table_name, batch_id, status, intended_snapshot_id, committed_snapshot_id, "
     "offsets, files, metrics, created_at, committed_at"
 )
+
+
+_LEASE_COLUMNS = "pipeline, holder, host, pid, acquired_at, expires_at"
 
 
 def _row_to_entry(row: Sequence[Any]) -> OutboxEntry:
@@ -185,7 +229,8 @@ class Ledger:
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         if not Path(self.path).exists():
             return []
-        self.migrate()
+        if not self._migrated and self.schema_version() != SCHEMA_VERSION:
+            self.migrate()
         with self._connect(read_only=True) as con:
             return con.execute(sql, list(params)).fetchall()
 
@@ -215,8 +260,18 @@ class Ledger:
         return found
 
     def schema_version(self) -> int:
-        rows = self._read("SELECT value FROM ledger_meta WHERE key = 'schema_version'")
-        return int(rows[0][0]) if rows else 0
+        """The file's schema version, read without writing (0 for a new or empty file)."""
+        if not Path(self.path).exists():
+            return 0
+        with self._connect(read_only=True) as con:
+            try:
+                row = con.execute("SELECT value FROM ledger_meta WHERE key = 'schema_version'").fetchone()
+            except duckdb.CatalogException:
+                return 0
+        version = int(row[0]) if row else 0
+        if version == SCHEMA_VERSION:
+            self._migrated = True
+        return version
 
     # ------------------------------------------------------------------------------------ writes
 
@@ -311,3 +366,45 @@ class Ledger:
                 "SELECT query_id FROM outbox WHERE pipeline = ? GROUP BY query_id ORDER BY MIN(created_at)", [pipeline]
             )
         ]
+
+    # ------------------------------------------------------------------------------------ stager lease
+
+    def acquire_lease(self, pipeline: str, holder: str, ttl_s: float) -> StagerLease:
+        """Take the pipeline's stager lease, or raise :class:`StagerBusy` naming the live holder.
+
+        A lease that expired, or whose process on this host is gone (a killed ``krishiv run``), is taken over.
+        """
+        now = datetime.now(UTC)
+        lease = StagerLease(pipeline, holder, socket.gethostname(), os.getpid(), now, now + timedelta(seconds=ttl_s))
+        with self._transaction() as con:
+            row = con.execute(f"SELECT {_LEASE_COLUMNS} FROM stager_lease WHERE pipeline = ?", [pipeline]).fetchone()
+            if row is not None:
+                current = StagerLease(*row)
+                if current.alive(now) and (current.host, current.pid) != (lease.host, lease.pid):
+                    raise StagerBusy(f"pipeline {pipeline!r} is already being staged by {current.describe()}")
+            con.execute(
+                f"INSERT OR REPLACE INTO stager_lease ({_LEASE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+                [lease.pipeline, lease.holder, lease.host, lease.pid, lease.acquired_at, lease.expires_at],
+            )
+        return lease
+
+    def renew_lease(self, lease: StagerLease, ttl_s: float) -> bool:
+        """Extend a lease this process holds; False if it was lost to another holder."""
+        with self._transaction() as con:
+            changed = con.execute(
+                "UPDATE stager_lease SET expires_at = ? WHERE pipeline = ? AND host = ? AND pid = ? RETURNING 1",
+                [datetime.now(UTC) + timedelta(seconds=ttl_s), lease.pipeline, lease.host, lease.pid],
+            ).fetchall()
+        return bool(changed)
+
+    def release_lease(self, lease: StagerLease) -> None:
+        with self._transaction() as con:
+            con.execute(
+                "DELETE FROM stager_lease WHERE pipeline = ? AND host = ? AND pid = ?",
+                [lease.pipeline, lease.host, lease.pid],
+            )
+
+    def live_lease(self, pipeline: str) -> StagerLease | None:
+        rows = self._read(f"SELECT {_LEASE_COLUMNS} FROM stager_lease WHERE pipeline = ?", [pipeline])
+        lease = StagerLease(*rows[0]) if rows else None
+        return lease if lease is not None and lease.alive() else None

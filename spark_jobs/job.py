@@ -10,7 +10,7 @@ from pyiceberg.catalog import Catalog
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from krishiv.catalog import ensure_pipeline_tables, table_identifier
+from krishiv.catalog import ensure_pipeline_tables, qualified
 from krishiv.spec import KrishivSpec, PipelineSpec
 from outbox.ledger import Ledger
 from spark_jobs.checkpoint import Checkpoint
@@ -24,10 +24,6 @@ from spark_jobs.transform import build_output
 class RunningPipeline:
     query: StreamingQuery
     stager: BatchStager
-
-
-def qualified(spec: KrishivSpec, table: str) -> str:
-    return ".".join(table_identifier(spec, table))
 
 
 def _guard_checkpoint(checkpoint: Checkpoint, ledger: Ledger, pipeline: PipelineSpec) -> None:

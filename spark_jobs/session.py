@@ -41,24 +41,41 @@ def require_java() -> None:
         raise EnvironmentProblem(f"Spark needs Java {REQUIRED_JAVA} or newer; found Java {version}")
 
 
-def build_session(spec: KrishivSpec, app_name: str = "krishiv") -> SparkSession:
+def spark_conf(spec: KrishivSpec, app_name: str = "krishiv") -> dict[str, str]:
+    """The Spark configuration Krishiv runs with; the master URL comes from the spec."""
+    conf = {
+        "spark.app.name": app_name,
+        "spark.master": spec.spark.master,
+        "spark.sql.shuffle.partitions": str(spec.spark.shuffle_partitions),
+        "spark.sql.session.timeZone": "UTC",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.streaming.noDataMicroBatches.enabled": "true",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+    }
+    if spec.spark.master.startswith("local"):
+        conf["spark.driver.bindAddress"] = "127.0.0.1"
+        conf["spark.driver.host"] = "127.0.0.1"
+    return conf
+
+
+def prepare_environment() -> None:
+    """Check Java, and make Spark's Python workers run in this interpreter (which has Krishiv installed)."""
     require_java()
-    # Spark's Python workers must run in this interpreter, which has the project installed.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    builder = (
-        SparkSession.builder.appName(app_name)
-        .master(spec.spark.master)
-        .config("spark.sql.shuffle.partitions", str(spec.spark.shuffle_partitions))
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.streaming.noDataMicroBatches.enabled", "true")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-    )
-    if spec.spark.master.startswith("local"):
-        builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
-    spark = builder.getOrCreate()
+
+
+def prepare_session(spark: SparkSession) -> SparkSession:
+    """Quiet logs and register Krishiv's Kafka source on a session, however it was built."""
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(KafkaDataSource)
     return spark
+
+
+def build_session(spec: KrishivSpec, app_name: str = "krishiv") -> SparkSession:
+    prepare_environment()
+    builder = SparkSession.builder
+    for key, value in spark_conf(spec, app_name).items():
+        builder = builder.config(key, value)
+    return prepare_session(builder.getOrCreate())

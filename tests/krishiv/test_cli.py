@@ -6,16 +6,16 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from krishiv.catalog import load_catalog
-from krishiv.cli import main, run_pipelines
-from spark_jobs.job import qualified
+from krishiv.catalog import load_catalog, qualified
+from krishiv.cli import main
+from krishiv.operations import run_pipelines
 from tests.spark_jobs.pipeline_helpers import produce_orders
 
 
 def test_status_lineage_and_verify_catch_a_duplicate_window(make_spec, spec_file, broker, spark, capsys):
     spec = make_spec(max_records=1_000)
     produce_orders(spec, 3_000, late=5, malformed=4)
-    run_pipelines(spec, list(spec.pipelines), once=True, quiet=True)
+    run_pipelines(spec, list(spec.pipelines), once=True)
 
     assert main(["--spec", str(spec_file), "status"]) == 0
     out = capsys.readouterr().out

@@ -10,13 +10,12 @@ from decimal import Decimal
 from pathlib import Path
 
 from krishiv.broker import LocalBroker
-from krishiv.catalog import load_catalog
-from krishiv.cli import commit_pipelines, verify_pipelines
+from krishiv.catalog import load_catalog, qualified
 from krishiv.lineage import lineage
+from krishiv.operations import commit_pipelines, verify_pipelines
 from krishiv.produce import demo_orders, ensure_topic, produce
 from krishiv.spec import KrishivSpec
 from outbox.ledger import Ledger
-from spark_jobs.job import qualified
 from tests.oracle import Expected, expected_output, read_topic
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import signal
 
-from krishiv.catalog import load_catalog
-from krishiv.cli import commit_pipelines, run_pipelines
+from krishiv.catalog import load_catalog, qualified
+from krishiv.operations import commit_pipelines, run_pipelines
 from outbox.ledger import PENDING
-from spark_jobs.job import qualified
 from tests.spark_jobs.pipeline_helpers import assert_exactly_once, krishiv_cli, ledger_of, produce_orders
 
 KILLED = -signal.SIGKILL
@@ -32,7 +31,7 @@ def test_driver_killed_during_batches_keeps_exactly_once(make_spec, spec_file, b
 def test_relay_killed_after_catalog_commit_commits_nothing_twice(make_spec, spec_file, broker, spark):
     spec = make_spec(max_records=1_000)
     produce_orders(spec, 4_000, malformed=4)
-    run_pipelines(spec, list(spec.pipelines), once=True, quiet=True)
+    run_pipelines(spec, list(spec.pipelines), once=True)
     table_name = qualified(spec, spec.pipeline().table)
     with_rows = [e.batch_id for e in ledger_of(spec).pending(table_name) if e.record_count]
     assert len(with_rows) >= 2
@@ -55,7 +54,7 @@ def test_relay_killed_after_catalog_commit_commits_nothing_twice(make_spec, spec
 def test_commit_that_raises_after_succeeding_is_recognised(make_spec, broker, spark, monkeypatch):
     spec = make_spec(max_records=1_500)
     produce_orders(spec, 3_000, malformed=3)
-    run_pipelines(spec, list(spec.pipelines), once=True, quiet=True)
+    run_pipelines(spec, list(spec.pipelines), once=True)
     monkeypatch.setenv("KRISHIV_FAULTS", "relay.after_catalog_commit:raise")
     reports = commit_pipelines(spec, list(spec.pipelines))
     monkeypatch.delenv("KRISHIV_FAULTS")

@@ -6,10 +6,9 @@ import shutil
 
 import pytest
 
-from krishiv.catalog import load_catalog
-from krishiv.cli import run_pipelines
+from krishiv.catalog import load_catalog, qualified
+from krishiv.operations import run_pipelines
 from outbox.ledger import COMMITTED
-from spark_jobs.job import qualified
 from tests.spark_jobs.pipeline_helpers import assert_exactly_once, ledger_of, produce_orders
 
 
@@ -19,7 +18,7 @@ def test_seeded_orders_are_counted_exactly_once(catalog, make_spec, broker, spar
     spec = make_spec(catalog_uri=uri, max_records=1_500)
     produce_orders(spec, 6_000, late=20, malformed=12)
 
-    running = run_pipelines(spec, list(spec.pipelines), once=True, quiet=True)
+    running = run_pipelines(spec, list(spec.pipelines), once=True)
     history = running[0].stager.history
     assert len([b for b in history if b.records_read]) >= 4, "the read limit should split the topic into batches"
     assert sum(b.records_read for b in history) == 6_000
@@ -33,7 +32,7 @@ def test_seeded_orders_are_counted_exactly_once(catalog, make_spec, broker, spar
 def test_malformed_events_are_quarantined_with_offsets_and_reasons(make_spec, broker, spark):
     spec = make_spec()
     produce_orders(spec, 600, malformed=60)
-    run_pipelines(spec, list(spec.pipelines), once=True, quiet=True)
+    run_pipelines(spec, list(spec.pipelines), once=True)
     assert_exactly_once(spec, broker)
 
     rejects = load_catalog(spec).load_table(qualified(spec, spec.pipeline().rejects_table)).scan().to_arrow()
@@ -48,11 +47,11 @@ def test_malformed_events_are_quarantined_with_offsets_and_reasons(make_spec, br
 def test_rewound_checkpoint_replays_without_new_rows_or_snapshots(make_spec, broker, spark, tmp_path):
     spec = make_spec()
     produce_orders(spec, 4_000, late=10, malformed=5)
-    run_pipelines(spec, list(spec.pipelines), once=True, quiet=True)
+    run_pipelines(spec, list(spec.pipelines), once=True)
     old_copy = tmp_path / "checkpoint-copy"
     shutil.copytree(spec.checkpoint_dir(spec.pipeline()), old_copy)
     produce_orders(spec, 2_000, seed=8, start_ms=1_767_225_600_000 + 4_000 * 50)
-    run_pipelines(spec, list(spec.pipelines), once=True, quiet=True)
+    run_pipelines(spec, list(spec.pipelines), once=True)
     assert_exactly_once(spec, broker)
     table_name = qualified(spec, spec.pipeline().table)
     ledger = ledger_of(spec)
@@ -66,7 +65,7 @@ def test_rewound_checkpoint_replays_without_new_rows_or_snapshots(make_spec, bro
         for log in ("offsets", "commits"):
             for name in (str(batch), f".{batch}.crc"):
                 (checkpoint / log / name).unlink(missing_ok=True)
-    replay = run_pipelines(spec, list(spec.pipelines), once=True, quiet=True)
+    replay = run_pipelines(spec, list(spec.pipelines), once=True)
     replayed = replay[0].stager.history
     assert [b.batch_id for b in replayed][:2] == [last - 1, last]
     assert not any(b.recorded for b in replayed if b.batch_id <= last)
@@ -74,7 +73,7 @@ def test_rewound_checkpoint_replays_without_new_rows_or_snapshots(make_spec, bro
     # 2. Restart from an old copy of the checkpoint: every batch since is replayed from the same offsets.
     shutil.rmtree(checkpoint)
     shutil.copytree(old_copy, checkpoint)
-    replay = run_pipelines(spec, list(spec.pipelines), once=True, quiet=True)
+    replay = run_pipelines(spec, list(spec.pipelines), once=True)
     assert replay[0].stager.history and not any(b.recorded for b in replay[0].stager.history if b.records_read)
 
     assert_exactly_once(spec, broker)

@@ -1,0 +1,118 @@
+"""The pipeline's operations behind the CLI, the demo and the Dagster assets: stage, commit, verify.
+
+Each takes a spec whose addresses are final (the CLI's come from the spec file and the environment, the
+Dagster assets' from their resources), so every entry point runs the same code.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from contextlib import ExitStack
+from typing import TYPE_CHECKING
+
+from krishiv.errors import KrishivError
+from krishiv.spec import KrishivSpec, PipelineSpec
+from outbox.ledger import Ledger
+
+if TYPE_CHECKING:  # Spark and pyiceberg load only when an operation runs, keeping `krishiv status` quick
+    from pyspark.sql import SparkSession
+
+    from outbox.relay import TableCommitReport
+    from spark_jobs.job import RunningPipeline
+    from spark_jobs.staging import StagedBatch
+
+#: Builds the per-batch progress callback of a pipeline, by pipeline name.
+BatchReporter = Callable[[str], Callable[["StagedBatch"], None]]
+
+
+def open_ledger(spec: KrishivSpec) -> Ledger:
+    return Ledger(spec.resolve(spec.storage.ledger_path))
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The first line naming a Krishiv error in a Spark failure, else Spark's first line."""
+    text = str(exc)
+    for line in text.splitlines():
+        if "Error:" in line and ("spark_jobs" in line or "outbox" in line or "krishiv" in line):
+            return line.strip()
+    return text.splitlines()[0] if text else repr(exc)
+
+
+def run_pipelines(
+    spec: KrishivSpec,
+    pipelines: list[PipelineSpec],
+    *,
+    once: bool,
+    spark: SparkSession | None = None,
+    holder: str = "krishiv run",
+    reporter: BatchReporter | None = None,
+) -> list[RunningPipeline]:
+    """Run the pipelines' streaming queries, each under its stager lease.
+
+    With ``once`` (``AvailableNow``), return when the data present at start is staged; otherwise run until
+    SIGTERM or Ctrl-C. Raises :class:`StagerBusy` if another live process runs one of the pipelines.
+    """
+    from pyspark.errors import StreamingQueryException
+
+    from krishiv.catalog import load_catalog
+    from outbox.lease import stager_lease
+    from spark_jobs.job import start_pipeline
+    from spark_jobs.session import build_session
+
+    ledger = open_ledger(spec)
+    with ExitStack() as leases:
+        for p in pipelines:
+            leases.enter_context(stager_lease(ledger, p.name, holder))
+        spark = spark or build_session(spec)
+        catalog = load_catalog(spec)
+        running = [
+            start_pipeline(spark, spec, p, catalog, ledger, once=once, on_batch=reporter(p.name) if reporter else None)
+            for p in pipelines
+        ]
+        if once:
+            for r in running:
+                try:
+                    r.query.awaitTermination()
+                except StreamingQueryException as exc:
+                    raise KrishivError(f"query {r.query.name} failed: {_root_cause(exc)}") from exc
+        else:
+
+            def stop(*_: object) -> None:
+                for r in running:
+                    r.query.stop()
+
+            signal.signal(signal.SIGTERM, stop)
+            try:
+                spark.streams.awaitAnyTermination()
+            except KeyboardInterrupt:
+                stop()
+            except StreamingQueryException:
+                stop()
+        for r in running:
+            if r.query.exception() is not None:
+                raise KrishivError(f"query {r.query.name} failed: {_root_cause(r.query.exception())}")
+    return running
+
+
+def commit_pipelines(spec: KrishivSpec, pipelines: list[PipelineSpec]) -> list[TableCommitReport]:
+    """Phase 2 for the pipelines' tables: promote their pending entries, in order."""
+    from krishiv.catalog import load_catalog, qualified, redact
+    from outbox.relay import CommitRelay
+
+    relay = CommitRelay(open_ledger(spec), lambda: load_catalog(spec), redact(spec.catalog_uri()))
+    return relay.run([qualified(spec, t) for p in pipelines for t in (p.table, p.rejects_table)])
+
+
+def verify_pipelines(spec: KrishivSpec, pipelines: list[PipelineSpec]) -> list:
+    """The exactly-once invariants of each pipeline's table and rejects table."""
+    from krishiv.catalog import load_catalog, qualified
+    from krishiv.verify import verify_table
+
+    catalog, ledger = load_catalog(spec), open_ledger(spec)
+    results = []
+    for p in pipelines:
+        for name, windows in ((p.table, True), (p.rejects_table, False)):
+            q = qualified(spec, name)
+            results.append(verify_table(catalog.load_table(q), q, ledger, windows=windows))
+    return results

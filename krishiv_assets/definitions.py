@@ -1,0 +1,111 @@
+"""The Dagster code location: every pipeline of the spec becomes its assets, checks, jobs and sensors.
+
+``workspace.yaml`` loads this module. Importing it reads nothing and connects to nothing: Dagster calls
+:func:`defs` when it loads the code location. That reads the spec file (``$KRISHIV_SPEC`` or
+``krishiv.toml`` in the working directory); an address the environment overrides (``KRISHIV_KAFKA_BOOTSTRAP``
+and the others of :data:`krishiv.spec.ENV_OVERRIDES`) is given to its resource as an ``EnvVar``, resolved
+when a run starts and never shown in the UI.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection
+from dataclasses import dataclass
+
+import dagster as dg
+from dagster_pyspark import LazyPySparkResource
+
+from krishiv.spec import DEFAULT_SPEC_FILE, SPEC_FILE_ENV, KrishivSpec, PipelineSpec, load_spec
+from krishiv_assets.assets import PipelineKeys, pipeline_assets
+from krishiv_assets.checks import DEFAULT_THRESHOLDS, CheckThresholds, pipeline_checks
+from krishiv_assets.resources import IcebergCatalogResource, KafkaResource, LedgerResource, SparkResource
+from krishiv_assets.sensors import kafka_sensor, outbox_sensor
+
+
+@dataclass(frozen=True)
+class PipelineDefinitions:
+    assets: list[dg.AssetsDefinition | dg.AssetSpec]
+    checks: list[dg.AssetChecksDefinition]
+    jobs: list[dg.UnresolvedAssetJobDefinition]
+    sensors: list[dg.SensorDefinition]
+
+
+def stage_job_name(pipeline: PipelineSpec) -> str:
+    return f"{pipeline.name}_stage_job"
+
+
+def commit_job_name(pipeline: PipelineSpec) -> str:
+    return f"{pipeline.name}_commit_job"
+
+
+def pipeline_definitions(
+    spec: KrishivSpec, pipeline: PipelineSpec, thresholds: CheckThresholds = DEFAULT_THRESHOLDS
+) -> PipelineDefinitions:
+    """Everything one pipeline contributes; adding a pipeline to the spec adds all of it."""
+    keys = PipelineKeys.of(spec, pipeline)
+    tags = {"krishiv/pipeline": pipeline.name}
+    stage = dg.define_asset_job(
+        stage_job_name(pipeline),
+        selection=dg.AssetSelection.assets(keys.staged),
+        tags={**tags, "krishiv/step": "stage"},
+        executor_def=dg.in_process_executor,
+        description=f"Phase 1 of {pipeline.name}: stage what the topic holds (the Kafka sensor starts it).",
+    )
+    commit = dg.define_asset_job(
+        commit_job_name(pipeline),
+        selection=dg.AssetSelection.assets(keys.table, keys.rejects),
+        tags={**tags, "krishiv/step": "commit"},
+        executor_def=dg.in_process_executor,
+        description=f"Phase 2 of {pipeline.name}: commit pending batches, then check (the outbox sensor starts it).",
+    )
+    return PipelineDefinitions(
+        assets=pipeline_assets(spec, pipeline),
+        checks=pipeline_checks(spec, pipeline, thresholds),
+        jobs=[stage, commit],
+        sensors=[outbox_sensor(spec, pipeline, commit), kafka_sensor(spec, pipeline, stage)],
+    )
+
+
+def build_resources(spec: KrishivSpec, env_overrides: Collection[str] = ()) -> dict[str, dg.ConfigurableResource]:
+    """The resources, from the spec's values, with ``EnvVar`` for each variable named in ``env_overrides``."""
+
+    def value(variable: str, default: str) -> str:
+        return dg.EnvVar(variable) if variable in env_overrides else default
+
+    from spark_jobs.session import spark_conf
+
+    return {
+        "kafka": KafkaResource(bootstrap_servers=value("KRISHIV_KAFKA_BOOTSTRAP", spec.kafka.bootstrap_servers)),
+        "iceberg": IcebergCatalogResource(
+            uri=value("KRISHIV_ICEBERG_CATALOG_URI", spec.iceberg.catalog_uri),
+            warehouse=value("KRISHIV_ICEBERG_WAREHOUSE", spec.iceberg.warehouse),
+        ),
+        "ledger": LedgerResource(path=value("KRISHIV_LEDGER_PATH", spec.storage.ledger_path)),
+        "spark": SparkResource(
+            pyspark=LazyPySparkResource(spark_config=spark_conf(spec, app_name="krishiv-dagster")),
+            checkpoint_location=value("KRISHIV_CHECKPOINT_LOCATION", spec.storage.checkpoint_location),
+        ),
+    }
+
+
+def build_definitions(
+    spec: KrishivSpec, env_overrides: Collection[str] = (), thresholds: CheckThresholds = DEFAULT_THRESHOLDS
+) -> dg.Definitions:
+    parts = [pipeline_definitions(spec, p, thresholds) for p in spec.pipelines]
+    return dg.Definitions(
+        assets=[a for p in parts for a in p.assets],
+        asset_checks=[c for p in parts for c in p.checks],
+        jobs=[j for p in parts for j in p.jobs],
+        sensors=[s for p in parts for s in p.sensors],
+        resources=build_resources(spec, env_overrides),
+    )
+
+
+@dg.definitions
+def defs() -> dg.Definitions:
+    """Called by Dagster when it loads the code location, never at import."""
+    from krishiv.spec import ENV_OVERRIDES
+
+    spec = load_spec(os.environ.get(SPEC_FILE_ENV) or DEFAULT_SPEC_FILE, env={})
+    return build_definitions(spec, [variable for variable in ENV_OVERRIDES if os.environ.get(variable)])
