@@ -13,6 +13,7 @@ import json
 import os
 import random
 import socket
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -175,6 +176,17 @@ def _row_to_entry(row: Sequence[Any]) -> OutboxEntry:
     )
 
 
+#: One connection at a time per ledger file within a process: DuckDB refuses a read-only open of a file that
+#: another thread of the same process has open for writing (the stager lease renews from a thread).
+_PROCESS_LOCKS: dict[str, threading.RLock] = {}
+_PROCESS_LOCKS_GUARD = threading.Lock()
+
+
+def _process_lock(path: str) -> threading.RLock:
+    with _PROCESS_LOCKS_GUARD:
+        return _PROCESS_LOCKS.setdefault(os.path.realpath(path), threading.RLock())
+
+
 def _is_lock_conflict(exc: duckdb.Error) -> bool:
     """Another process holds the file, or is creating it and has not written its header yet."""
     text = str(exc)
@@ -188,6 +200,7 @@ class Ledger:
         self.path = str(path)
         self.lock_timeout_s = lock_timeout_s
         self._migrated = False
+        self._process_lock = _process_lock(self.path)
 
     # ------------------------------------------------------------------------------------ plumbing
 
@@ -198,21 +211,22 @@ class Ledger:
         deadline = time.monotonic() + self.lock_timeout_s
         delay = _BACKOFF_START_S
         started = time.monotonic()
-        while True:
+        with self._process_lock:
+            while True:
+                try:
+                    con = duckdb.connect(self.path, read_only=read_only)
+                    break
+                except duckdb.Error as exc:
+                    if not _is_lock_conflict(exc):
+                        raise
+                    if time.monotonic() >= deadline:
+                        raise LedgerBusyError(self.path, time.monotonic() - started, str(exc)) from exc
+                    time.sleep(min(delay * random.uniform(0.5, 1.5), max(0.0, deadline - time.monotonic())))
+                    delay = min(delay * 2, _BACKOFF_MAX_S)
             try:
-                con = duckdb.connect(self.path, read_only=read_only)
-                break
-            except duckdb.Error as exc:
-                if not _is_lock_conflict(exc):
-                    raise
-                if time.monotonic() >= deadline:
-                    raise LedgerBusyError(self.path, time.monotonic() - started, str(exc)) from exc
-                time.sleep(min(delay * random.uniform(0.5, 1.5), max(0.0, deadline - time.monotonic())))
-                delay = min(delay * 2, _BACKOFF_MAX_S)
-        try:
-            yield con
-        finally:
-            con.close()
+                yield con
+            finally:
+                con.close()
 
     @contextmanager
     def _transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:

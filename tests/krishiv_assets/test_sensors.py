@@ -1,0 +1,152 @@
+"""Sensor ticks evaluated against a real ledger file and a real broker (``build_sensor_context``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import dagster as dg
+import pytest
+
+from krishiv.catalog import qualified
+from krishiv.spec import KrishivSpec
+from krishiv_assets.definitions import build_definitions
+from krishiv_assets.resources import KafkaResource, LedgerResource
+from krishiv_assets.sensors import RETRY_AFTER_S, SensorCursor
+from outbox.ledger import Ledger, OutboxEntry
+from tests.spark_jobs.pipeline_helpers import produce_orders
+
+QUERY = "0f0e0d0c-0000-4000-8000-000000000001"
+
+
+def _record(spec: KrishivSpec, batch_id: int, partition_ends: dict[str, int]) -> None:
+    """A staged batch of both tables, as the Spark job records it (no files are needed by the sensors)."""
+    pipeline = spec.pipeline()
+    offsets = {pipeline.topic: {p: [max(0, end - 10), end] for p, end in partition_ends.items()}}
+    ledger = Ledger(spec.resolve(spec.storage.ledger_path))
+    ledger.record_batch(
+        [
+            OutboxEntry(QUERY, pipeline.name, qualified(spec, t), batch_id, offsets, (), 1_000 + batch_id, {})
+            for t in (pipeline.table, pipeline.rejects_table)
+        ]
+    )
+
+
+def _tick(spec: KrishivSpec, name: str, cursor: str | None, instance: dg.DagsterInstance):
+    defs = build_definitions(spec)
+    sensor = defs.resolve_sensor_def(name)
+    resources = {
+        "ledger": LedgerResource(path=spec.storage.ledger_path),
+        "kafka": KafkaResource(bootstrap_servers=spec.kafka.bootstrap_servers),
+    }
+    with dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources, definitions=defs) as context:
+        return sensor.evaluate_tick(context)
+
+
+@pytest.fixture
+def instance():
+    with dg.DagsterInstance.ephemeral() as inst:
+        yield inst
+
+
+def test_outbox_sensor_requests_each_pending_range_once(make_spec, instance):
+    spec = make_spec()
+    name = "orders_per_minute_outbox_sensor"
+
+    tick = _tick(spec, name, None, instance)
+    assert not tick.run_requests and "no pending outbox entries" in tick.skip_message
+
+    for batch in range(3):
+        _record(spec, batch, {"0": 10 * (batch + 1)})
+    tick = _tick(spec, name, None, instance)
+    (request,) = tick.run_requests
+    assert request.run_key == f"orders_per_minute:commit:{QUERY[:8]}:0-2"
+    assert SensorCursor.parse(tick.cursor).requested == {QUERY: 2}
+
+    # The same range is not requested twice.
+    again = _tick(spec, name, tick.cursor, instance)
+    assert not again.run_requests and "already requested" in again.skip_message
+    assert again.cursor in (None, tick.cursor)
+
+    # A new batch is a new range, and the cursor moves on.
+    _record(spec, 3, {"0": 40})
+    newer = _tick(spec, name, tick.cursor, instance)
+    (request,) = newer.run_requests
+    assert request.run_key == f"orders_per_minute:commit:{QUERY[:8]}:3-3"
+    assert SensorCursor.parse(newer.cursor).requested == {QUERY: 3}
+
+    # Still pending long after the request, with no commit run in flight (it failed): requested again.
+    stale = SensorCursor.parse(newer.cursor)
+    stale.requested_at -= RETRY_AFTER_S + 1
+    retry = _tick(spec, name, stale.dumps(), instance)
+    (request,) = retry.run_requests
+    assert request.run_key == f"orders_per_minute:commit:{QUERY[:8]}:0-3:retry-1"
+
+
+def test_kafka_sensor_requests_staging_for_new_records_only(make_spec, broker, instance):
+    spec = make_spec(partitions=2)
+    name = "orders_per_minute_kafka_sensor"
+    produce_orders(spec, 40)
+
+    tick = _tick(spec, name, None, instance)
+    (request,) = tick.run_requests
+    assert request.run_key.startswith("orders_per_minute:stage:")
+    assert request.tags["krishiv/new-records"] == "40"
+    latest = SensorCursor.parse(tick.cursor).requested
+    assert sum(latest.values()) == 40
+
+    # Requested a moment ago for the same offsets: no second request.
+    assert not _tick(spec, name, tick.cursor, instance).run_requests
+
+    # Once the ledger has staged everything, nothing is requested even with a fresh cursor.
+    _record(spec, 0, latest)
+    done = _tick(spec, name, None, instance)
+    assert not done.run_requests and "nothing beyond the staged offsets" in done.skip_message
+
+
+def test_kafka_sensor_leaves_a_continuously_staged_pipeline_alone(make_spec, broker, instance):
+    spec = make_spec()
+    produce_orders(spec, 20)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from outbox.ledger import Ledger;"
+            "Ledger(sys.argv[1]).acquire_lease('orders_per_minute', 'krishiv run', 60); print('held', flush=True);"
+            "time.sleep(120)",
+            str(spec.resolve(spec.storage.ledger_path)),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        tick = _tick(spec, "orders_per_minute_kafka_sensor", None, instance)
+        assert not tick.run_requests
+        assert f"being staged by krishiv run (pid {holder.pid}" in tick.skip_message
+    finally:
+        holder.kill()
+        holder.wait()
+    # The holder is gone: its lease no longer counts, and the new records are requested.
+    assert _tick(spec, "orders_per_minute_kafka_sensor", None, instance).run_requests
+
+
+def test_kafka_sensor_names_an_unreachable_broker(make_spec, instance):
+    from krishiv.broker import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    spec = make_spec(bootstrap=address)
+    started = time.monotonic()
+    tick = _tick(spec, "orders_per_minute_kafka_sensor", None, instance)
+    assert not tick.run_requests
+    assert address in tick.skip_message
+    assert time.monotonic() - started < 60
+
+
+def test_sensor_cursor_round_trips():
+    cursor = SensorCursor({"q": 4}, 12.5, 2)
+    assert SensorCursor.parse(cursor.dumps()) == cursor
+    assert json.loads(cursor.dumps())["requested"] == {"q": 4}
+    assert SensorCursor.parse(None) == SensorCursor()
