@@ -1,5 +1,5 @@
 # The README's two commands: `make demo` and `make test`. Both set everything up first.
-.PHONY: setup demo test lint clean
+.PHONY: setup demo dagster test lint clean
 
 setup:
 	@bash scripts/setup.sh
@@ -7,7 +7,11 @@ setup:
 demo: setup
 	.venv/bin/krishiv demo
 
+dagster: setup
+	@bash scripts/dagster-dev.sh
+
 test: setup
+	@bash scripts/setup-browser.sh
 	.venv/bin/ruff check .
 	.venv/bin/pytest
 

@@ -29,7 +29,7 @@ from krishiv_assets.resources import KafkaResource, LedgerResource
 from outbox.errors import LedgerBusyError
 from outbox.ledger import PENDING
 
-OUTBOX_SENSOR_INTERVAL_S = 2
+OUTBOX_SENSOR_INTERVAL_S = 5  # the daemon evaluates sensors at most every 5 s anyway
 KAFKA_SENSOR_INTERVAL_S = 5
 #: How long a requested range may stay pending, with no run in flight, before it is requested again.
 RETRY_AFTER_S = 30.0

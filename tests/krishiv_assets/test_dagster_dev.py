@@ -1,0 +1,303 @@
+"""End to end through a real ``dagster dev`` (webserver + daemon on free loopback ports).
+
+Events are produced and nothing else is done: the Kafka sensor starts staging runs, the outbox sensor starts
+commit runs. Then the table is read back and compared with the oracle, the webserver's GraphQL API is asked
+for the asset checks' results, a continuous ``krishiv run`` takes over staging while the sensor keeps
+committing, and a real browser opens the asset graph. The freshness seen (last event produced -> its batch
+committed and visible) is written to ``test-artifacts/dagster-freshness.json`` with the screenshots.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from krishiv.broker import LocalBroker, free_port
+from krishiv.catalog import qualified
+from krishiv.operations import commit_pipelines
+from krishiv.produce import DEFAULT_SPACING_MS, DEFAULT_START_MS
+from krishiv.spec import KrishivSpec, load_spec
+from krishiv.status import end_offsets
+from outbox.ledger import COMMITTED, Ledger
+from spark_jobs.kafka_source import KafkaAdmin
+from tests.conftest import SPEC_TEMPLATE
+from tests.spark_jobs.pipeline_helpers import assert_exactly_once, produce_orders
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "test-artifacts"
+BIN = Path(sys.executable).parent
+PIPELINE = "orders_per_minute"
+TABLE_KEY = ["iceberg", "krishiv", PIPELINE]
+CHECKS = {"no_duplicate_windows", "lineage_linear", "ledger_agreement", "rejects_rate"}
+STARTUP_TIMEOUT_S = 180
+PIPELINE_TIMEOUT_S = 300
+CHROMIUM = "/usr/bin/chromium"
+
+pytestmark = pytest.mark.timeout(900)
+
+
+@dataclass
+class DagsterDev:
+    url: str
+    folder: Path
+    spec: KrishivSpec
+    process: subprocess.Popen
+    freshness_s: dict[str, float] = field(default_factory=dict)
+
+    def graphql(self, query: str, variables: dict | None = None) -> dict:
+        body = json.dumps({"query": query, "variables": variables or {}}).encode()
+        request = urllib.request.Request(f"{self.url}/graphql", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            answer = json.load(response)
+        assert "errors" not in answer, answer["errors"]
+        return answer["data"]
+
+    def runs(self, job: str | None = None) -> list[dict]:
+        data = self.graphql(
+            "query($f: RunsFilter) { runsOrError(filter: $f) { ... on Runs { results {"
+            " runId jobName status tags { key value } } } } }",
+            {"f": {"pipelineName": job} if job else {}},
+        )
+        return data["runsOrError"]["results"]
+
+    def ledger(self) -> Ledger:
+        return Ledger(self.spec.resolve(self.spec.storage.ledger_path))
+
+
+def wait_until(condition: Callable[[], object], timeout_s: float, what: str, process: subprocess.Popen) -> object:
+    """Poll ``condition`` until it is truthy; fail naming ``what`` on timeout or if ``process`` died."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert process.poll() is None, f"dagster dev exited with {process.returncode} while waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f}s waiting for {what}"
+        time.sleep(0.25)
+
+
+def _server_up(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/server_info", timeout=5) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KRISHIV_", "DAGSTER_"))}
+    env.update(extra)
+    return env
+
+
+@pytest.fixture(scope="module")
+def dagster_dev(broker: LocalBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DagsterDev]:
+    folder = tmp_path_factory.mktemp("dagster-dev")
+    (folder / "krishiv.toml").write_text(
+        SPEC_TEMPLATE.format(
+            bootstrap=broker.bootstrap,
+            partitions=4,
+            catalog_uri="sqlite:///catalog.db",
+            warehouse="warehouse",
+            topic=f"orders-{uuid.uuid4().hex[:10]}",
+            max_records=1_000,
+        )
+    )
+    # The repository's own instance and workspace files, with DAGSTER_HOME where dagster.yaml is.
+    shutil.copy(ROOT / "dagster.yaml", folder)
+    shutil.copy(ROOT / "workspace.yaml", folder)
+    port = free_port()
+    log = (folder / "dagster-dev.log").open("w")
+    process = subprocess.Popen(
+        [str(BIN / "dagster"), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
+        cwd=folder,
+        env=_clean_env(DAGSTER_HOME=str(folder), KRISHIV_SPEC=str(folder / "krishiv.toml")),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    dev = DagsterDev(f"http://127.0.0.1:{port}", folder, load_spec(folder / "krishiv.toml", env={}), process)
+    try:
+        wait_until(lambda: _server_up(dev.url), STARTUP_TIMEOUT_S, "the webserver", process)
+        yield dev
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        log.close()
+        ARTIFACTS.mkdir(exist_ok=True)
+        shutil.copy(folder / "dagster-dev.log", ARTIFACTS / "dagster-dev.log")
+        if dev.freshness_s:
+            (ARTIFACTS / "dagster-freshness.json").write_text(json.dumps(dev.freshness_s, indent=2) + "\n")
+
+
+def _committed_through(dev: DagsterDev, ends: dict[str, int]) -> bool:
+    """True once COMMITTED entries of the table cover every partition's offsets up to ``ends``."""
+    table = qualified(dev.spec, dev.spec.pipeline().table)
+    committed = [e for e in dev.ledger().entries(table=table) if e.status == COMMITTED]
+    done = end_offsets(committed, dev.spec.pipeline().topic)
+    return all(done.get(p, 0) >= end for p, end in ends.items())
+
+
+def _latest(spec: KrishivSpec) -> dict[str, int]:
+    admin = KafkaAdmin(spec.kafka.bootstrap_servers, spec.pipeline().topic, {})
+    try:
+        return {str(p): end for p, end in admin.latest().items()}
+    finally:
+        admin.close()
+
+
+def _produce_and_wait(dev: DagsterDev, label: str, records: int, **kwargs: object) -> None:
+    produce_orders(dev.spec, records, **kwargs)
+    produced_at = time.monotonic()
+    ends = _latest(dev.spec)
+    wait_until(lambda: _committed_through(dev, ends), PIPELINE_TIMEOUT_S, f"{label}: commits up to {ends}", dev.process)
+    dev.freshness_s[label] = round(time.monotonic() - produced_at, 2)
+
+
+def _checks(dev: DagsterDev) -> dict[str, dict]:
+    data = dev.graphql(
+        "query($k: [AssetKeyInput!]) { assetNodes(assetKeys: $k) { assetChecksOrError { ... on AssetChecks {"
+        " checks { name blocking executionForLatestMaterialization { status evaluation { success description"
+        " metadataEntries { label } } } } } } } }",
+        {"k": [{"path": TABLE_KEY}]},
+    )
+    (node,) = data["assetNodes"]
+    return {c["name"]: c for c in node["assetChecksOrError"]["checks"]}
+
+
+def _checks_done(dev: DagsterDev) -> dict[str, dict] | None:
+    checks = _checks(dev)
+    done = all(
+        (c["executionForLatestMaterialization"] or {}).get("status") not in (None, "IN_PROGRESS")
+        for c in checks.values()
+    )
+    return checks if done else None
+
+
+def test_sensors_stage_and_commit_with_no_manual_trigger(dagster_dev: DagsterDev, broker: LocalBroker):
+    dev = dagster_dev
+    _produce_and_wait(
+        dev, "sensor staging (Kafka sensor -> staging run -> outbox sensor -> commit run)", 3_000, late=10, malformed=6
+    )
+
+    runs = dev.runs()
+    jobs = {r["jobName"] for r in runs}
+    assert {f"{PIPELINE}_stage_job", f"{PIPELINE}_commit_job"} <= jobs, runs
+    for run in runs:
+        tags = {t["key"]: t["value"] for t in run["tags"]}
+        assert tags.get("dagster/sensor_name") in (f"{PIPELINE}_kafka_sensor", f"{PIPELINE}_outbox_sensor"), run
+        assert tags["dagster/run_key"].startswith(f"{PIPELINE}:")
+
+    # The sensors committed everything: a manual relay run finds nothing left.
+    assert all(not r.committed for r in commit_pipelines(dev.spec, list(dev.spec.pipelines)))
+    assert_exactly_once(dev.spec, broker)
+
+    checks = wait_until(lambda: _checks_done(dev), 120, "the asset checks of the last commit run", dev.process)
+    assert set(checks) == CHECKS
+    assert checks["no_duplicate_windows"]["blocking"]
+    for name, check in checks.items():
+        execution = check["executionForLatestMaterialization"]
+        assert execution["status"] == "SUCCEEDED", (name, execution)
+        assert execution["evaluation"]["success"], (name, execution["evaluation"])
+    labels = {
+        e["label"]
+        for e in checks["no_duplicate_windows"]["executionForLatestMaterialization"]["evaluation"]["metadataEntries"]
+    }
+    assert {"duplicate_windows", "offending_windows", "rows"} <= labels
+
+
+def test_continuous_krishiv_run_stages_while_the_sensor_commits(dagster_dev: DagsterDev, broker: LocalBroker):
+    dev = dagster_dev
+    in_flight = {"QUEUED", "NOT_STARTED", "STARTING", "STARTED"}
+    wait_until(
+        lambda: not [r for r in dev.runs() if r["status"] in in_flight],
+        180,
+        "the sensor-started runs to end",
+        dev.process,
+    )
+    staging_runs = len(dev.runs(f"{PIPELINE}_stage_job"))
+
+    log = (dev.folder / "krishiv-run.log").open("w")
+    run = subprocess.Popen(
+        [sys.executable, "-m", "krishiv.cli", "--spec", str(dev.folder / "krishiv.toml"), "run"],
+        cwd=ROOT,
+        env=_clean_env(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        wait_until(lambda: dev.ledger().live_lease(PIPELINE), 60, "krishiv run to take the stager lease", run)
+        # Later events, so the windows of the first wave close as well.
+        start = DEFAULT_START_MS + 3_000 * DEFAULT_SPACING_MS + 120_000
+        _produce_and_wait(dev, "continuous krishiv run -> outbox sensor -> commit run", 2_000, seed=11, start_ms=start)
+        assert run.poll() is None, "krishiv run stopped"
+    finally:
+        run.send_signal(signal.SIGTERM)
+        try:
+            run.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            run.kill()
+            run.wait()
+        log.close()
+    assert dev.ledger().live_lease(PIPELINE) is None, "krishiv run left its lease behind"
+    # While krishiv run held the lease, the Kafka sensor started no staging run.
+    assert len(dev.runs(f"{PIPELINE}_stage_job")) == staging_runs
+    assert_exactly_once(dev.spec, broker)
+
+
+def test_the_ui_shows_the_asset_graph_with_the_table_and_its_check(dagster_dev: DagsterDev):
+    from playwright.sync_api import expect, sync_playwright
+
+    assert Path(CHROMIUM).exists(), (
+        f"{CHROMIUM} is missing: `make test` installs Debian's chromium (scripts/setup-browser.sh)"
+    )
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            page.goto(f"{dagster_dev.url}/locations/krishiv/asset-groups/{PIPELINE}", wait_until="networkidle")
+            skip = page.get_by_role("button", name="Skip")  # the first visit's newsletter dialog
+            if skip.is_visible():
+                skip.click()
+            expect(page.get_by_text("staged_batches").first).to_be_visible(timeout=60_000)
+            table_node = page.locator("div", has=page.get_by_text(PIPELINE, exact=True)).filter(has_text="Asset checks")
+            expect(table_node.last).to_contain_text("4 / 4 Passed", timeout=60_000)
+            page.screenshot(path=str(ARTIFACTS / "dagster-asset-graph.png"), full_page=True)
+
+            page.goto(f"{dagster_dev.url}/assets/{'/'.join(TABLE_KEY)}?view=checks", wait_until="networkidle")
+            expect(page.get_by_text("no_duplicate_windows").first).to_be_visible(timeout=60_000)
+            page.screenshot(path=str(ARTIFACTS / "dagster-table-checks.png"), full_page=True)
+        finally:
+            browser.close()
