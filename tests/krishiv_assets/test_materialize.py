@@ -87,3 +87,33 @@ def test_duplicate_check_fails_naming_the_windows_and_snapshots(make_spec):
     assert evaluation.metadata["duplicate_windows"].value == 1
     offending = evaluation.metadata["offending_windows"].value
     assert offending == {"2026-01-01 00:00:00+00:00": sorted(snapshots)}
+
+
+def test_commit_with_the_catalog_down_fails_naming_it_and_leaves_work_pending(make_spec):
+    from krishiv.broker import free_port
+    from krishiv_assets.resources import IcebergCatalogResource
+    from outbox.ledger import PENDING, Ledger, OutboxEntry, StagedFile
+
+    spec = make_spec()
+    pipeline = spec.pipeline()
+    ledger = Ledger(spec.resolve(spec.storage.ledger_path))
+    staged = (StagedFile("file:///nowhere/part-0.parquet", records=5, bytes=100),)
+    ledger.record_batch([OutboxEntry("q", pipeline.name, qualified(spec, pipeline.table), 0, {}, staged, 42, {})])
+    address = f"127.0.0.1:{free_port()}"
+    resources = {
+        **build_resources(spec),
+        "iceberg": IcebergCatalogResource(uri=f"postgresql+psycopg://krishiv@{address}/db", warehouse="warehouse"),
+    }
+    parts = pipeline_definitions(spec, pipeline)
+    keys = PipelineKeys.of(spec, pipeline)
+    result = dg.materialize(
+        [*parts.assets, *parts.checks],
+        resources=resources,
+        selection=dg.AssetSelection.assets(keys.table, keys.rejects).without_checks(),
+        raise_on_error=False,
+    )
+    assert not result.success
+    (failure,) = [e for e in result.all_events if e.is_step_failure]
+    message = failure.step_failure_data.user_failure_data.description
+    assert "CatalogUnavailable" in message and address in message
+    assert [e.status for e in ledger.entries()] == [PENDING]
