@@ -203,6 +203,34 @@ def cmd_demo(args: argparse.Namespace, spec: KrishivSpec) -> int:
     )
 
 
+def cmd_chaos(args: argparse.Namespace) -> int:
+    from krishiv.chaos.runner import run_chaos
+
+    def show(s) -> None:
+        mark = "[green]ok[/]" if not s.violations else f"[red]{len(s.violations)} violations[/]"
+        console.print(f"{s.name}: {mark}, {s.faults} faults, {s.events_checked} events checked, {s.seconds:.0f}s")
+        for v in s.violations:
+            console.print(f"  - {v}")
+
+    report = run_chaos(args.seed, args.duration, Path(args.state), args.scenario or None, on_scenario=show)
+    Path(args.report).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.report).write_text(report.to_json() + "\n")
+    summary = report.summary()
+    out = RichTable(title=f"fault injection, seed {args.seed}")
+    for col in ("scenarios", "faults injected", "events checked", "violations", "time"):
+        out.add_column(col)
+    out.add_row(
+        str(summary["scenarios_run"]),
+        str(summary["faults_injected"]),
+        str(summary["events_checked"]),
+        str(summary["violations"]),
+        f"{summary['seconds']:.0f}s",
+    )
+    console.print(out)
+    console.print(f"fault points fired: {summary['fault_points_fired']}; report written to {args.report}")
+    return 0 if not report.violations else 1
+
+
 # ------------------------------------------------------------------------------------------ parser
 
 
@@ -243,6 +271,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--malformed", type=int, default=30)
     d.add_argument("--seed", type=int, default=7)
     d.add_argument("--state", default="state/demo", help="folder for the demo's catalog, warehouse and ledger")
+    ch = sub.add_parser("chaos", help="the fault-injection harness: the crash-point matrix, then a soak")
+    ch.add_argument("--seed", type=int, default=1)
+    ch.add_argument("--duration", type=float, default=0, help="seconds of random scenarios after the matrix")
+    ch.add_argument("--scenario", action="append", help="run only this scenario (repeatable)")
+    ch.add_argument("--state", default="state/chaos", help="working folder; failing scenarios are kept there")
+    ch.add_argument("--report", default="state/chaos/report.json")
     return parser
 
 
@@ -266,6 +300,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "broker":
             return cmd_broker(args)
+        if args.command == "chaos":
+            return cmd_chaos(args)
         return COMMANDS[args.command](args, load_spec(args.spec))
     except (KrishivError, OutboxError) as exc:
         err_console.print(f"[red]krishiv {args.command}: {exc}[/]")

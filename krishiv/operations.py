@@ -6,12 +6,13 @@ Dagster assets' from their resources), so every entry point runs the same code.
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Callable
 from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
-from krishiv.errors import KrishivError
+from krishiv.errors import ConfigError, KrishivError
 from krishiv.spec import KrishivSpec, PipelineSpec
 from outbox.ledger import Ledger
 
@@ -26,8 +27,19 @@ if TYPE_CHECKING:  # Spark and pyiceberg load only when an operation runs, keepi
 BatchReporter = Callable[[str], Callable[["StagedBatch"], None]]
 
 
+#: How long a command waits for a ledger another process holds (seconds; default 30).
+LEDGER_LOCK_TIMEOUT_ENV = "KRISHIV_LEDGER_LOCK_TIMEOUT_S"
+
+
 def open_ledger(spec: KrishivSpec) -> Ledger:
-    return Ledger(spec.resolve(spec.storage.ledger_path))
+    raw = os.environ.get(LEDGER_LOCK_TIMEOUT_ENV)
+    if not raw:
+        return Ledger(spec.resolve(spec.storage.ledger_path))
+    try:
+        timeout_s = float(raw)
+    except ValueError:
+        raise ConfigError(LEDGER_LOCK_TIMEOUT_ENV, f"expected a number of seconds, got {raw!r}") from None
+    return Ledger(spec.resolve(spec.storage.ledger_path), timeout_s)
 
 
 def _root_cause(exc: BaseException) -> str:

@@ -367,6 +367,11 @@ class Ledger:
         )
         return [_row_to_entry(r) for r in rows]
 
+    def last_batch_id(self, query_id: str, table: str) -> int:
+        """The highest batch id recorded for the query and table, -1 if none."""
+        rows = self._read("SELECT max(batch_id) FROM outbox WHERE query_id = ? AND table_name = ?", [query_id, table])
+        return -1 if not rows or rows[0][0] is None else int(rows[0][0])
+
     def pending(self, table: str) -> list[OutboxEntry]:
         return self.entries(table=table, status=PENDING)
 

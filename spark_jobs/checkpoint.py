@@ -41,8 +41,12 @@ class Checkpoint:
         return json.loads((self.path / "metadata").read_text())["id"]
 
     def has_batches(self) -> bool:
+        return self.last_batch_id() >= 0
+
+    def last_batch_id(self) -> int:
+        """The newest batch of the offset log (planned, maybe not yet run), -1 if none."""
         offsets = self.path / "offsets"
-        return offsets.is_dir() and any(p.name.isdigit() for p in offsets.iterdir())
+        return max((int(p.name) for p in offsets.iterdir() if p.name.isdigit()), default=-1) if offsets.is_dir() else -1
 
     def starting_offsets(self) -> dict[str, int] | None:
         f = self.path / STARTING_OFFSETS_FILE

@@ -72,6 +72,9 @@ def start_pipeline(
         .option("startingOffsets", json.dumps(starting))
         .option("maxRecordsPerBatch", str(pipeline.max_records_per_batch))
         .option("recordsPerSplit", str(spec.spark.records_per_split))
+        .option("ledgerPath", str(ledger.path))
+        .option("ledgerTable", qualified(spec, pipeline.table))
+        .option("checkpointPath", str(checkpoint.path))
     )
     for key, value in spec.kafka.consumer.items():
         reader = reader.option(f"kafka.{key}", value)

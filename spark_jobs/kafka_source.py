@@ -219,6 +219,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.starting: Offsets = {str(k): int(v) for k, v in json.loads(options.get("startingOffsets", "{}")).items()}
         self._admin: KafkaAdmin | None = None
         self._target: Offsets | None = None
+        self.ledger_path, self.ledger_table = options.get("ledgerPath"), options.get("ledgerTable")
+        self.checkpoint_path = options.get("checkpointPath")
+        self._last_recorded: int | None = None
 
     @property
     def admin(self) -> KafkaAdmin:
@@ -236,7 +239,38 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.max_records) if self.max_records > 0 else ReadAllAvailable()
 
+    def _recorded_end(self, start: dict) -> dict | None:
+        """The end offsets the ledger recorded for the batch Spark is planning, if it was staged before.
+
+        A rewound checkpoint, or an old copy of it, makes Spark plan batch ids that were staged already.
+        Planned afresh they would cover other ranges (the backlog has grown), and their output would differ
+        from what the ledger holds; so the source returns exactly the recorded end. Spark plans batch N
+        when N - 1 is the last batch of its offset log. Past the last recorded batch, no lookup is made.
+        """
+        if not (self.ledger_path and self.ledger_table and self.checkpoint_path):
+            return None
+        from outbox.ledger import Ledger
+        from spark_jobs.checkpoint import Checkpoint
+
+        checkpoint = Checkpoint(self.checkpoint_path)
+        batch_id = checkpoint.last_batch_id() + 1
+        if self._last_recorded is not None and batch_id > self._last_recorded:
+            return None
+        ledger = Ledger(self.ledger_path)
+        query_id = checkpoint.query_id()
+        if self._last_recorded is None:
+            self._last_recorded = ledger.last_batch_id(query_id, self.ledger_table)
+            if batch_id > self._last_recorded:
+                return None
+        entry = ledger.get(query_id, self.ledger_table, batch_id)
+        if entry is None:
+            return None
+        return {**start, **{p: end for p, (_start, end) in entry.offsets.get(self.topic, {}).items()}}
+
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        recorded = self._recorded_end(start)
+        if recorded is not None:
+            return recorded
         latest = self.admin.latest()
         if self._target is not None:
             latest = {p: min(end, self._target.get(p, start.get(p, 0))) for p, end in latest.items()}

@@ -50,7 +50,11 @@ def spark_conf(spec: KrishivSpec, app_name: str = "krishiv") -> dict[str, str]:
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
-        "spark.sql.streaming.noDataMicroBatches.enabled": "true",
+        # Every batch reads records: a batch id then always names the same, non-empty Kafka range, which a
+        # replay from a rewound or old checkpoint can reproduce from the ledger. (A no-data batch cannot be
+        # replayed: after a restart Spark no longer knows it wanted one.) Windows close when later events
+        # move the watermark, as in Flink.
+        "spark.sql.streaming.noDataMicroBatches.enabled": "false",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
     }
     if spec.spark.master.startswith("local"):

@@ -10,68 +10,10 @@ from pathlib import Path
 import pytest
 
 from krishiv.broker import LocalBroker, start_broker
+from krishiv.chaos.workspace import SPEC_TEMPLATE
 from krishiv.spec import KrishivSpec, load_spec
 
 PG_ADMIN_DSN = os.environ.get("KRISHIV_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
-
-SPEC_TEMPLATE = """
-[kafka]
-bootstrap_servers = "{bootstrap}"
-partitions = {partitions}
-
-[iceberg]
-catalog_uri = "{catalog_uri}"
-warehouse = "{warehouse}"
-namespace = "krishiv"
-
-[storage]
-ledger_path = "ledger.duckdb"
-checkpoint_location = "checkpoints"
-
-[spark]
-master = "local[2]"
-shuffle_partitions = 2
-
-[[pipelines]]
-name = "orders_per_minute"
-topic = "{topic}"
-table = "orders_per_minute"
-event_time_field = "event_time"
-watermark_delay = "5s"
-window = "1m"
-trigger_interval = "500ms"
-max_records_per_batch = {max_records}
-
-[pipelines.fields]
-order_id = "string"
-customer_id = "string"
-amount = "decimal(12,2)"
-event_time = "timestamp_ms"
-
-[[pipelines.aggregations]]
-name = "order_count"
-function = "count"
-
-[[pipelines.aggregations]]
-name = "amount_total"
-function = "sum"
-field = "amount"
-
-[[pipelines.aggregations]]
-name = "amount_min"
-function = "min"
-field = "amount"
-
-[[pipelines.aggregations]]
-name = "amount_max"
-function = "max"
-field = "amount"
-
-[[pipelines.aggregations]]
-name = "amount_avg"
-function = "avg"
-field = "amount"
-"""
 
 
 @pytest.fixture(scope="session")

@@ -26,13 +26,13 @@ import pytest
 
 from krishiv.broker import LocalBroker, free_port
 from krishiv.catalog import qualified
+from krishiv.chaos.workspace import SPEC_TEMPLATE
 from krishiv.operations import commit_pipelines
 from krishiv.produce import DEFAULT_SPACING_MS, DEFAULT_START_MS
 from krishiv.spec import KrishivSpec, load_spec
 from krishiv.status import end_offsets
 from outbox.ledger import COMMITTED, Ledger
 from spark_jobs.kafka_source import KafkaAdmin
-from tests.conftest import SPEC_TEMPLATE
 from tests.spark_jobs.pipeline_helpers import assert_exactly_once, produce_orders
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,12 +11,12 @@ from pathlib import Path
 
 from krishiv.broker import LocalBroker
 from krishiv.catalog import load_catalog, qualified
+from krishiv.chaos.oracle import Expected, expected_output, read_topic
 from krishiv.lineage import lineage
 from krishiv.operations import commit_pipelines, verify_pipelines
 from krishiv.produce import demo_orders, ensure_topic, produce
 from krishiv.spec import KrishivSpec
 from outbox.ledger import Ledger
-from tests.oracle import Expected, expected_output, read_topic
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,0 +1,136 @@
+"""The contract, checked after every scenario; each breach is a named violation, never an exception.
+
+- the table equals the oracle's windows (no loss, no duplicate, closed windows only);
+- the rejects table holds each malformed event once, and late events are counted per batch as expected;
+- every produced offset is staged exactly once (ranges chain from the pinned start to the topic's end);
+- lineage is linear with one snapshot per batch, and the ledger agrees with the table (``krishiv verify``);
+- nothing is left PENDING, and no staged file of a PENDING or COMMITTED entry was deleted.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from krishiv.catalog import load_catalog, qualified
+from krishiv.chaos.oracle import Expected, expected_output, read_topic
+from krishiv.lineage import lineage
+from krishiv.spec import KrishivSpec
+from outbox.ledger import PENDING, Ledger
+from spark_jobs.checkpoint import Checkpoint
+
+
+@dataclass
+class ContractCheck:
+    expected: Expected
+    violations: list[str] = field(default_factory=list)
+
+    @property
+    def events_checked(self) -> int:
+        return self.expected.valid_events + len(self.expected.rejects)
+
+
+def _coverage(spec: KrishivSpec, ledger: Ledger, latest: dict[str, int]) -> list[str]:
+    pipeline = spec.pipeline()
+    problems = []
+    start = Checkpoint(spec.checkpoint_dir(pipeline)).starting_offsets() or {}
+    entries = ledger.entries(table=qualified(spec, pipeline.table))
+    for partition, end in sorted(latest.items(), key=lambda kv: int(kv[0])):
+        ranges = sorted(
+            (lo, hi)
+            for e in entries
+            for p, (lo, hi) in e.offsets.get(pipeline.topic, {}).items()
+            if p == partition and hi > lo
+        )
+        position = start.get(partition, 0)
+        for lo, hi in ranges:
+            if lo != position:
+                what = "staged twice" if lo < position else "never staged"
+                problems.append(f"partition {partition}: offsets [{min(lo, position)}, {max(lo, position)}) {what}")
+            position = max(position, hi)
+        if position != end:
+            problems.append(f"partition {partition}: staged up to {position}, the topic ends at {end}")
+    return problems
+
+
+def check_contract(spec: KrishivSpec, latest: dict[str, int]) -> ContractCheck:
+    """Everything above, for the spec's first pipeline; ``latest`` is each partition's end offset."""
+    pipeline = spec.pipeline()
+    ledger = Ledger(spec.resolve(spec.storage.ledger_path))
+    catalog = load_catalog(spec)
+    table_name = qualified(spec, pipeline.table)
+    entries = ledger.entries(table=table_name)
+    ends: dict[int, int] = {}
+    for e in entries:
+        for p, (_lo, hi) in e.offsets[pipeline.topic].items():
+            ends[int(p)] = max(ends.get(int(p), 0), hi)
+    records = read_topic(spec.kafka.bootstrap_servers, pipeline.topic, spec.kafka.partitions, ends)
+    expected = expected_output(records, entries, pipeline.topic, pipeline.window_ms, pipeline.watermark_delay_ms)
+    result = ContractCheck(expected)
+    v = result.violations
+
+    v += _coverage(spec, ledger, latest)
+    pending = [e for e in ledger.entries() if e.status == PENDING]
+    if pending:
+        v.append(f"{len(pending)} entries still PENDING: {[(e.table, e.batch_id) for e in pending][:10]}")
+
+    io = catalog.load_table(table_name).io
+    for e in ledger.entries():
+        v += [
+            f"staged file {f.path} of {e.table} batch {e.batch_id} ({e.status}) was deleted"
+            for f in e.files
+            if not io.new_input(f.path).exists()
+        ]
+    try:
+        _compare_tables(spec, catalog, entries, expected, v)
+    except Exception as exc:  # a table that cannot be read back is a violation; the others still count
+        v.append(f"the tables could not be read back: {exc!r}")
+    return result
+
+
+def _compare_tables(spec: KrishivSpec, catalog, entries: list, expected: Expected, v: list[str]) -> None:
+    from krishiv.operations import verify_pipelines
+
+    pipeline = spec.pipeline()
+    table_name = qualified(spec, pipeline.table)
+    actual: dict[int, dict[str, object]] = {}
+    for row in catalog.load_table(table_name).scan().to_arrow().to_pylist():
+        start = int(row.pop("window_start").timestamp() * 1000)
+        row.pop("window_end")
+        if start in actual:
+            v.append(f"window {start} appears twice")
+        actual[start] = {k: (Decimal(x) if isinstance(x, Decimal) else x) for k, x in row.items()}
+    for start in sorted(set(expected.windows) - set(actual)):
+        v.append(f"window {start} is missing (expected {expected.windows[start]})")
+    for start in sorted(set(actual) - set(expected.windows)):
+        v.append(f"window {start} should not be there (open, or from nowhere): {actual[start]}")
+    for start in sorted(set(actual) & set(expected.windows)):
+        if actual[start] != expected.windows[start]:
+            v.append(f"window {start}: table {actual[start]} != expected {expected.windows[start]}")
+
+    rejects = catalog.load_table(qualified(spec, pipeline.rejects_table)).scan().to_arrow()
+    coords = list(zip(rejects.column("partition").to_pylist(), rejects.column("offset").to_pylist(), strict=True))
+    if len(coords) != len(set(coords)):
+        v.append(f"{len(coords) - len(set(coords))} malformed events are in the rejects table more than once")
+    if set(coords) != expected.rejects:
+        v.append(
+            f"rejects differ: missing {sorted(expected.rejects - set(coords))[:10]}, "
+            f"extra {sorted(set(coords) - expected.rejects)[:10]}"
+        )
+    late = {e.batch_id: e.metrics.get("late_events") for e in entries}
+    if late != expected.late_by_batch:
+        v.append(f"late events per batch {late} != expected {expected.late_by_batch}")
+
+    for verification in verify_pipelines(spec, [pipeline]):
+        v += [f"{verification.table}: {problem}" for problem in verification.violations]
+    for name in (pipeline.table, pipeline.rejects_table):
+        rows = lineage(catalog.load_table(qualified(spec, name)))
+        batches = [r.batch_id for r in rows if r.batch_id is not None]
+        if batches != sorted(set(batches)):
+            v.append(f"{name}: batches {batches} are not one snapshot each, in order")
+        v += [
+            f"{name}: snapshot {after.snapshot_id} has parent {after.parent_id}, not {before.snapshot_id}"
+            for before, after in itertools.pairwise(rows)
+            if after.parent_id != before.snapshot_id
+        ]

@@ -1,0 +1,164 @@
+"""Runs the matrix (then random scenarios until the duration is spent) and writes the report."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+import uuid
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from krishiv.broker import start_broker
+from krishiv.chaos.checks import check_contract
+from krishiv.chaos.postgres import PrivatePostgres
+from krishiv.chaos.scenarios import MATRIX, Context, Scenario, ScenarioError, fired
+from krishiv.chaos.workspace import Workspace
+from spark_jobs.kafka_source import KafkaAdmin
+
+#: Every named fault point of the product; a run of the whole matrix must reach each of them.
+FAULT_POINTS = (
+    "stage.begin",
+    "stage.after_compute",
+    "stage.after_files",
+    "stage.after_ledger",
+    "relay.before_catalog_commit",
+    "relay.after_catalog_commit",
+)
+
+
+@dataclass
+class ScenarioReport:
+    name: str
+    seed: int
+    seconds: float
+    faults_fired: list[dict]
+    external_faults: list[str]
+    events_checked: int
+    violations: list[str]
+
+    @property
+    def faults(self) -> int:
+        return len(self.faults_fired) + len(self.external_faults)
+
+
+@dataclass
+class ChaosReport:
+    seed: int
+    duration_s: float
+    seconds: float = 0.0
+    scenarios: list[ScenarioReport] = field(default_factory=list)
+
+    @property
+    def violations(self) -> list[str]:
+        return [f"{s.name} (seed {s.seed}): {v}" for s in self.scenarios for v in s.violations]
+
+    def points_fired(self) -> dict[str, int]:
+        counts = Counter(f["point"] for s in self.scenarios for f in s.faults_fired)
+        return {p: counts.get(p, 0) for p in FAULT_POINTS}
+
+    def summary(self) -> dict:
+        return {
+            "seed": self.seed,
+            "duration_s": self.duration_s,
+            "seconds": round(self.seconds, 1),
+            "scenarios_run": len(self.scenarios),
+            "scenario_kinds": len({s.name for s in self.scenarios}),
+            "faults_injected": sum(s.faults for s in self.scenarios),
+            "fault_points_fired": self.points_fired(),
+            "events_checked": sum(s.events_checked for s in self.scenarios),
+            "violations": len(self.violations),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {**self.summary(), "violation_details": self.violations, "scenarios": [asdict(s) for s in self.scenarios]},
+            indent=2,
+        )
+
+
+def _latest(bootstrap: str, topic: str) -> dict[str, int]:
+    admin = KafkaAdmin(bootstrap, topic, {})
+    try:
+        return {str(p): end for p, end in admin.latest().items()}
+    finally:
+        admin.close()
+
+
+def _postgres_database(pg: PrivatePostgres, name: str) -> str:
+    import psycopg
+
+    with psycopg.connect(pg.uri.replace("+psycopg", ""), autocommit=True, connect_timeout=10) as con:
+        con.execute(f'CREATE DATABASE "{name}"')
+    return pg.uri.rsplit("/", 1)[0] + f"/{name}"
+
+
+def run_scenario(
+    scenario: Scenario, seed: int, index: int, folder: Path, broker, pg: PrivatePostgres | None
+) -> ScenarioReport:
+    started = time.monotonic()
+    name = f"s{index:04d}"
+    catalog_uri = _postgres_database(pg, name) if scenario.needs_postgres and pg else "sqlite:///catalog.db"
+    ws = Workspace(
+        folder / f"{name}-{scenario.name}", broker.bootstrap, f"chaos-{name}-{uuid.uuid4().hex[:8]}", catalog_uri
+    )
+    ctx = Context(ws, random.Random(seed), broker)
+    if scenario.needs_postgres and pg:
+        ctx.catalog_pause, ctx.catalog_resume = pg.pause, pg.resume
+    violations: list[str] = []
+    events = 0
+    try:
+        scenario.run(ctx)
+    except ScenarioError as exc:
+        violations.append(str(exc))
+    except Exception as exc:  # the harness must report, not stop, whatever a scenario hits
+        violations.append(f"scenario failed: {exc!r}")
+    try:
+        check = check_contract(ws.spec, _latest(broker.bootstrap, ws.topic))
+        violations += check.violations
+        events = check.events_checked
+    except Exception as exc:
+        violations.append(f"the contract could not be checked: {exc!r}")
+    faults = fired(ws)
+    reached = {f["point"] for f in faults}
+    violations += [f"fault point {p} was never reached" for p in scenario.points if p not in reached]
+    if not violations:
+        shutil.rmtree(ws.folder, ignore_errors=True)  # kept only when something is wrong, for the post-mortem
+    return ScenarioReport(
+        scenario.name, seed, round(time.monotonic() - started, 1), faults, ctx.external_faults, events, violations
+    )
+
+
+def run_chaos(
+    seed: int,
+    duration_s: float,
+    folder: Path,
+    only: list[str] | None = None,
+    on_scenario=None,
+) -> ChaosReport:
+    """The whole matrix once (or the ``only`` scenarios), then random scenarios until ``duration_s`` is spent."""
+    selected = [s for s in MATRIX if not only or s.name in only]
+    unknown = set(only or ()) - {s.name for s in MATRIX}
+    if unknown:
+        raise ValueError(f"unknown scenarios {sorted(unknown)}; have {[s.name for s in MATRIX]}")
+    rng = random.Random(seed)
+    report = ChaosReport(seed, duration_s)
+    started = time.monotonic()
+    folder.mkdir(parents=True, exist_ok=True)
+    pg = PrivatePostgres().start() if any(s.needs_postgres for s in selected) else None
+    try:
+        with start_broker(log_path=folder / "broker.log") as broker:
+            queue = list(selected)
+            while queue or time.monotonic() - started < duration_s:
+                scenario = queue.pop(0) if queue else rng.choices(selected, [s.weight for s in selected])[0]
+                result = run_scenario(scenario, rng.randrange(1 << 30), len(report.scenarios), folder, broker, pg)
+                report.scenarios.append(result)
+                if on_scenario:
+                    on_scenario(result)
+    finally:
+        if pg:
+            pg.stop()
+    report.seconds = time.monotonic() - started
+    return report

@@ -1,0 +1,163 @@
+"""One scenario's world: a spec file in a folder of its own, and the real ``krishiv`` command run against it.
+
+Every step runs as its own process (``python -m krishiv.cli``), so a fault point can SIGKILL it, and the
+harness can SIGSTOP the broker or the catalog under it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from krishiv.faults import FAULTS_ENV, FAULTS_LOG_ENV, FAULTS_SYNC_ENV
+from krishiv.produce import demo_orders, ensure_topic, produce
+from krishiv.spec import KrishivSpec, load_spec
+from outbox.ledger import Ledger
+
+SPEC_TEMPLATE = """
+[kafka]
+bootstrap_servers = "{bootstrap}"
+partitions = {partitions}
+
+[iceberg]
+catalog_uri = "{catalog_uri}"
+warehouse = "{warehouse}"
+namespace = "krishiv"
+
+[storage]
+ledger_path = "ledger.duckdb"
+checkpoint_location = "checkpoints"
+
+[spark]
+master = "local[2]"
+shuffle_partitions = 2
+
+[[pipelines]]
+name = "orders_per_minute"
+topic = "{topic}"
+table = "orders_per_minute"
+event_time_field = "event_time"
+watermark_delay = "5s"
+window = "1m"
+trigger_interval = "500ms"
+max_records_per_batch = {max_records}
+
+[pipelines.fields]
+order_id = "string"
+customer_id = "string"
+amount = "decimal(12,2)"
+event_time = "timestamp_ms"
+
+[[pipelines.aggregations]]
+name = "order_count"
+function = "count"
+
+[[pipelines.aggregations]]
+name = "amount_total"
+function = "sum"
+field = "amount"
+
+[[pipelines.aggregations]]
+name = "amount_min"
+function = "min"
+field = "amount"
+
+[[pipelines.aggregations]]
+name = "amount_max"
+function = "max"
+field = "amount"
+
+[[pipelines.aggregations]]
+name = "amount_avg"
+function = "avg"
+field = "amount"
+"""
+
+
+@dataclass
+class Workspace:
+    folder: Path
+    bootstrap: str
+    topic: str
+    catalog_uri: str = "sqlite:///catalog.db"
+    max_records: int = 1_000
+    env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.spec_file = self.folder / "krishiv.toml"
+        self.spec_file.write_text(
+            SPEC_TEMPLATE.format(
+                bootstrap=self.bootstrap,
+                partitions=4,
+                catalog_uri=self.catalog_uri,
+                warehouse="warehouse",
+                topic=self.topic,
+                max_records=self.max_records,
+            )
+        )
+        self.spec: KrishivSpec = load_spec(self.spec_file, env={})
+        self.sync_dir = self.folder / "fault-sync"
+        self.sync_dir.mkdir(exist_ok=True)
+        self.faults_log = self.folder / "faults.jsonl"
+        self.produced = 0
+        self.next_start_ms: int | None = None
+
+    def ledger(self) -> Ledger:
+        return Ledger(self.spec.resolve(self.spec.storage.ledger_path))
+
+    def _env(self, faults: str | None, extra: dict[str, str] | None) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KRISHIV_")}
+        env.update(self.env)
+        env[FAULTS_LOG_ENV] = str(self.faults_log)
+        env[FAULTS_SYNC_ENV] = str(self.sync_dir)
+        env["COLUMNS"] = "1000"  # one message per line in commands.log
+        if faults:
+            env[FAULTS_ENV] = faults
+        env.update(extra or {})
+        return env
+
+    def command(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "krishiv.cli", "--spec", str(self.spec_file), *args]
+
+    def start(self, *args: str, faults: str | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
+        log = (self.folder / "commands.log").open("a")
+        log.write(f"\n$ {time.strftime('%H:%M:%S')} krishiv {' '.join(args)} faults={faults}\n")
+        log.flush()
+        return subprocess.Popen(
+            self.command(*args),
+            env=self._env(faults, env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+
+    def run(
+        self, *args: str, faults: str | None = None, env: dict[str, str] | None = None, timeout_s: float = 600
+    ) -> int:
+        process = self.start(*args, faults=faults, env=env)
+        started = time.monotonic()
+        try:
+            rc = process.wait(timeout=timeout_s)
+            with (self.folder / "commands.log").open("a") as log:
+                log.write(f"= exit {rc} after {time.monotonic() - started:.1f}s\n")
+            return rc
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            raise
+
+    def produce(self, records: int, *, seed: int, late: int = 0, malformed: int = 0) -> None:
+        """Seeded orders after everything produced so far (so earlier windows close), late and malformed mixed in."""
+        partitions = ensure_topic(self.bootstrap, self.topic, self.spec.kafka.partitions)
+        extra = {"start_ms": self.next_start_ms} if self.next_start_ms is not None else {}
+        events = demo_orders(records, seed=seed, partitions=partitions, late=late, malformed=malformed, **extra)
+        produce(self.bootstrap, self.topic, events)
+        self.produced += records
+        last = max(e.event_time_ms for e in events if e.event_time_ms is not None)
+        self.next_start_ms = last + 90_000
