@@ -212,9 +212,14 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         for v in s.violations:
             console.print(f"  - {v}")
 
-    report = run_chaos(args.seed, args.duration, Path(args.state), args.scenario or None, on_scenario=show)
-    Path(args.report).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.report).write_text(report.to_json() + "\n")
+    report = run_chaos(
+        args.seed,
+        args.duration,
+        Path(args.state),
+        args.scenario or None,
+        on_scenario=show,
+        report_path=Path(args.report),
+    )
     summary = report.summary()
     out = RichTable(title=f"fault injection, seed {args.seed}")
     for col in ("scenarios", "faults injected", "events checked", "violations", "time"):

@@ -137,8 +137,13 @@ def run_chaos(
     folder: Path,
     only: list[str] | None = None,
     on_scenario=None,
+    report_path: Path | None = None,
 ) -> ChaosReport:
-    """The whole matrix once (or the ``only`` scenarios), then random scenarios until ``duration_s`` is spent."""
+    """The whole matrix once (or the ``only`` scenarios), then random scenarios until ``duration_s`` is spent.
+
+    With ``report_path``, the report is rewritten after every scenario, so a long soak that is stopped
+    still leaves its figures.
+    """
     selected = [s for s in MATRIX if not only or s.name in only]
     unknown = set(only or ()) - {s.name for s in MATRIX}
     if unknown:
@@ -155,10 +160,16 @@ def run_chaos(
                 scenario = queue.pop(0) if queue else rng.choices(selected, [s.weight for s in selected])[0]
                 result = run_scenario(scenario, rng.randrange(1 << 30), len(report.scenarios), folder, broker, pg)
                 report.scenarios.append(result)
+                report.seconds = time.monotonic() - started
+                if report_path:
+                    report_path.parent.mkdir(parents=True, exist_ok=True)
+                    report_path.write_text(report.to_json() + "\n")
                 if on_scenario:
                     on_scenario(result)
     finally:
         if pg:
             pg.stop()
     report.seconds = time.monotonic() - started
+    if report_path:
+        report_path.write_text(report.to_json() + "\n")
     return report
