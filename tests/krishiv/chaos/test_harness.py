@@ -20,7 +20,7 @@ from spark_jobs.kafka_source import KafkaAdmin
 ARTIFACTS = Path(__file__).resolve().parents[3] / "test-artifacts"
 
 
-@pytest.mark.timeout(2400)
+@pytest.mark.timeout(3600)
 def test_the_crash_point_matrix_keeps_exactly_once(tmp_path: Path, capsys):
     report_path = ARTIFACTS / "chaos-report.json"
     code = main(["chaos", "--seed", "2026", "--state", str(tmp_path / "chaos"), "--report", str(report_path)])
