@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from krishiv.faults import FAULTS_ENV, FAULTS_LOG_ENV, FAULTS_SYNC_ENV
@@ -85,7 +85,6 @@ class Workspace:
     topic: str
     catalog_uri: str = "sqlite:///catalog.db"
     max_records: int = 1_000
-    env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -104,7 +103,6 @@ class Workspace:
         self.sync_dir = self.folder / "fault-sync"
         self.sync_dir.mkdir(exist_ok=True)
         self.faults_log = self.folder / "faults.jsonl"
-        self.produced = 0
         self.next_start_ms: int | None = None
 
     def ledger(self) -> Ledger:
@@ -112,7 +110,6 @@ class Workspace:
 
     def _env(self, faults: str | None, extra: dict[str, str] | None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("KRISHIV_")}
-        env.update(self.env)
         env[FAULTS_LOG_ENV] = str(self.faults_log)
         env[FAULTS_SYNC_ENV] = str(self.sync_dir)
         env["COLUMNS"] = "1000"  # one message per line in commands.log
@@ -158,6 +155,5 @@ class Workspace:
         extra = {"start_ms": self.next_start_ms} if self.next_start_ms is not None else {}
         events = demo_orders(records, seed=seed, partitions=partitions, late=late, malformed=malformed, **extra)
         produce(self.bootstrap, self.topic, events)
-        self.produced += records
         last = max(e.event_time_ms for e in events if e.event_time_ms is not None)
         self.next_start_ms = last + 90_000
