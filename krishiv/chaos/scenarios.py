@@ -130,7 +130,7 @@ def relay_faults_at_every_step(ctx: Context) -> None:
     """In the first commit run: a catalog commit that raises after succeeding, one that times out before
     committing and one after, then SIGKILL before a catalog commit. Then, batch after batch, SIGKILL after
     the catalog commit (before the ledger update) and before the next batch's catalog commit."""
-    ctx.produce(6_000)
+    ctx.produce(10_000)
     ctx.stage()
     batches = ctx.batches_with_rows()
     if len(batches) < 4:
@@ -288,12 +288,12 @@ class Scenario:
 
 
 MATRIX: tuple[Scenario, ...] = (
-    Scenario("driver-killed-at-every-step", driver_killed_at_every_step, STAGE_POINTS, weight=3),
+    Scenario("driver-killed-at-every-step", driver_killed_at_every_step, STAGE_POINTS, weight=2),
     Scenario(
         "relay-faults-at-every-step",
         relay_faults_at_every_step,
         ("relay.before_catalog_commit", "relay.after_catalog_commit"),
-        weight=3,
+        weight=4,
     ),
     Scenario("concurrent-writer-between-check-and-commit", concurrent_writer, ("relay.before_catalog_commit",)),
     Scenario("ledger-held-past-the-retry-budget", ledger_held),
