@@ -204,7 +204,14 @@ def cmd_demo(args: argparse.Namespace, spec: KrishivSpec) -> int:
 
 
 def cmd_chaos(args: argparse.Namespace) -> int:
+    import signal
+
     from krishiv.chaos.runner import run_chaos
+
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt  # stops the harness through its cleanup: broker, PostgreSQL, running step
+
+    signal.signal(signal.SIGTERM, interrupt)
 
     def show(s) -> None:
         mark = "[green]ok[/]" if not s.violations else f"[red]{len(s.violations)} violations[/]"

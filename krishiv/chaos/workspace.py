@@ -144,7 +144,7 @@ class Workspace:
             with (self.folder / "commands.log").open("a") as log:
                 log.write(f"= exit {rc} after {time.monotonic() - started:.1f}s\n")
             return rc
-        except subprocess.TimeoutExpired:
+        except BaseException:  # a timeout, or the harness itself being stopped: leave no step behind
             process.kill()
             process.wait()
             raise
