@@ -151,7 +151,9 @@ def run_chaos(
     rng = random.Random(seed)
     report = ChaosReport(seed, duration_s)
     started = time.monotonic()
-    folder.mkdir(parents=True, exist_ok=True)
+    # A folder of this run's own: nothing left by an earlier run (or its stray processes) can leak in.
+    folder = folder / time.strftime(f"run-%Y%m%d-%H%M%S-seed{seed}")
+    folder.mkdir(parents=True)
     pg = PrivatePostgres().start() if any(s.needs_postgres for s in selected) else None
     try:
         with start_broker(log_path=folder / "broker.log") as broker:
