@@ -119,17 +119,13 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
     from krishiv.catalog import qualified
     from krishiv.status import pipeline_status
     from spark_jobs.errors import KafkaSourceError
-    from spark_jobs.kafka_source import KafkaAdmin
+    from spark_jobs.kafka_source import latest_offsets
 
     ledger = open_ledger(spec)
     for p in _pipelines(spec, args.pipeline):
         latest, broker_error = None, None
         try:
-            admin = KafkaAdmin(spec.kafka.bootstrap_servers, p.topic, spec.kafka.consumer)
-            try:
-                latest = admin.latest()
-            finally:
-                admin.close()
+            latest = latest_offsets(spec.kafka.bootstrap_servers, p.topic, spec.kafka.consumer)
         except KafkaSourceError as exc:
             broker_error = str(exc)
         s = pipeline_status(ledger, p.name, qualified(spec, p.table), p.topic, latest, broker_error)

@@ -25,13 +25,9 @@ class KafkaResource(dg.ConfigurableResource):
 
     def latest_offsets(self, topic: str, consumer: dict[str, str]) -> dict[str, int]:
         """Each partition's high watermark; raises ``KafkaSourceError`` naming the broker if it does not answer."""
-        from spark_jobs.kafka_source import KafkaAdmin
+        from spark_jobs.kafka_source import latest_offsets
 
-        admin = KafkaAdmin(self.bootstrap_servers, topic, consumer)
-        try:
-            return {str(p): end for p, end in admin.latest().items()}
-        finally:
-            admin.close()
+        return latest_offsets(self.bootstrap_servers, topic, consumer)
 
 
 class IcebergCatalogResource(dg.ConfigurableResource):

@@ -58,11 +58,8 @@ def start_pipeline(
     table, rejects = ensure_pipeline_tables(catalog, spec, pipeline)
     starting = checkpoint.starting_offsets()
     if starting is None:
-        admin = KafkaAdmin(spec.kafka.bootstrap_servers, pipeline.topic, spec.kafka.consumer)
-        try:
+        with KafkaAdmin(spec.kafka.bootstrap_servers, pipeline.topic, spec.kafka.consumer) as admin:
             starting = admin.earliest()
-        finally:
-            admin.close()
         checkpoint.pin_starting_offsets(starting)
 
     reader = (

@@ -109,6 +109,18 @@ class KafkaAdmin:
     def close(self) -> None:
         self._consumer.close()
 
+    def __enter__(self) -> KafkaAdmin:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def latest_offsets(bootstrap: str, topic: str, extra: Mapping[str, str] | None = None) -> Offsets:
+    """Each partition's high watermark; raises :class:`KafkaSourceError` naming the broker if it does not answer."""
+    with KafkaAdmin(bootstrap, topic, extra or {}) as admin:
+        return admin.latest()
+
 
 def cap_offsets(start: Offsets, latest: Offsets, max_rows: int) -> Offsets:
     """End offsets reading at most ``max_rows`` records, shared in proportion to each partition's backlog."""

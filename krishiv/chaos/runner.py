@@ -16,7 +16,7 @@ from krishiv.chaos.checks import check_contract
 from krishiv.chaos.postgres import PrivatePostgres
 from krishiv.chaos.scenarios import MATRIX, Context, Scenario, ScenarioError, fired
 from krishiv.chaos.workspace import Workspace
-from spark_jobs.kafka_source import KafkaAdmin
+from spark_jobs.kafka_source import latest_offsets
 
 #: Every named fault point of the product; a run of the whole matrix must reach each of them.
 FAULT_POINTS = (
@@ -79,14 +79,6 @@ class ChaosReport:
         )
 
 
-def _latest(bootstrap: str, topic: str) -> dict[str, int]:
-    admin = KafkaAdmin(bootstrap, topic, {})
-    try:
-        return {str(p): end for p, end in admin.latest().items()}
-    finally:
-        admin.close()
-
-
 def _postgres_database(pg: PrivatePostgres, name: str) -> str:
     import psycopg
 
@@ -116,7 +108,7 @@ def run_scenario(
     except Exception as exc:  # the harness must report, not stop, whatever a scenario hits
         violations.append(f"scenario failed: {exc!r}")
     try:
-        check = check_contract(ws.spec, _latest(broker.bootstrap, ws.topic))
+        check = check_contract(ws.spec, latest_offsets(broker.bootstrap, ws.topic))
         violations += check.violations
         events = check.events_checked
     except Exception as exc:

@@ -32,7 +32,7 @@ from krishiv.produce import DEFAULT_SPACING_MS, DEFAULT_START_MS
 from krishiv.spec import KrishivSpec, load_spec
 from krishiv.status import end_offsets
 from outbox.ledger import COMMITTED, Ledger
-from spark_jobs.kafka_source import KafkaAdmin
+from spark_jobs.kafka_source import latest_offsets
 from tests.spark_jobs.pipeline_helpers import assert_exactly_once, produce_orders
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,18 +156,10 @@ def _committed_through(dev: DagsterDev, ends: dict[str, int]) -> bool:
     return all(done.get(p, 0) >= end for p, end in ends.items())
 
 
-def _latest(spec: KrishivSpec) -> dict[str, int]:
-    admin = KafkaAdmin(spec.kafka.bootstrap_servers, spec.pipeline().topic, {})
-    try:
-        return {str(p): end for p, end in admin.latest().items()}
-    finally:
-        admin.close()
-
-
 def _produce_and_wait(dev: DagsterDev, label: str, records: int, **kwargs: object) -> None:
     produce_orders(dev.spec, records, **kwargs)
     produced_at = time.monotonic()
-    ends = _latest(dev.spec)
+    ends = latest_offsets(dev.spec.kafka.bootstrap_servers, dev.spec.pipeline().topic)
     wait_until(lambda: _committed_through(dev, ends), PIPELINE_TIMEOUT_S, f"{label}: commits up to {ends}", dev.process)
     dev.freshness_s[label] = round(time.monotonic() - produced_at, 2)
 

@@ -15,7 +15,7 @@ from krishiv.chaos.runner import FAULT_POINTS
 from krishiv.chaos.scenarios import MATRIX
 from krishiv.chaos.workspace import Workspace
 from krishiv.cli import main
-from spark_jobs.kafka_source import KafkaAdmin
+from spark_jobs.kafka_source import latest_offsets
 
 ARTIFACTS = Path(__file__).resolve().parents[3] / "test-artifacts"
 
@@ -35,30 +35,22 @@ def test_the_crash_point_matrix_keeps_exactly_once(tmp_path: Path, capsys):
     assert "violations" in capsys.readouterr().out
 
 
-def _latest(ws: Workspace) -> dict[str, int]:
-    admin = KafkaAdmin(ws.bootstrap, ws.topic, {})
-    try:
-        return {str(p): end for p, end in admin.latest().items()}
-    finally:
-        admin.close()
-
-
 def test_the_contract_check_catches_a_duplicate_and_a_deleted_staged_file(tmp_path: Path, broker, topic):
     ws = Workspace(tmp_path / "ws", broker.bootstrap, topic)
     ws.produce(2_000, seed=3, late=5, malformed=4)
     assert ws.run("run", "--once") == 0
     assert ws.run("commit") == 0
-    assert check_contract(ws.spec, _latest(ws)).violations == []
+    assert check_contract(ws.spec, latest_offsets(ws.bootstrap, ws.topic)).violations == []
 
     table = load_catalog(ws.spec).load_table(qualified(ws.spec, ws.spec.pipeline().table))
     first = table.scan().to_arrow().slice(0, 1)
     table.append(first.cast(pa.schema(list(first.schema))))
-    text = "\n".join(check_contract(ws.spec, _latest(ws)).violations)
+    text = "\n".join(check_contract(ws.spec, latest_offsets(ws.bootstrap, ws.topic)).violations)
     assert "appears twice" in text
     assert "appears more than once" in text  # krishiv verify says so too
 
     entry = next(e for e in ws.ledger().entries() if e.files)
     Path(entry.files[0].path.removeprefix("file://")).unlink()
-    text = "\n".join(check_contract(ws.spec, _latest(ws)).violations)
+    text = "\n".join(check_contract(ws.spec, latest_offsets(ws.bootstrap, ws.topic)).violations)
     assert f"staged file {entry.files[0].path} of {entry.table} batch {entry.batch_id} (COMMITTED) was deleted" in text
     assert "could not be read back" in text
