@@ -16,6 +16,7 @@ from decimal import Decimal
 from krishiv.catalog import load_catalog, qualified
 from krishiv.chaos.oracle import Expected, expected_output, read_topic
 from krishiv.lineage import lineage
+from krishiv.operations import open_ledger
 from krishiv.spec import KrishivSpec
 from outbox.ledger import PENDING, Ledger
 from spark_jobs.checkpoint import Checkpoint
@@ -57,7 +58,7 @@ def _coverage(spec: KrishivSpec, ledger: Ledger, latest: dict[str, int]) -> list
 def check_contract(spec: KrishivSpec, latest: dict[str, int]) -> ContractCheck:
     """Everything above, for the spec's first pipeline; ``latest`` is each partition's end offset."""
     pipeline = spec.pipeline()
-    ledger = Ledger(spec.resolve(spec.storage.ledger_path))
+    ledger = open_ledger(spec)
     catalog = load_catalog(spec)
     table_name = qualified(spec, pipeline.table)
     entries = ledger.entries(table=table_name)

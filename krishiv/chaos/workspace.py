@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from krishiv.faults import FAULTS_ENV, FAULTS_LOG_ENV, FAULTS_SYNC_ENV
+from krishiv.operations import open_ledger
 from krishiv.produce import demo_orders, ensure_topic, produce
 from krishiv.spec import KrishivSpec, load_spec
 from outbox.ledger import Ledger
@@ -106,7 +107,7 @@ class Workspace:
         self.next_start_ms: int | None = None
 
     def ledger(self) -> Ledger:
-        return Ledger(self.spec.resolve(self.spec.storage.ledger_path))
+        return open_ledger(self.spec)
 
     def _env(self, faults: str | None, extra: dict[str, str] | None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("KRISHIV_")}

@@ -27,7 +27,7 @@ import pytest
 from krishiv.broker import LocalBroker, free_port
 from krishiv.catalog import qualified
 from krishiv.chaos.workspace import SPEC_TEMPLATE
-from krishiv.operations import commit_pipelines
+from krishiv.operations import commit_pipelines, open_ledger
 from krishiv.produce import DEFAULT_SPACING_MS, DEFAULT_START_MS
 from krishiv.spec import KrishivSpec, load_spec
 from krishiv.status import end_offsets
@@ -73,7 +73,7 @@ class DagsterDev:
         return data["runsOrError"]["results"]
 
     def ledger(self) -> Ledger:
-        return Ledger(self.spec.resolve(self.spec.storage.ledger_path))
+        return open_ledger(self.spec)
 
 
 def wait_until(condition: Callable[[], object], timeout_s: float, what: str, process: subprocess.Popen) -> object:

@@ -6,6 +6,7 @@ import dagster as dg
 import pyarrow as pa
 
 from krishiv.catalog import ensure_pipeline_tables, load_catalog, qualified
+from krishiv.operations import open_ledger
 from krishiv_assets.assets import PipelineKeys
 from krishiv_assets.definitions import build_resources, pipeline_definitions
 from tests.spark_jobs.pipeline_helpers import assert_exactly_once, produce_orders
@@ -92,11 +93,11 @@ def test_duplicate_check_fails_naming_the_windows_and_snapshots(make_spec):
 def test_commit_with_the_catalog_down_fails_naming_it_and_leaves_work_pending(make_spec):
     from krishiv.broker import free_port
     from krishiv_assets.resources import IcebergCatalogResource
-    from outbox.ledger import PENDING, Ledger, OutboxEntry, StagedFile
+    from outbox.ledger import PENDING, OutboxEntry, StagedFile
 
     spec = make_spec()
     pipeline = spec.pipeline()
-    ledger = Ledger(spec.resolve(spec.storage.ledger_path))
+    ledger = open_ledger(spec)
     staged = (StagedFile("file:///nowhere/part-0.parquet", records=5, bytes=100),)
     ledger.record_batch([OutboxEntry("q", pipeline.name, qualified(spec, pipeline.table), 0, {}, staged, 42, {})])
     address = f"127.0.0.1:{free_port()}"

@@ -11,11 +11,12 @@ import dagster as dg
 import pytest
 
 from krishiv.catalog import qualified
+from krishiv.operations import open_ledger
 from krishiv.spec import KrishivSpec
 from krishiv_assets.definitions import build_definitions
 from krishiv_assets.resources import KafkaResource, LedgerResource
 from krishiv_assets.sensors import RETRY_AFTER_S, SensorCursor
-from outbox.ledger import Ledger, OutboxEntry
+from outbox.ledger import OutboxEntry
 from tests.spark_jobs.pipeline_helpers import produce_orders
 
 QUERY = "0f0e0d0c-0000-4000-8000-000000000001"
@@ -25,7 +26,7 @@ def _record(spec: KrishivSpec, batch_id: int, partition_ends: dict[str, int]) ->
     """A staged batch of both tables, as the Spark job records it (no files are needed by the sensors)."""
     pipeline = spec.pipeline()
     offsets = {pipeline.topic: {p: [max(0, end - 10), end] for p, end in partition_ends.items()}}
-    ledger = Ledger(spec.resolve(spec.storage.ledger_path))
+    ledger = open_ledger(spec)
     ledger.record_batch(
         [
             OutboxEntry(QUERY, pipeline.name, qualified(spec, t), batch_id, offsets, (), 1_000 + batch_id, {})

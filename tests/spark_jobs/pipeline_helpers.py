@@ -13,10 +13,9 @@ from krishiv.broker import LocalBroker
 from krishiv.catalog import load_catalog, qualified
 from krishiv.chaos.oracle import Expected, expected_output, read_topic
 from krishiv.lineage import lineage
-from krishiv.operations import commit_pipelines, verify_pipelines
+from krishiv.operations import commit_pipelines, open_ledger, verify_pipelines
 from krishiv.produce import demo_orders, ensure_topic, produce
 from krishiv.spec import KrishivSpec
-from outbox.ledger import Ledger
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,10 +31,6 @@ def produce_orders(
         pipeline.topic,
         demo_orders(records, seed=seed, partitions=partitions, late=late, malformed=malformed, **extra),
     )
-
-
-def ledger_of(spec: KrishivSpec) -> Ledger:
-    return Ledger(spec.resolve(spec.storage.ledger_path))
 
 
 def krishiv_cli(
@@ -58,7 +53,7 @@ def krishiv_cli(
 
 def expected_for(spec: KrishivSpec, broker: LocalBroker) -> Expected:
     pipeline = spec.pipeline()
-    entries = [e for e in ledger_of(spec).entries(table=qualified(spec, pipeline.table))]
+    entries = [e for e in open_ledger(spec).entries(table=qualified(spec, pipeline.table))]
     ends: dict[int, int] = {}
     for e in entries:
         for p, (_s, end) in e.offsets[pipeline.topic].items():
@@ -94,7 +89,7 @@ def assert_exactly_once(spec: KrishivSpec, broker: LocalBroker) -> Expected:
     assert len(coords) == len(set(coords)), "a reject is in the rejects table twice"
     assert set(coords) == expected.rejects
     late = {
-        e.batch_id: e.metrics["late_events"] for e in ledger_of(spec).entries(table=qualified(spec, pipeline.table))
+        e.batch_id: e.metrics["late_events"] for e in open_ledger(spec).entries(table=qualified(spec, pipeline.table))
     }
     assert late == expected.late_by_batch
     for result in verify_pipelines(spec, list(spec.pipelines)):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import signal
 
 from krishiv.catalog import load_catalog, qualified
-from krishiv.operations import commit_pipelines, run_pipelines
+from krishiv.operations import commit_pipelines, open_ledger, run_pipelines
 from outbox.ledger import PENDING
-from tests.spark_jobs.pipeline_helpers import assert_exactly_once, krishiv_cli, ledger_of, produce_orders
+from tests.spark_jobs.pipeline_helpers import assert_exactly_once, krishiv_cli, produce_orders
 
 KILLED = -signal.SIGKILL
 
@@ -22,7 +22,7 @@ def test_driver_killed_during_batches_keeps_exactly_once(make_spec, spec_file, b
     finished = krishiv_cli(spec_file, "run", "--once")
     assert finished.returncode == 0, finished.stderr[-4000:]
 
-    entries = ledger_of(spec).entries()
+    entries = open_ledger(spec).entries()
     keys = [(e.table, e.batch_id) for e in entries]
     assert len(keys) == len(set(keys)), "a batch has two ledger entries"
     assert_exactly_once(spec, broker)
@@ -33,13 +33,13 @@ def test_relay_killed_after_catalog_commit_commits_nothing_twice(make_spec, spec
     produce_orders(spec, 4_000, malformed=4)
     run_pipelines(spec, list(spec.pipelines), once=True)
     table_name = qualified(spec, spec.pipeline().table)
-    with_rows = [e.batch_id for e in ledger_of(spec).pending(table_name) if e.record_count]
+    with_rows = [e.batch_id for e in open_ledger(spec).pending(table_name) if e.record_count]
     assert len(with_rows) >= 2
     victim = with_rows[1]
 
     crashed = krishiv_cli(spec_file, "commit", faults=f"relay.after_catalog_commit@{victim}")
     assert crashed.returncode == KILLED, crashed.stderr[-4000:]
-    entry = ledger_of(spec).get(ledger_of(spec).entries(table=table_name)[0].query_id, table_name, victim)
+    entry = open_ledger(spec).get(open_ledger(spec).entries(table=table_name)[0].query_id, table_name, victim)
     assert entry is not None and entry.status == PENDING
     table = load_catalog(spec).load_table(table_name)
     assert table.metadata.snapshot_by_id(entry.intended_snapshot_id) is not None, "the commit itself happened"

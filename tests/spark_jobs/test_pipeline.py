@@ -7,9 +7,9 @@ import shutil
 import pytest
 
 from krishiv.catalog import load_catalog, qualified
-from krishiv.operations import run_pipelines
+from krishiv.operations import open_ledger, run_pipelines
 from outbox.ledger import COMMITTED
-from tests.spark_jobs.pipeline_helpers import assert_exactly_once, ledger_of, produce_orders
+from tests.spark_jobs.pipeline_helpers import assert_exactly_once, produce_orders
 
 
 @pytest.mark.parametrize("catalog", ["sqlite", "postgresql"])
@@ -54,7 +54,7 @@ def test_rewound_checkpoint_replays_without_new_rows_or_snapshots(make_spec, bro
     run_pipelines(spec, list(spec.pipelines), once=True)
     assert_exactly_once(spec, broker)
     table_name = qualified(spec, spec.pipeline().table)
-    ledger = ledger_of(spec)
+    ledger = open_ledger(spec)
     entries_before = len(ledger.entries())
     snapshots_before = len(load_catalog(spec).load_table(table_name).snapshots())
 
