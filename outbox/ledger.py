@@ -243,7 +243,11 @@ class Ledger:
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         if not Path(self.path).exists():
             return []
-        if not self._migrated and self.schema_version() != SCHEMA_VERSION:
+        if not self._migrated:
+            # The first read checks the schema on the same read-only connection; only an old file is migrated.
+            with self._connect(read_only=True) as con:
+                if self._version(con) == SCHEMA_VERSION:
+                    return con.execute(sql, list(params)).fetchall()
             self.migrate()
         with self._connect(read_only=True) as con:
             return con.execute(sql, list(params)).fetchall()
@@ -278,10 +282,13 @@ class Ledger:
         if not Path(self.path).exists():
             return 0
         with self._connect(read_only=True) as con:
-            try:
-                row = con.execute("SELECT value FROM ledger_meta WHERE key = 'schema_version'").fetchone()
-            except duckdb.CatalogException:
-                return 0
+            return self._version(con)
+
+    def _version(self, con: duckdb.DuckDBPyConnection) -> int:
+        try:
+            row = con.execute("SELECT value FROM ledger_meta WHERE key = 'schema_version'").fetchone()
+        except duckdb.CatalogException:
+            return 0
         version = int(row[0]) if row else 0
         if version == SCHEMA_VERSION:
             self._migrated = True
