@@ -106,8 +106,9 @@ def pipeline_checks(
         book = ledger.open(spec)
         problems = check_ledger_agreement(table, table_name, book)
         now = datetime.now(UTC)
-        pending = [e for e in book.entries(table=table_name, status=PENDING)]
-        ages = [(now - e.created_at).total_seconds() for e in pending if e.created_at is not None]
+        entries = book.entries(table=table_name)
+        pending = [e for e in entries if e.status == PENDING]
+        ages = [(now - e.created_at).total_seconds() for e in pending]
         stale = [e.batch_id for e, age in zip(pending, ages, strict=True) if age > thresholds.pending_max_age_s]
         if stale:
             problems.append(
@@ -118,7 +119,7 @@ def pipeline_checks(
             passed=not problems,
             description=problems[0] if problems else "ledger and table agree",
             metadata={
-                "committed_entries": len(book.entries(table=table_name)) - len(pending),
+                "committed_entries": len(entries) - len(pending),
                 "pending_entries": len(pending),
                 "oldest_pending_age_s": float(max(ages, default=0.0)),
                 "problems": dg.MetadataValue.json(problems),

@@ -234,6 +234,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.ledger_path, self.ledger_table = options.get("ledgerPath"), options.get("ledgerTable")
         self.checkpoint_path = options.get("checkpointPath")
         self._last_recorded: int | None = None
+        self._past_recorded = False  # batch ids only grow: once past the ledger, never look again
 
     @property
     def admin(self) -> KafkaAdmin:
@@ -259,21 +260,20 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         from what the ledger holds; so the source returns exactly the recorded end. Spark plans batch N
         when N - 1 is the last batch of its offset log. Past the last recorded batch, no lookup is made.
         """
-        if not (self.ledger_path and self.ledger_table and self.checkpoint_path):
+        if self._past_recorded or not (self.ledger_path and self.ledger_table and self.checkpoint_path):
             return None
         from outbox.ledger import Ledger
         from spark_jobs.checkpoint import Checkpoint
 
         checkpoint = Checkpoint(self.checkpoint_path)
         batch_id = checkpoint.last_batch_id() + 1
-        if self._last_recorded is not None and batch_id > self._last_recorded:
-            return None
         ledger = Ledger(self.ledger_path)
         query_id = checkpoint.query_id()
         if self._last_recorded is None:
             self._last_recorded = ledger.last_batch_id(query_id, self.ledger_table)
-            if batch_id > self._last_recorded:
-                return None
+        if batch_id > self._last_recorded:
+            self._past_recorded = True
+            return None
         entry = ledger.get(query_id, self.ledger_table, batch_id)
         if entry is None:
             return None
