@@ -48,6 +48,16 @@ class Checkpoint:
         offsets = self.path / "offsets"
         return max((int(p.name) for p in offsets.iterdir() if p.name.isdigit()), default=-1) if offsets.is_dir() else -1
 
+    def rewind(self, batches: int) -> int:
+        """Forget the last ``batches`` batches' offsets and commits (with Spark's checksum files), as a restore
+        of an older checkpoint would; Spark then plans and runs them again. Returns the last batch before."""
+        last = self.last_batch_id()
+        for batch in range(last, max(-1, last - batches), -1):
+            for log in ("offsets", "commits"):
+                for name in (str(batch), f".{batch}.crc"):
+                    (self.path / log / name).unlink(missing_ok=True)
+        return last
+
     def starting_offsets(self) -> dict[str, int] | None:
         f = self.path / STARTING_OFFSETS_FILE
         return {k: int(v) for k, v in json.loads(f.read_text()).items()} if f.exists() else None

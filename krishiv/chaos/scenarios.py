@@ -24,6 +24,7 @@ from krishiv.catalog import load_catalog, qualified
 from krishiv.chaos.workspace import Workspace
 from krishiv.operations import LEDGER_LOCK_TIMEOUT_ENV
 from outbox.ledger import PENDING
+from spark_jobs.checkpoint import Checkpoint
 
 KILLED = -signal.SIGKILL
 FAILED = 2  # a Krishiv error, reported by the command
@@ -99,12 +100,7 @@ class Context:
 
     def rewind(self, batches: int) -> None:
         """Forget the last ``batches`` batches' offsets and commits (with their checksum files)."""
-        folder = self.checkpoint()
-        last = max(int(p.name) for p in (folder / "offsets").iterdir() if p.name.isdigit())
-        for batch in range(last, max(-1, last - batches), -1):
-            for log in ("offsets", "commits"):
-                for name in (str(batch), f".{batch}.crc"):
-                    (folder / log / name).unlink(missing_ok=True)
+        last = Checkpoint(self.checkpoint()).rewind(batches)
         self.external_faults.append(f"checkpoint rewound by {batches} batches from {last}")
 
 

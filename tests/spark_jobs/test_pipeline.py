@@ -9,6 +9,7 @@ import pytest
 from krishiv.catalog import load_catalog, qualified
 from krishiv.operations import open_ledger, run_pipelines
 from outbox.ledger import COMMITTED
+from spark_jobs.checkpoint import Checkpoint
 from tests.spark_jobs.pipeline_helpers import assert_exactly_once, produce_orders
 
 
@@ -60,11 +61,7 @@ def test_rewound_checkpoint_replays_without_new_rows_or_snapshots(make_spec, bro
 
     # 1. Rewind: forget the last two batches' offsets and commits; Spark replays them.
     checkpoint = spec.checkpoint_dir(spec.pipeline())
-    last = max(int(p.name) for p in (checkpoint / "offsets").iterdir() if p.name.isdigit())
-    for batch in (last, last - 1):
-        for log in ("offsets", "commits"):
-            for name in (str(batch), f".{batch}.crc"):
-                (checkpoint / log / name).unlink(missing_ok=True)
+    last = Checkpoint(checkpoint).rewind(2)
     replay = run_pipelines(spec, list(spec.pipelines), once=True)
     replayed = replay[0].stager.history
     assert [b.batch_id for b in replayed][:2] == [last - 1, last]
