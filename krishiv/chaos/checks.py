@@ -16,7 +16,7 @@ from decimal import Decimal
 from krishiv.catalog import load_catalog, qualified
 from krishiv.chaos.oracle import Expected, expected_output, read_topic
 from krishiv.lineage import lineage
-from krishiv.operations import open_ledger
+from krishiv.operations import open_ledger, verify_pipelines
 from krishiv.spec import KrishivSpec
 from outbox.ledger import PENDING, Ledger
 from spark_jobs.checkpoint import Checkpoint
@@ -55,13 +55,11 @@ def _coverage(spec: KrishivSpec, ledger: Ledger, latest: dict[str, int]) -> list
     return problems
 
 
-def check_contract(spec: KrishivSpec, latest: dict[str, int]) -> ContractCheck:
-    """Everything above, for the spec's first pipeline; ``latest`` is each partition's end offset."""
+def compare_with_oracle(spec: KrishivSpec) -> ContractCheck:
+    """The tables against the oracle over the ledger's batches: windows, rejects, late counts, ``verify``
+    and one snapshot per batch in a linear lineage (for the spec's first pipeline)."""
     pipeline = spec.pipeline()
-    ledger = open_ledger(spec)
-    catalog = load_catalog(spec)
-    table_name = qualified(spec, pipeline.table)
-    entries = ledger.entries(table=table_name)
+    entries = open_ledger(spec).entries(table=qualified(spec, pipeline.table))
     ends: dict[int, int] = {}
     for e in entries:
         for p, (_lo, hi) in e.offsets[pipeline.topic].items():
@@ -69,29 +67,34 @@ def check_contract(spec: KrishivSpec, latest: dict[str, int]) -> ContractCheck:
     records = read_topic(spec.kafka.bootstrap_servers, pipeline.topic, spec.kafka.partitions, ends)
     expected = expected_output(records, entries, pipeline.topic, pipeline.window_ms, pipeline.watermark_delay_ms)
     result = ContractCheck(expected)
-    v = result.violations
+    try:
+        _compare_tables(spec, load_catalog(spec), entries, expected, result.violations)
+    except Exception as exc:  # a table that cannot be read back is a violation; the others still count
+        result.violations.append(f"the tables could not be read back: {exc!r}")
+    return result
 
+
+def check_contract(spec: KrishivSpec, latest: dict[str, int]) -> ContractCheck:
+    """The whole contract after a scenario: the oracle comparison, plus every offset up to ``latest`` staged
+    once, nothing left pending and no staged file gone."""
+    result = compare_with_oracle(spec)
+    v = result.violations
+    ledger = open_ledger(spec)
     v += _coverage(spec, ledger, latest)
     pending = [e for e in ledger.entries() if e.status == PENDING]
     if pending:
         v.append(f"{len(pending)} entries still PENDING: {[(e.table, e.batch_id) for e in pending][:10]}")
-
-    io = catalog.load_table(table_name).io
+    io = load_catalog(spec).load_table(qualified(spec, spec.pipeline().table)).io
     for e in ledger.entries():
         v += [
             f"staged file {f.path} of {e.table} batch {e.batch_id} ({e.status}) was deleted"
             for f in e.files
             if not io.new_input(f.path).exists()
         ]
-    try:
-        _compare_tables(spec, catalog, entries, expected, v)
-    except Exception as exc:  # a table that cannot be read back is a violation; the others still count
-        v.append(f"the tables could not be read back: {exc!r}")
     return result
 
 
 def _compare_tables(spec: KrishivSpec, catalog, entries: list, expected: Expected, v: list[str]) -> None:
-    from krishiv.operations import verify_pipelines
 
     pipeline = spec.pipeline()
     table_name = qualified(spec, pipeline.table)

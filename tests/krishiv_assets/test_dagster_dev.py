@@ -200,7 +200,7 @@ def test_sensors_stage_and_commit_with_no_manual_trigger(dagster_dev: DagsterDev
 
     # The sensors committed everything: a manual relay run finds nothing left.
     assert all(not r.committed for r in commit_pipelines(dev.spec, list(dev.spec.pipelines)))
-    assert_exactly_once(dev.spec, broker)
+    assert_exactly_once(dev.spec)
 
     checks = wait_until(lambda: _checks_done(dev), 120, "the asset checks of the last commit run", dev.process)
     assert set(checks) == CHECKS
@@ -253,7 +253,7 @@ def test_continuous_krishiv_run_stages_while_the_sensor_commits(dagster_dev: Dag
     assert dev.ledger().live_lease(PIPELINE) is None, "krishiv run left its lease behind"
     # While krishiv run held the lease, the Kafka sensor started no staging run.
     assert len(dev.runs(f"{PIPELINE}_stage_job")) == staging_runs
-    assert_exactly_once(dev.spec, broker)
+    assert_exactly_once(dev.spec)
 
 
 def test_the_ui_shows_the_asset_graph_with_the_table_and_its_check(dagster_dev: DagsterDev):

@@ -52,14 +52,14 @@ def test_materialize_stages_commits_and_checks_pass(make_spec, broker, spark):
     assert all(e.passed for e in checks.values()), {n: e.description for n, e in checks.items()}
     assert checks["rejects_rate"].metadata["rejects"].value == 6
 
-    assert_exactly_once(spec, broker)
+    assert_exactly_once(spec)
 
     # Nothing new: a second materialization stages nothing and commits nothing.
     again = _materialize(spec)
     assert again.success
     assert _metadata(again, keys.staged)["batches_staged"] == 0
     assert _metadata(again, keys.table)["snapshots_committed"] == 0
-    assert_exactly_once(spec, broker)
+    assert_exactly_once(spec)
 
 
 def test_duplicate_check_fails_naming_the_windows_and_snapshots(make_spec):

@@ -25,7 +25,7 @@ def test_driver_killed_during_batches_keeps_exactly_once(make_spec, spec_file, b
     entries = open_ledger(spec).entries()
     keys = [(e.table, e.batch_id) for e in entries]
     assert len(keys) == len(set(keys)), "a batch has two ledger entries"
-    assert_exactly_once(spec, broker)
+    assert_exactly_once(spec)
 
 
 def test_relay_killed_after_catalog_commit_commits_nothing_twice(make_spec, spec_file, broker, spark):
@@ -46,7 +46,7 @@ def test_relay_killed_after_catalog_commit_commits_nothing_twice(make_spec, spec
 
     rerun = krishiv_cli(spec_file, "commit")
     assert rerun.returncode == 0, rerun.stderr[-4000:]
-    assert_exactly_once(spec, broker)
+    assert_exactly_once(spec)
     table = load_catalog(spec).load_table(table_name)
     assert len(table.snapshots()) == len(with_rows)
 
@@ -63,4 +63,4 @@ def test_commit_that_raises_after_succeeding_is_recognised(make_spec, broker, sp
     recovered = [(r.table, b) for r in reports for b in r.recovered]
     assert recovered, "the ambiguous commits were found by reloading the table"
     assert not {(r.table, b) for r in reports for b in r.committed} & set(recovered)
-    assert_exactly_once(spec, broker)
+    assert_exactly_once(spec)

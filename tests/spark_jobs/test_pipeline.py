@@ -24,7 +24,7 @@ def test_seeded_orders_are_counted_exactly_once(catalog, make_spec, broker, spar
     assert len([b for b in history if b.records_read]) >= 4, "the read limit should split the topic into batches"
     assert sum(b.records_read for b in history) == 6_000
 
-    expected = assert_exactly_once(spec, broker)
+    expected = assert_exactly_once(spec)
     assert len(expected.rejects) == 12
     assert sum(expected.late_by_batch.values()) > 0, "some late events must really be dropped"
     assert sum(w["order_count"] for w in expected.windows.values()) > 3_000
@@ -34,7 +34,7 @@ def test_malformed_events_are_quarantined_with_offsets_and_reasons(make_spec, br
     spec = make_spec()
     produce_orders(spec, 600, malformed=60)
     run_pipelines(spec, list(spec.pipelines), once=True)
-    assert_exactly_once(spec, broker)
+    assert_exactly_once(spec)
 
     rejects = load_catalog(spec).load_table(qualified(spec, spec.pipeline().rejects_table)).scan().to_arrow()
     assert rejects.num_rows == 60
@@ -53,7 +53,7 @@ def test_rewound_checkpoint_replays_without_new_rows_or_snapshots(make_spec, bro
     shutil.copytree(spec.checkpoint_dir(spec.pipeline()), old_copy)
     produce_orders(spec, 2_000, seed=8, start_ms=1_767_225_600_000 + 4_000 * 50)
     run_pipelines(spec, list(spec.pipelines), once=True)
-    assert_exactly_once(spec, broker)
+    assert_exactly_once(spec)
     table_name = qualified(spec, spec.pipeline().table)
     ledger = open_ledger(spec)
     entries_before = len(ledger.entries())
@@ -73,7 +73,7 @@ def test_rewound_checkpoint_replays_without_new_rows_or_snapshots(make_spec, bro
     replay = run_pipelines(spec, list(spec.pipelines), once=True)
     assert replay[0].stager.history and not any(b.recorded for b in replay[0].stager.history if b.records_read)
 
-    assert_exactly_once(spec, broker)
+    assert_exactly_once(spec)
     assert len(ledger.entries()) - entries_before == sum(1 for b in replay[0].stager.history if b.recorded) * 2
     assert len(load_catalog(spec).load_table(table_name).snapshots()) == snapshots_before
     assert all(e.status == COMMITTED for e in ledger.entries())
