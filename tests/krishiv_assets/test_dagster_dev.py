@@ -256,6 +256,43 @@ def test_continuous_krishiv_run_stages_while_the_sensor_commits(dagster_dev: Dag
     assert_exactly_once(dev.spec)
 
 
+def test_the_commit_pool_runs_one_commit_run_at_a_time(dagster_dev: DagsterDev):
+    """Two commit runs launched together (as from the UI): dagster.yaml's pool starts the second only
+    after the first has finished."""
+    dev = dagster_dev
+    launched = []
+    for _ in range(2):
+        data = dev.graphql(
+            "mutation($p: ExecutionParams!) { launchRun(executionParams: $p) {"
+            " __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message } } }",
+            {
+                "p": {
+                    "selector": {
+                        "repositoryLocationName": "krishiv",
+                        "repositoryName": "__repository__",
+                        "jobName": f"{PIPELINE}_commit_job",
+                    },
+                    "runConfigData": {},
+                }
+            },
+        )
+        assert data["launchRun"]["__typename"] == "LaunchRunSuccess", data
+        launched.append(data["launchRun"]["run"]["runId"])
+
+    def finished() -> list[dict] | None:
+        data = dev.graphql(
+            "query($f: RunsFilter) { runsOrError(filter: $f) { ... on Runs { results {"
+            " runId status startTime endTime } } } }",
+            {"f": {"runIds": launched}},
+        )
+        runs = data["runsOrError"]["results"]
+        return runs if all(r["status"] == "SUCCESS" for r in runs) else None
+
+    runs = wait_until(finished, 300, "both commit runs to finish", dev.process)
+    first, second = sorted(runs, key=lambda r: r["startTime"])
+    assert second["startTime"] >= first["endTime"], f"the commit runs overlapped: {runs}"
+
+
 def test_the_ui_shows_the_asset_graph_with_the_table_and_its_check(dagster_dev: DagsterDev):
     from playwright.sync_api import expect, sync_playwright
 
