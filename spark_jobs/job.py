@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyiceberg.catalog import Catalog
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from krishiv.catalog import ensure_pipeline_tables, qualified
@@ -43,6 +43,20 @@ def _guard_checkpoint(checkpoint: Checkpoint, ledger: Ledger, pipeline: Pipeline
     )
 
 
+def kafka_stream(spark: SparkSession, spec: KrishivSpec, pipeline: PipelineSpec, **options: str) -> DataFrame:
+    """The pipeline's topic as a streaming DataFrame of Krishiv's Kafka source, with extra source ``options``."""
+    reader = (
+        spark.readStream.format(SOURCE_NAME)
+        .option("bootstrap.servers", spec.kafka.bootstrap_servers)
+        .option("topic", pipeline.topic)
+        .option("maxRecordsPerBatch", str(pipeline.max_records_per_batch))
+        .option("recordsPerSplit", str(spec.spark.records_per_split))
+    )
+    for key, value in {**{f"kafka.{k}": v for k, v in spec.kafka.consumer.items()}, **options}.items():
+        reader = reader.option(key, value)
+    return reader.load()
+
+
 def start_pipeline(
     spark: SparkSession,
     spec: KrishivSpec,
@@ -62,20 +76,16 @@ def start_pipeline(
             starting = admin.earliest()
         checkpoint.pin_starting_offsets(starting)
 
-    reader = (
-        spark.readStream.format(SOURCE_NAME)
-        .option("bootstrap.servers", spec.kafka.bootstrap_servers)
-        .option("topic", pipeline.topic)
-        .option("startingOffsets", json.dumps(starting))
-        .option("maxRecordsPerBatch", str(pipeline.max_records_per_batch))
-        .option("recordsPerSplit", str(spec.spark.records_per_split))
-        .option("ledgerPath", str(ledger.path))
-        .option("ledgerTable", qualified(spec, pipeline.table))
-        .option("checkpointPath", str(checkpoint.path))
+    raw = kafka_stream(
+        spark,
+        spec,
+        pipeline,
+        startingOffsets=json.dumps(starting),
+        ledgerPath=str(ledger.path),
+        ledgerTable=qualified(spec, pipeline.table),
+        checkpointPath=str(checkpoint.path),
     )
-    for key, value in spec.kafka.consumer.items():
-        reader = reader.option(f"kafka.{key}", value)
-    output = build_output(reader.load(), pipeline)
+    output = build_output(raw, pipeline)
     stager = BatchStager(
         pipeline,
         ledger,
@@ -84,6 +94,7 @@ def start_pipeline(
         rejects,
         qualified(spec, pipeline.table),
         qualified(spec, pipeline.rejects_table),
+        on_batch,
     )
     writer = (
         output.writeStream.queryName(pipeline.name)

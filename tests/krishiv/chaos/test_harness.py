@@ -39,6 +39,7 @@ def test_the_contract_check_catches_a_duplicate_and_a_deleted_staged_file(tmp_pa
     ws = Workspace(tmp_path / "ws", broker.bootstrap, topic)
     ws.produce(2_000, seed=3, late=5, malformed=4)
     assert ws.run("run", "--once") == 0
+    assert "orders_per_minute batch 0: " in (ws.folder / "commands.log").read_text()  # krishiv run's progress
     assert ws.run("commit") == 0
     assert check_contract(ws.spec, latest_offsets(ws.bootstrap, ws.topic)).violations == []
 
