@@ -137,11 +137,10 @@ def _aggregate(pipeline: PipelineSpec) -> list[Column]:
     return out
 
 
-def build_output(raw: DataFrame, pipeline: PipelineSpec) -> DataFrame:
-    """The streaming DataFrame the staging sink receives each micro-batch."""
-    events = parse_events(raw, pipeline)
+def window_aggregates(events: DataFrame, pipeline: PipelineSpec) -> DataFrame:
+    """Closed windows (``kind = window``) of the valid events, aggregated under the event-time watermark."""
     valid = events.where(F.col("reason").isNull()).withColumn(_EVENT_TIME, F.col(pipeline.event_time_field))
-    windows = (
+    return (
         valid.withWatermark(_EVENT_TIME, f"{pipeline.watermark_delay_ms} milliseconds")
         .groupBy(F.window(_EVENT_TIME, f"{pipeline.window_ms} milliseconds"))
         .agg(*_aggregate(pipeline))
@@ -152,6 +151,12 @@ def build_output(raw: DataFrame, pipeline: PipelineSpec) -> DataFrame:
             *[F.col(a.name).cast(spark_type(aggregate_type(a, pipeline))).alias(a.name) for a in pipeline.aggregations],
         )
     )
+
+
+def build_output(raw: DataFrame, pipeline: PipelineSpec) -> DataFrame:
+    """The streaming DataFrame the staging sink receives each micro-batch."""
+    events = parse_events(raw, pipeline)
+    windows = window_aggregates(events, pipeline)
     event_ms = F.unix_millis(F.col(pipeline.event_time_field))
     window_end_ms = event_ms - F.pmod(event_ms, F.lit(pipeline.window_ms)) + F.lit(pipeline.window_ms)
     is_reject = F.col("reason").isNotNull()

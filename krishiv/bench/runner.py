@@ -1,0 +1,149 @@
+"""Runs the seven measurements in one process, on one broker and one warm SparkSession, in order."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from krishiv.bench import DEFAULT_POSTGRES_URI
+from krishiv.bench.freshness import FreshnessResult, measure_freshness
+from krishiv.bench.raw_consume import RawConsumeResult, raw_consume
+from krishiv.bench.relay_latency import RelayResult, bench_relay
+from krishiv.bench.throughput import PipelineRun, bench_spec, run_baseline, run_krishiv
+from krishiv.bench.workload import produce_orders
+from krishiv.spec import KrishivSpec
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    events: int = 1_000_000
+    partitions: int = 4
+    batch_records: int = 200_000
+    seed: int = 7
+    scaling: tuple[int, ...] = (1, 2, 4)
+    relay_snapshots: int = 1_010
+    relay_depths: tuple[int, ...] = (100, 1_000)
+    postgres_uri: str | None = DEFAULT_POSTGRES_URI
+    freshness_seconds: float = 60.0
+    rate: float = 1_000.0
+    sensor_interval_s: float = 5.0
+    warmup_events: int = 20_000
+
+
+@dataclass
+class BenchResults:
+    options: BenchOptions
+    produce_s: float
+    limit: RawConsumeResult
+    spark_startup_s: float
+    baseline: PipelineRun
+    krishiv: PipelineRun
+    scaling: list[tuple[int, PipelineRun]]
+    relay: list[RelayResult]
+    freshness: FreshnessResult
+    seconds: float
+
+
+def machine() -> dict[str, Any]:
+    import psutil
+    import pyspark
+
+    return {
+        "cpus": os.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "pyspark": pyspark.__version__,
+        "broker": "Tansu (memory storage)",
+    }
+
+
+def run_bench(spec: KrishivSpec, options: BenchOptions, folder: Path, console: Console) -> BenchResults:
+    from krishiv.broker import start_broker
+    from spark_jobs.session import build_session
+
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    base = replace(spec, kafka=replace(spec.kafka, partitions=options.partitions))
+    started = time.perf_counter()
+
+    def step(text: str) -> None:
+        console.print(f"[bold]{time.perf_counter() - started:7.1f}s[/] {text}")
+
+    with start_broker(log_path=folder / "broker.log") as broker:
+
+        def spec_for(name: str, topic: str) -> KrishivSpec:
+            return bench_spec(base, folder / name, broker.bootstrap, topic, options.batch_records)
+
+        step(f"Tansu on {broker.bootstrap}; producing {options.events:,} orders over {options.partitions} partitions")
+        produce_s = produce_orders(
+            broker.bootstrap, "orders-1x", options.events, seed=options.seed, partitions=options.partitions
+        )
+        step("1/7 the limit: confluent-kafka, one reader process per partition")
+        limit = raw_consume(broker.bootstrap, "orders-1x")
+
+        step("Spark start-up: session, then a warm-up run over its own small topic")
+        t0 = time.perf_counter()
+        spark = build_session(spec_for("warmup", "warmup"), "krishiv-bench")
+        produce_orders(broker.bootstrap, "warmup", options.warmup_events, seed=1, partitions=options.partitions)
+        run_baseline(spark, spec_for("warmup", "warmup"), options.warmup_events)
+        spark_startup_s = time.perf_counter() - t0
+
+        step("3/7 the at-least-once baseline: foreachBatch + pyiceberg append")
+        baseline = run_baseline(spark, spec_for("baseline", "orders-1x"), options.events)
+        step("2/7 Krishiv exactly-once: staging + ledger, then the relay until drained")
+        krishiv = run_krishiv(spark, spec_for("krishiv-1x", "orders-1x"), options.events)
+
+        scaling = [(1, krishiv)]
+        for factor in (f for f in options.scaling if f != 1):
+            events = options.events * factor
+            topic = f"orders-{factor}x"
+            step(f"7/7 scaling: Krishiv over {events:,} orders ({factor}x)")
+            produce_orders(broker.bootstrap, topic, events, seed=options.seed * factor, partitions=options.partitions)
+            scaling.append((factor, run_krishiv(spark, spec_for(f"krishiv-{factor}x", topic), events)))
+
+        step(f"4/7 the commit relay: {options.relay_snapshots} snapshots on SQLite and PostgreSQL")
+        relay = [bench_relay(spec_for("relay-sqlite", "relay"), "sqlite", options.relay_snapshots, folder)]
+        if options.postgres_uri:
+            pg = spec_for("relay-postgresql", "relay")
+            pg = replace(
+                pg,
+                iceberg=replace(
+                    pg.iceberg, catalog_uri=options.postgres_uri, catalog_name=f"krishiv_bench_{uuid.uuid4().hex[:8]}"
+                ),
+            )
+            relay.append(bench_relay(pg, "postgresql", options.relay_snapshots, folder))
+
+        step(
+            f"5/7 freshness: {options.rate:.0f} orders/s for {options.freshness_seconds:.0f}s, "
+            f"relay every {options.sensor_interval_s:.0f}s"
+        )
+        freshness = measure_freshness(
+            spark,
+            spec_for("freshness", "orders-live"),
+            rate=options.rate,
+            seconds=options.freshness_seconds,
+            sensor_interval_s=options.sensor_interval_s,
+        )
+        spark.stop()
+    return BenchResults(
+        options,
+        produce_s,
+        limit,
+        spark_startup_s,
+        baseline,
+        krishiv,
+        scaling,
+        relay,
+        freshness,
+        time.perf_counter() - started,
+    )

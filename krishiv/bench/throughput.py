@@ -1,0 +1,130 @@
+"""Measurements 2, 3 and 7: Krishiv's exactly-once pipeline and the at-least-once baseline, over one topic each.
+
+Both run on one warm SparkSession with ``Trigger.AvailableNow`` and the same batch size, source and
+aggregation. Krishiv runs as ``krishiv run --once`` then ``krishiv commit`` do (phase 1 with its ledger,
+then the relay until the ledger is drained); its clock stops when the last snapshot is visible in the
+catalog. The baseline is what a user would write instead: ``foreachBatch`` appending each batch's closed
+windows with pyiceberg, with no ledger and no outbox, so a crash between the append and Spark's commit log
+appends the batch again.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from pyiceberg.io.pyarrow import schema_to_pyarrow
+from pyiceberg.table import Table
+from pyspark.sql import DataFrame, SparkSession
+
+from krishiv.bench.memory import PeakRss, RssSampler
+from krishiv.spec import KafkaSettings, KrishivSpec, StorageSettings
+from krishiv.tables import WINDOW_START
+
+BASELINE_TABLE = "baseline_windows"
+
+
+@dataclass
+class PipelineRun:
+    """One pipeline over one topic: how long, how much, and what it wrote (to compare the two)."""
+
+    name: str
+    events: int
+    seconds: float
+    batches: int
+    snapshots: int
+    windows: int
+    orders_counted: int
+    peak_rss: PeakRss
+
+    @property
+    def events_per_s(self) -> float:
+        return self.events / self.seconds
+
+
+def bench_spec(base: KrishivSpec, folder: Path, bootstrap: str, topic: str, batch_records: int) -> KrishivSpec:
+    """The repository's spec on the bench's broker, with its own SQLite catalog, ledger and checkpoints."""
+    folder = folder.resolve()
+    return replace(
+        base,
+        kafka=KafkaSettings(bootstrap, base.kafka.partitions, base.kafka.consumer),
+        iceberg=replace(base.iceberg, catalog_uri=f"sqlite:///{folder}/catalog.db", warehouse=str(folder / "wh")),
+        storage=StorageSettings(str(folder / "ledger.duckdb"), str(folder / "checkpoints")),
+        pipelines=(replace(base.pipeline(), topic=topic, max_records_per_batch=batch_records),),
+        base_dir=folder,
+    )
+
+
+def _table_totals(table: Table) -> tuple[int, int]:
+    rows = table.scan(selected_fields=(WINDOW_START, "order_count")).to_arrow()
+    return rows.num_rows, sum(v for v in rows.column("order_count").to_pylist() if v is not None)
+
+
+def run_krishiv(spark: SparkSession, spec: KrishivSpec, events: int) -> PipelineRun:
+    from krishiv.catalog import load_catalog, qualified
+    from krishiv.operations import commit_pipelines, run_pipelines
+
+    pipeline = spec.pipeline()
+    with RssSampler() as rss:
+        started = time.perf_counter()
+        running = run_pipelines(spec, [pipeline], once=True, spark=spark, holder="krishiv bench")
+        reports = commit_pipelines(spec, [pipeline])
+        table = load_catalog(spec).load_table(qualified(spec, pipeline.table))
+        last = [sid for r in reports if r.table == qualified(spec, pipeline.table) for sid in r.snapshot_ids]
+        if last and table.current_snapshot().snapshot_id != last[-1]:
+            raise RuntimeError(f"the relay's last snapshot {last[-1]} is not visible in {pipeline.table}")
+        seconds = time.perf_counter() - started
+    windows, counted = _table_totals(table)
+    return PipelineRun(
+        "krishiv",
+        events,
+        seconds,
+        len(running[0].stager.history),
+        sum(len(r.committed) for r in reports),
+        windows,
+        counted,
+        rss.peak,
+    )
+
+
+class AppendSink:
+    """The baseline's ``foreachBatch``: append the batch's windows to the table with pyiceberg."""
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+        self.schema = schema_to_pyarrow(table.schema(), include_field_ids=False)
+        self.batches = self.snapshots = 0
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        rows = batch.toArrow()
+        self.batches += 1
+        if rows.num_rows:
+            self.table.append(rows.select(self.schema.names).cast(self.schema))
+            self.snapshots += 1
+
+
+def run_baseline(spark: SparkSession, spec: KrishivSpec, events: int) -> PipelineRun:
+    from krishiv.catalog import ensure_table, load_catalog, table_identifier
+    from krishiv.tables import aggregate_table_schema
+    from spark_jobs.job import kafka_stream
+    from spark_jobs.transform import KIND, parse_events, window_aggregates
+
+    pipeline = spec.pipeline()
+    catalog = load_catalog(spec)
+    table = ensure_table(catalog, table_identifier(spec, BASELINE_TABLE), aggregate_table_schema(pipeline))
+    sink = AppendSink(table)
+    with RssSampler() as rss:
+        started = time.perf_counter()
+        windows = window_aggregates(parse_events(kafka_stream(spark, spec, pipeline), pipeline), pipeline).drop(KIND)
+        query = (
+            windows.writeStream.queryName("baseline")
+            .foreachBatch(sink)
+            .option("checkpointLocation", str(spec.resolve(spec.storage.checkpoint_location) / BASELINE_TABLE))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+        seconds = time.perf_counter() - started
+    count, counted = _table_totals(catalog.load_table(table_identifier(spec, BASELINE_TABLE)))
+    return PipelineRun("baseline", events, seconds, sink.batches, sink.snapshots, count, counted, rss.peak)
