@@ -357,6 +357,11 @@ class Ledger:
         )
         return _row_to_entry(rows[0]) if rows else None
 
+    def batch(self, query_id: str, batch_id: int) -> dict[str, OutboxEntry]:
+        """The entries recorded for one batch of a query, by table, in one read."""
+        rows = self._read(f"SELECT {_COLUMNS} FROM outbox WHERE query_id = ? AND batch_id = ?", [query_id, batch_id])
+        return {e.table: e for e in map(_row_to_entry, rows)}
+
     def entries(self, table: str | None = None, status: str | None = None) -> list[OutboxEntry]:
         """Entries in commit order: by first appearance of their query, then batch id."""
         where, params = [], []

@@ -108,9 +108,9 @@ class BatchStager:
         rejects = rows.filter(pc.equal(kinds, KIND_REJECT))
         late = rows.filter(pc.equal(kinds, KIND_EVENT)).num_rows
 
-        existing = [self.ledger.get(self.query_id, t, batch_id) for t in (self.table_name, self.rejects_table_name)]
-        if all(e is not None for e in existing):
-            self._check_same_offsets(existing, offsets)
+        recorded = self.ledger.batch(self.query_id, batch_id)
+        if self.table_name in recorded and self.rejects_table_name in recorded:
+            self._check_same_offsets(list(recorded.values()), offsets)
             self._done(StagedBatch(batch_id, offsets.records, windows.num_rows, rejects.num_rows, late, False))
             return
 

@@ -104,6 +104,8 @@ def test_replay_changes_nothing_and_keeps_the_intended_snapshot_id(ledger: Ledge
     assert ledger.get("q1", TABLE, 0) is not None
     assert ledger.get("q1", TABLE, 0).intended_snapshot_id == 111  # type: ignore[union-attr]
     assert ledger.get("q1", REJECTS, 0).intended_snapshot_id == 222  # type: ignore[union-attr]
+    assert {t: e.intended_snapshot_id for t, e in ledger.batch("q1", 0).items()} == {TABLE: 111, REJECTS: 222}
+    assert ledger.batch("q1", 1) == {}
 
 
 def test_partial_replay_inserts_only_the_missing_entry(ledger: Ledger) -> None:
