@@ -69,7 +69,7 @@ def run_pipelines(
 
     from krishiv.catalog import load_catalog
     from outbox.lease import stager_lease
-    from spark_jobs.job import start_pipeline
+    from spark_jobs.job import start_pipeline, stop_between_batches
     from spark_jobs.session import build_session
 
     ledger = open_ledger(spec)
@@ -92,7 +92,7 @@ def run_pipelines(
 
             def stop(*_: object) -> None:
                 for r in running:
-                    r.query.stop()
+                    stop_between_batches(r.query)
 
             signal.signal(signal.SIGTERM, stop)
             try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -41,6 +42,18 @@ def _guard_checkpoint(checkpoint: Checkpoint, ledger: Ledger, pipeline: Pipeline
         f"checkpoint {checkpoint.path} is empty, but ledger {ledger.path} already holds batches of pipeline "
         f"{pipeline.name!r} from query {known[-1]}; restore that checkpoint, or give the pipeline a new table"
     )
+
+
+def stop_between_batches(query: StreamingQuery, timeout_s: float = 30.0) -> None:
+    """Stop ``query`` once its running trigger (if any) has finished, waiting at most ``timeout_s``.
+
+    Stopping mid-batch is safe (the batch is replayed from the checkpoint and the ledger), but it interrupts
+    Spark's threads and fills the log with their stack traces.
+    """
+    deadline = time.monotonic() + timeout_s
+    while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    query.stop()
 
 
 def kafka_stream(spark: SparkSession, spec: KrishivSpec, pipeline: PipelineSpec, **options: str) -> DataFrame:
