@@ -12,7 +12,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table as RichTable
 
-from krishiv.errors import KrishivError
+from krishiv.bench import DEFAULT_POSTGRES_URI
+from krishiv.errors import ConfigError, KrishivError
 from krishiv.operations import commit_pipelines, open_ledger, run_pipelines, verify_pipelines
 from krishiv.spec import KrishivSpec, PipelineSpec, load_spec
 from outbox.errors import OutboxError
@@ -239,6 +240,46 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     return 0 if not report.violations else 1
 
 
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected numbers of at least 1, got {text!r}")
+    return values
+
+
+def cmd_bench(args: argparse.Namespace, spec: KrishivSpec) -> int:
+    from krishiv.bench.report import print_tables, to_json, write_chart, write_json
+    from krishiv.bench.runner import BenchOptions, run_bench
+
+    if max(args.relay_depths) >= args.relay_snapshots:
+        raise ConfigError("--relay-depths", f"every depth must be below --relay-snapshots ({args.relay_snapshots})")
+    options = BenchOptions(
+        events=args.events,
+        partitions=args.partitions,
+        batch_records=args.batch_records,
+        seed=args.seed,
+        scaling=args.scaling,
+        relay_snapshots=args.relay_snapshots,
+        relay_depths=args.relay_depths,
+        postgres_uri=args.postgres_uri or None,
+        freshness_seconds=args.freshness_seconds,
+        rate=args.rate,
+        sensor_interval_s=args.sensor_interval,
+        warmup_events=args.warmup_events,
+    )
+    out = Path(args.out)
+    results = run_bench(spec, options, out / "work", console)
+    doc = to_json(results)
+    write_json(doc, out / "bench.json")
+    write_chart(doc, out / "bench.png")
+    print_tables(doc, console)
+    console.print(f"written: {out / 'bench.json'}, {out / 'bench.png'}")
+    return 0 if doc["results_agree"] else 1
+
+
 # ------------------------------------------------------------------------------------------ parser
 
 
@@ -285,6 +326,21 @@ def build_parser() -> argparse.ArgumentParser:
     ch.add_argument("--scenario", action="append", help="run only this scenario (repeatable)")
     ch.add_argument("--state", default="state/chaos", help="working folder; failing scenarios are kept there")
     ch.add_argument("--report", default="state/chaos/report.json")
+
+    be = sub.add_parser("bench", help="throughput, commit latency, freshness and memory beside the raw Kafka limit")
+    be.add_argument("--events", type=int, default=1_000_000)
+    be.add_argument("--partitions", type=int, default=4)
+    be.add_argument("--batch-records", type=int, default=200_000, help="records per micro-batch")
+    be.add_argument("--seed", type=int, default=7)
+    be.add_argument("--scaling", type=_int_list, default=(1, 2, 4), help="event-count factors (default 1,2,4)")
+    be.add_argument("--relay-snapshots", type=int, default=1_010, help="snapshots the relay benchmark commits")
+    be.add_argument("--relay-depths", type=_int_list, default=(100, 1_000), help="table sizes to report commit time at")
+    be.add_argument("--postgres-uri", default=DEFAULT_POSTGRES_URI, help="PostgreSQL catalog for the relay ('' skips)")
+    be.add_argument("--freshness-seconds", type=float, default=60.0)
+    be.add_argument("--rate", type=float, default=1_000.0, help="events/s of the freshness producer")
+    be.add_argument("--sensor-interval", type=float, default=5.0, help="seconds between relay runs (Dagster's sensor)")
+    be.add_argument("--warmup-events", type=int, default=20_000)
+    be.add_argument("--out", default="state/bench", help="folder for bench.json, bench.png and the working state")
     return parser
 
 
@@ -296,6 +352,7 @@ COMMANDS = {
     "lineage": cmd_lineage,
     "verify": cmd_verify,
     "demo": cmd_demo,
+    "bench": cmd_bench,
 }
 
 

@@ -105,7 +105,7 @@ def measure_freshness(
     from krishiv.catalog import ensure_pipeline_tables, load_catalog
     from krishiv.operations import commit_pipelines, open_ledger
     from krishiv.produce import ensure_topic
-    from spark_jobs.job import start_pipeline
+    from spark_jobs.job import start_pipeline, stop_between_batches
 
     pipeline = replace(spec.pipeline(), window_ms=1_000, watermark_delay_ms=0)
     spec = replace(spec, pipelines=(pipeline,))
@@ -150,7 +150,7 @@ def measure_freshness(
     finally:
         producer.stop.set()
         stop_relay.set()
-        running.query.stop()
+        stop_between_batches(running.query)
         producer.join(30)
         relay_thread.join(60)
     for second, closed_at in _measured_windows(producer).items():

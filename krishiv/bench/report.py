@@ -158,8 +158,8 @@ def write_chart(doc: dict[str, Any], path: Path) -> None:
     for rel in doc["relay"]:
         if not rel["error"]:
             depths = [(int(d), v) for d, v in rel["p50_ms_at_depth"].items() if v is not None]
-            b.plot([d for d, _ in depths], [v for _, v in depths], marker="o", label=f"{rel['catalog']} p50")
-            b.axhline(rel["p99_ms"], linestyle=":", label=f"{rel['catalog']} p99 (all)")
+            (line,) = b.plot([d for d, _ in depths], [v for _, v in depths], marker="o", label=f"{rel['catalog']} p50")
+            b.axhline(rel["p99_ms"], color=line.get_color(), linestyle=":", label=f"{rel['catalog']} p99 (all)")
     b.set_title("relay commit latency (ms) by snapshots in table")
     b.set_xlabel("snapshots already in the table")
     b.legend()
