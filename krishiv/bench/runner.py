@@ -17,7 +17,7 @@ from krishiv.bench import DEFAULT_POSTGRES_URI
 from krishiv.bench.freshness import FreshnessResult, measure_freshness
 from krishiv.bench.raw_consume import RawConsumeResult, raw_consume
 from krishiv.bench.relay_latency import RelayResult, bench_relay
-from krishiv.bench.throughput import PipelineRun, bench_spec, run_baseline, run_krishiv
+from krishiv.bench.throughput import PipelineRun, bench_spec, run_baseline, run_krishiv, run_scan_only
 from krishiv.bench.workload import produce_orders
 from krishiv.spec import KrishivSpec
 
@@ -44,6 +44,7 @@ class BenchResults:
     produce_s: float
     limit: RawConsumeResult
     spark_startup_s: float
+    scan_only_s: float
     baseline: PipelineRun
     krishiv: PipelineRun
     scaling: list[tuple[int, PipelineRun]]
@@ -98,6 +99,8 @@ def run_bench(spec: KrishivSpec, options: BenchOptions, folder: Path, console: C
         run_baseline(spark, spec_for("warmup", "warmup"), options.warmup_events)
         spark_startup_s = time.perf_counter() - t0
 
+        step("profile: Spark reading the topic through Krishiv's source, nothing else (count)")
+        scan_only_s = run_scan_only(spark, spec_for("scan-only", "orders-1x"), options.events)
         step("3/7 the at-least-once baseline: foreachBatch + pyiceberg append")
         baseline = run_baseline(spark, spec_for("baseline", "orders-1x"), options.events)
         step("2/7 Krishiv exactly-once: staging + ledger, then the relay until drained")
@@ -140,6 +143,7 @@ def run_bench(spec: KrishivSpec, options: BenchOptions, folder: Path, console: C
         produce_s,
         limit,
         spark_startup_s,
+        scan_only_s,
         baseline,
         krishiv,
         scaling,

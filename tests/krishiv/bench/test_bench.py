@@ -40,8 +40,9 @@ def test_a_tiny_benchmark_prints_all_seven_measurements(tmp_path: Path, postgres
     assert doc["results_agree"] is True
     assert doc["krishiv"]["orders_counted"] == doc["baseline"]["orders_counted"] > 0
     assert doc["krishiv"]["batches"] == 3 and doc["krishiv"]["snapshots"] >= 2  # batch 0 closes no window yet
-    for name in ("limit", "krishiv", "baseline"):
+    for name in ("limit", "spark_scan_only", "krishiv", "baseline"):
         assert doc[name]["events_per_s"] > 0, name
+    assert 0 < doc["krishiv"]["commit_s"] < doc["krishiv"]["seconds"]
     assert doc["limit"]["records"] == 6000 and doc["limit"]["readers"] == 4
     assert set(doc["ratios"]) == {"krishiv_vs_limit", "krishiv_vs_baseline"}
     relay = {r["catalog"]: r for r in doc["relay"]}
@@ -59,5 +60,12 @@ def test_a_tiny_benchmark_prints_all_seven_measurements(tmp_path: Path, postgres
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for row in ("1 limit", "2 Krishiv exactly-once", "3 baseline", "x limit", "x baseline", "4 relay on sqlite"):
         assert row in done.stdout, row
-    for row in ("4 relay on postgresql", "5 freshness", "6 peak RSS at 2x", "7 scaling 2x", "target "):
+    for row in (
+        "profile: Spark source scan alone",
+        "4 relay on postgresql",
+        "5 freshness",
+        "6 peak RSS at 2x",
+        "7 scaling 2x",
+        "target ",
+    ):
         assert row in done.stdout, row
