@@ -43,11 +43,6 @@ class FreshnessResult:
         return self.trigger_interval_s + self.sensor_interval_s + 2.0
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
-
-
 class _Producer(threading.Thread):
     """Orders at ``rate`` per second, remembering when each measured one was produced."""
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from krishiv.bench import percentile
 from krishiv.spec import KrishivSpec
 
 DEPTH_WINDOW = 10  # commits on each side of a depth that its figure is the median of
@@ -37,8 +38,7 @@ class RelayResult:
         return self.snapshots / self.seconds if self.seconds else 0.0
 
     def percentile(self, q: float) -> float:
-        ordered = sorted(self.latencies_ms)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+        return percentile(self.latencies_ms, q) if self.latencies_ms else 0.0
 
     def at_depth(self, depth: int) -> float | None:
         """Median commit latency with about ``depth`` snapshots already in the table."""

@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table as RichTable
 
-from krishiv.bench.freshness import percentile
+from krishiv.bench import percentile
 from krishiv.bench.relay_latency import RelayResult
 from krishiv.bench.runner import BenchResults, machine
 from krishiv.bench.throughput import PipelineRun
@@ -38,7 +38,7 @@ def _relay(r: RelayResult, depths: tuple[int, ...]) -> dict[str, Any]:
 
 
 def _round(v: float | None, digits: int = 1) -> float | None:
-    return None if v is None else round(v, digits)
+    return None if v is None or v != v else round(v, digits)  # NaN (nothing measured) is null in the JSON
 
 
 def to_json(res: BenchResults) -> dict[str, Any]:
