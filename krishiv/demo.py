@@ -18,8 +18,8 @@ from rich.table import Table as RichTable
 from krishiv.spec import IcebergSettings, KafkaSettings, KrishivSpec, StorageSettings
 
 
-def demo_spec(spec: KrishivSpec, state: Path, bootstrap: str, records: int) -> KrishivSpec:
-    """The repository's spec, pointed at the demo's broker and state folder, in about five batches."""
+def embedded_spec(spec: KrishivSpec, state: Path, bootstrap: str) -> KrishivSpec:
+    """The spec pointed at ``bootstrap``, with a SQLite catalog, warehouse, ledger and checkpoints in ``state``."""
     state = state.resolve()
     return replace(
         spec,
@@ -28,7 +28,14 @@ def demo_spec(spec: KrishivSpec, state: Path, bootstrap: str, records: int) -> K
             f"sqlite:///{state}/catalog.db", str(state / "warehouse"), spec.iceberg.namespace, spec.iceberg.catalog_name
         ),
         storage=StorageSettings(str(state / "ledger.duckdb"), str(state / "checkpoints")),
-        pipelines=tuple(replace(p, max_records_per_batch=max(1, records // 5)) for p in spec.pipelines),
+    )
+
+
+def demo_spec(spec: KrishivSpec, state: Path, bootstrap: str, records: int) -> KrishivSpec:
+    """The repository's spec, pointed at the demo's broker and state folder, in about five batches."""
+    spec = embedded_spec(spec, state, bootstrap)
+    return replace(
+        spec, pipelines=tuple(replace(p, max_records_per_batch=max(1, records // 5)) for p in spec.pipelines)
     )
 
 

@@ -94,9 +94,10 @@ def run_bench(spec: KrishivSpec, options: BenchOptions, folder: Path, console: C
 
         step("Spark start-up: session, then a warm-up run over its own small topic")
         t0 = time.perf_counter()
-        spark = build_session(spec_for("warmup", "warmup"), "krishiv-bench")
+        warmup = spec_for("warmup", "warmup")
+        spark = build_session(warmup, "krishiv-bench")
         produce_orders(broker.bootstrap, "warmup", options.warmup_events, seed=1, partitions=options.partitions)
-        run_baseline(spark, spec_for("warmup", "warmup"), options.warmup_events)
+        run_baseline(spark, warmup, options.warmup_events)
         spark_startup_s = time.perf_counter() - t0
 
         step("profile: Spark reading the topic through Krishiv's source, nothing else (count)")

@@ -19,7 +19,7 @@ from pyiceberg.table import Table
 from pyspark.sql import DataFrame, SparkSession
 
 from krishiv.bench.memory import PeakRss, RssSampler
-from krishiv.spec import KafkaSettings, KrishivSpec, StorageSettings
+from krishiv.spec import KrishivSpec
 from krishiv.tables import WINDOW_START
 
 BASELINE_TABLE = "baseline_windows"
@@ -46,15 +46,10 @@ class PipelineRun:
 
 def bench_spec(base: KrishivSpec, folder: Path, bootstrap: str, topic: str, batch_records: int) -> KrishivSpec:
     """The repository's spec on the bench's broker, with its own SQLite catalog, ledger and checkpoints."""
-    folder = folder.resolve()
-    return replace(
-        base,
-        kafka=KafkaSettings(bootstrap, base.kafka.partitions, base.kafka.consumer),
-        iceberg=replace(base.iceberg, catalog_uri=f"sqlite:///{folder}/catalog.db", warehouse=str(folder / "wh")),
-        storage=StorageSettings(str(folder / "ledger.duckdb"), str(folder / "checkpoints")),
-        pipelines=(replace(base.pipeline(), topic=topic, max_records_per_batch=batch_records),),
-        base_dir=folder,
-    )
+    from krishiv.demo import embedded_spec
+
+    pipeline = replace(base.pipeline(), topic=topic, max_records_per_batch=batch_records)
+    return replace(embedded_spec(base, folder, bootstrap), pipelines=(pipeline,))
 
 
 def _table_totals(table: Table) -> tuple[int, int]:

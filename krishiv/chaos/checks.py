@@ -95,7 +95,6 @@ def check_contract(spec: KrishivSpec, latest: dict[str, int]) -> ContractCheck:
 
 
 def _compare_tables(spec: KrishivSpec, catalog, entries: list, expected: Expected, v: list[str]) -> None:
-
     pipeline = spec.pipeline()
     table_name = qualified(spec, pipeline.table)
     actual: dict[int, dict[str, object]] = {}
