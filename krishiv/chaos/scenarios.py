@@ -8,7 +8,9 @@ copy, snapshots expired), then finishes the pipeline cleanly so the contract can
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import random
 import shutil
 import signal
@@ -230,6 +232,62 @@ def catalog_paused(ctx: Context) -> None:
     ctx.finish()
 
 
+DAGSTER_RECOVERY_TIMEOUT_S = 300.0
+
+
+def _stop_group(process: subprocess.Popen, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, sig)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def _commit_runs(ctx: Context) -> dict[str, str]:
+    """The workspace's commit runs by id, with their status, read from its Dagster instance."""
+    import dagster as dg
+
+    from krishiv_assets.definitions import commit_job_name
+
+    with contextlib.chdir(ctx.ws.folder), dg.DagsterInstance.from_config(str(ctx.ws.folder)) as instance:
+        records = instance.get_run_records(dg.RunsFilter(job_name=commit_job_name(ctx.ws.spec.pipeline())))
+        return {r.dagster_run.run_id: r.dagster_run.status.value for r in records}
+
+
+def dagster_killed_mid_commit(ctx: Context) -> None:
+    """SIGKILL the Dagster daemon's whole process group (daemon, code server and the sensor's commit run, paused
+    between the relay's check and its catalog commit), as a crashed host would. A restarted daemon must fail
+    the dead run (run monitoring asks the run launcher whether its worker lives), which frees the commit pool,
+    and the outbox sensor must request the pending batches again and get them committed."""
+    ctx.produce()
+    ctx.stage()
+    batch, point = ctx.batch_with_rows(), "relay.before_catalog_commit"
+    daemon = ctx.ws.start_dagster(faults=f"{point}@{batch}:pause")
+    try:
+        ctx.wait_reached(point, batch, daemon)
+    finally:
+        _stop_group(daemon, signal.SIGKILL)
+    ctx.external_faults.append(f"dagster daemon, code server and commit run SIGKILLed before the commit of {batch}")
+    (dead,) = _commit_runs(ctx)
+    daemon = ctx.ws.start_dagster()
+    try:
+        deadline = time.monotonic() + DAGSTER_RECOVERY_TIMEOUT_S
+        while ctx.ws.ledger().entries(status=PENDING) or _commit_runs(ctx)[dead] != "FAILURE":
+            if daemon.poll() is not None:
+                raise ScenarioError(f"the restarted dagster daemon exited ({daemon.returncode}); see dagster.log")
+            if time.monotonic() > deadline:
+                raise ScenarioError(
+                    f"{DAGSTER_RECOVERY_TIMEOUT_S:.0f}s after the restart, commit runs {_commit_runs(ctx)} and"
+                    f" {len(ctx.ws.ledger().entries(status=PENDING))} entries still pending; see dagster.log"
+                )
+            time.sleep(1)
+    finally:
+        _stop_group(daemon, signal.SIGTERM)
+    ctx.finish()
+
+
 def checkpoint_rewound(ctx: Context) -> None:
     ctx.produce()
     ctx.stage()
@@ -298,6 +356,7 @@ MATRIX: tuple[Scenario, ...] = (
     Scenario("checkpoint-rewound", checkpoint_rewound),
     Scenario("restart-from-an-old-checkpoint-copy", old_checkpoint_restored),
     Scenario("snapshots-expired-before-a-restart", snapshots_expired, ("relay.after_catalog_commit",)),
+    Scenario("dagster-killed-mid-commit", dagster_killed_mid_commit, ("relay.before_catalog_commit",)),
 )
 
 

@@ -7,6 +7,7 @@ harness can SIGSTOP the broker or the catalog under it.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -18,6 +19,9 @@ from krishiv.operations import open_ledger
 from krishiv.produce import demo_orders, ensure_topic, produce
 from krishiv.spec import KrishivSpec, load_spec
 from outbox.ledger import Ledger
+
+#: The repository's Dagster instance and workspace files, which the Dagster scenario runs as they are.
+REPOSITORY = Path(__file__).resolve().parents[2]
 
 SPEC_TEMPLATE = """
 [kafka]
@@ -133,6 +137,28 @@ class Workspace:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             text=True,
+        )
+
+    def start_dagster(self, faults: str | None = None) -> subprocess.Popen:
+        """``dagster-daemon run`` on this workspace's spec, with the repository's dagster.yaml and workspace.yaml
+        (DAGSTER_HOME is the workspace folder), in a session of its own so its whole process group (daemon,
+        code server, run workers) can be killed at once."""
+        for name in ("dagster.yaml", "workspace.yaml"):
+            if not (REPOSITORY / name).exists():
+                raise FileNotFoundError(f"{REPOSITORY / name} is missing: the Dagster scenario runs the repository's")
+            shutil.copy(REPOSITORY / name, self.folder / name)
+        log = (self.folder / "dagster.log").open("a")
+        log.write(f"\n$ {time.strftime('%H:%M:%S')} dagster-daemon run faults={faults}\n")
+        log.flush()
+        env = self._env(faults, {"DAGSTER_HOME": str(self.folder), "KRISHIV_SPEC": str(self.spec_file)})
+        return subprocess.Popen(
+            [str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", "workspace.yaml"],
+            cwd=self.folder,
+            env={k: v for k, v in env.items() if not k.startswith("DAGSTER_") or k == "DAGSTER_HOME"},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
 
     def run(
