@@ -31,7 +31,7 @@ from outbox.relay import (
     find_committed,
     snapshot_summary,
 )
-from outbox.snapshot_producer import fast_append, new_snapshot_id
+from outbox.snapshot_producer import MetadataCachingTransaction, fast_append, new_snapshot_id
 from spark_jobs.staging import staging_folder, write_parquet
 
 REPO_SPEC = Path(__file__).resolve().parents[2] / "krishiv.toml"
@@ -102,6 +102,25 @@ def test_producer_still_has_the_private_snapshot_id(table: Table) -> None:
     producer = table.transaction().update_snapshot().fast_append()
     assert isinstance(producer._snapshot_id, int)
     assert producer.snapshot_id == producer._snapshot_id
+
+
+def test_the_transaction_copies_the_metadata_once_per_state(catalog: SqlCatalog, table: Table) -> None:
+    """pyiceberg deep-copies the whole history on every read of ``table_metadata``; ours once per state, and a
+    staged update or a commit (new table metadata) gives a fresh one."""
+    for batch_id in range(3):
+        _commit(table, batch_id)
+    tx = MetadataCachingTransaction(table)
+    first = tx.table_metadata
+    assert tx.table_metadata is first
+    assert (
+        first.snapshots == table.metadata.snapshots and first.current_snapshot_id == table.metadata.current_snapshot_id
+    )
+    tx.set_properties(owner="krishiv")
+    staged = tx.table_metadata
+    assert staged is not first and staged.properties["owner"] == "krishiv"
+    tx.commit_transaction()
+    assert catalog.load_table(IDENTIFIER).properties["owner"] == "krishiv"
+    assert len(table.snapshots()) == 3
 
 
 def test_new_snapshot_ids_are_positive_63_bit() -> None:
