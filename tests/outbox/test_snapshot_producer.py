@@ -111,13 +111,14 @@ def test_the_transaction_copies_the_metadata_once_per_state(catalog: SqlCatalog,
         _commit(table, batch_id)
     tx = MetadataCachingTransaction(table)
     first = tx.table_metadata
-    assert tx.table_metadata is first
+    assert first is table.metadata, "nothing staged: the table's own metadata, not a copy"
     assert (
         first.snapshots == table.metadata.snapshots and first.current_snapshot_id == table.metadata.current_snapshot_id
     )
     tx.set_properties(owner="krishiv")
     staged = tx.table_metadata
     assert staged is not first and staged.properties["owner"] == "krishiv"
+    assert tx.table_metadata is staged, "one copy per state of the staged updates"
     tx.commit_transaction()
     assert catalog.load_table(IDENTIFIER).properties["owner"] == "krishiv"
     assert len(table.snapshots()) == 3
