@@ -15,3 +15,7 @@ class OffsetsDeleted(KafkaSourceError):
 
 class CheckpointMismatch(KrishivError):
     """The Spark checkpoint and the ledger describe different histories of the same pipeline."""
+
+
+class WindowStateMissing(CheckpointMismatch):
+    """The open windows a batch starts from are not in the checkpoint (a partial copy, or older than kept)."""

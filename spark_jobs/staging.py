@@ -2,9 +2,12 @@
 
 For batch N of a query (``foreachBatch``):
 
-1. Read N's offsets and watermark from the Spark checkpoint (written before the batch ran).
-2. Run the batch once, keeping closed windows, rejects, and the events Spark drops as late.
-   The batch always runs, even on replay: Spark's state store must advance with it.
+1. Read N's offsets and watermarks from the Spark checkpoint (written before the batch ran).
+2. Run the batch once (cached, so Kafka is read once): rejects, the events that are late (their window
+   closed at the batch before's watermark), and the other valid events' partial aggregates per window.
+   Merge those into the open windows after N-1, close the windows N's watermark has passed, and save
+   the still-open ones as the state after N (``spark_jobs.window_state``). This runs even on replay, so
+   the state after N is always there for N+1.
 3. If the ledger already has N for both tables, stop: a replay changes nothing.
 4. Write windows and rejects as Parquet under a per-query, per-batch folder of each table, with fresh
    file names (a retry never overwrites a file an earlier attempt may have published).
@@ -34,11 +37,13 @@ from krishiv.tables import REJECT_COLUMNS, WINDOW_END, WINDOW_START
 from outbox.ledger import Ledger, OutboxEntry, StagedFile
 from outbox.snapshot_producer import new_snapshot_id
 from spark_jobs.checkpoint import BatchOffsets, Checkpoint
-from spark_jobs.transform import EVENT_WINDOW_END_MS, KIND, KIND_EVENT, KIND_REJECT, KIND_WINDOW
+from spark_jobs.transform import EVENT_TIME
+from spark_jobs.window_state import WindowStateStore, close, final_values, merge, partial_columns
 
 log = logging.getLogger(__name__)
 
 STAGING_DIR = "data/krishiv-staging"
+assert REJECT_COLUMNS[-1] == "batch_id"  # the one reject column the sink adds, not the query
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,7 @@ class BatchStager:
         self.table_name, self.rejects_table_name = table_name, rejects_table_name
         self.history: list[StagedBatch] = []
         self.on_batch = on_batch
+        self.window_state = WindowStateStore(checkpoint.path)
         self._query_id: str | None = None
 
     @property
@@ -100,13 +106,8 @@ class BatchStager:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         fault_point("stage.begin", batch_id)
         offsets = self.checkpoint.batch(batch_id)
-        rows = self._collect(batch, offsets)
+        windows, rejects, late = self._compute(batch, offsets)
         fault_point("stage.after_compute", batch_id)
-
-        kinds = rows.column(KIND)
-        windows = rows.filter(pc.equal(kinds, KIND_WINDOW))
-        rejects = rows.filter(pc.equal(kinds, KIND_REJECT))
-        late = rows.filter(pc.equal(kinds, KIND_EVENT)).num_rows
 
         recorded = self.ledger.batch(self.query_id, batch_id)
         if self.table_name in recorded and self.rejects_table_name in recorded:
@@ -123,7 +124,7 @@ class BatchStager:
             "watermark_ms": offsets.watermark_ms,
             "late_watermark_ms": offsets.late_watermark_ms,
         }
-        window_files = self._stage(self.table, windows.drop_columns([KIND]), batch_id)
+        window_files = self._stage(self.table, windows, batch_id)
         rejects = rejects.append_column("batch_id", pa.array([batch_id] * rejects.num_rows, pa.int64()))
         reject_files = self._stage(self.rejects_table, rejects.select(list(REJECT_COLUMNS)), batch_id)
         fault_point("stage.after_files", batch_id)
@@ -161,15 +162,36 @@ class BatchStager:
 
     # ------------------------------------------------------------------------------------ steps
 
-    def _collect(self, batch: DataFrame, offsets: BatchOffsets) -> pa.Table:
-        """One pass over the batch: closed windows, rejects, and events whose window had already closed."""
-        keep = (F.col(KIND) == KIND_WINDOW) | (F.col(KIND) == KIND_REJECT)
+    def _compute(self, batch: DataFrame, offsets: BatchOffsets) -> tuple[pa.Table, pa.Table, int]:
+        """(closed windows, rejects, late events) of one batch, saving the windows it leaves open."""
+        late_rows, window_rows = "__late", "__rows"
+        window = F.window(EVENT_TIME, f"{self.pipeline.window_ms} milliseconds")
+        late = F.lit(False)
         if offsets.late_watermark_ms > 0:
-            late = F.col(EVENT_WINDOW_END_MS) <= F.lit(offsets.late_watermark_ms)
-            keep = keep | ((F.col(KIND) == KIND_EVENT) & late)
-        columns = [KIND, WINDOW_START, WINDOW_END, *[a.name for a in self.pipeline.aggregations], *REJECT_COLUMNS]
-        columns.remove("batch_id")
-        return batch.where(keep).select(*columns).toArrow()
+            late = F.col("__window.end") <= F.timestamp_millis(F.lit(offsets.late_watermark_ms))
+        batch.persist()
+        try:
+            rejects = batch.where(F.col("reason").isNotNull()).select(*REJECT_COLUMNS[:-1]).toArrow()
+            groups = (
+                batch.where(F.col("reason").isNull())
+                .withColumn("__window", window)
+                .groupBy(
+                    F.col("__window.start").alias(WINDOW_START),
+                    F.col("__window.end").alias(WINDOW_END),
+                    late.alias(late_rows),
+                )
+                .agg(*partial_columns(self.pipeline), F.count(F.lit(1)).alias(window_rows))
+                .toArrow()
+            )
+        finally:
+            batch.unpersist()
+        is_late = groups.column(late_rows)
+        late_events = pc.sum(groups.filter(is_late).column(window_rows)).as_py() or 0
+        partials = groups.filter(pc.invert(is_late)).drop_columns([late_rows, window_rows])
+        state = merge(self.window_state.load_before(offsets.batch_id), partials, self.pipeline)
+        closed, still_open = close(state, offsets.watermark_ms)
+        self.window_state.save(offsets.batch_id, still_open)
+        return final_values(closed, self.pipeline), rejects, late_events
 
     def _stage(self, table: Table, rows: pa.Table, batch_id: int) -> tuple[StagedFile, ...]:
         if rows.num_rows == 0:

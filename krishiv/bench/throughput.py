@@ -127,7 +127,7 @@ def run_baseline(spark: SparkSession, spec: KrishivSpec, events: int) -> Pipelin
     from krishiv.catalog import ensure_table, load_catalog, table_identifier
     from krishiv.tables import aggregate_table_schema
     from spark_jobs.job import kafka_stream
-    from spark_jobs.transform import KIND, parse_events, window_aggregates
+    from spark_jobs.transform import parse_events, window_aggregates
 
     pipeline = spec.pipeline()
     catalog = load_catalog(spec)
@@ -135,7 +135,7 @@ def run_baseline(spark: SparkSession, spec: KrishivSpec, events: int) -> Pipelin
     sink = AppendSink(table)
     with RssSampler() as rss:
         started = time.perf_counter()
-        windows = window_aggregates(parse_events(kafka_stream(spark, spec, pipeline), pipeline), pipeline).drop(KIND)
+        windows = window_aggregates(parse_events(kafka_stream(spark, spec, pipeline), pipeline), pipeline)
         query = (
             windows.writeStream.queryName("baseline")
             .foreachBatch(sink)

@@ -1,0 +1,146 @@
+"""Open windows carried from batch to batch by Krishiv, so each micro-batch reads Kafka once.
+
+Spark's stateful aggregation can only feed the sink through its own branch of the plan, and the rejects
+and late events need a second, per-event branch: their union scanned the source twice per batch, and
+Structured Streaming does not reuse exchanges within a micro-batch. So the query is stateless (it still
+tracks the event-time watermark in its offset log) and the sink aggregates each batch itself:
+
+1. the batch's valid, not-late events become partial aggregates per window (``partial_columns``);
+2. they are merged with the open windows left by the batch before (``merge``);
+3. windows that end at or before the batch's watermark are closed and emitted (``close``), as Spark's
+   append mode does; the rest are saved as the state after this batch (``WindowStateStore``).
+
+Each batch's state is one Parquet file in the checkpoint, ``krishiv/window-state/<batch>.parquet``,
+written by atomic rename. A replayed batch reads the state of the batch before it, so it computes the
+same windows again; a copy of the checkpoint carries its state with it. Like Spark's state store
+(``spark.sql.streaming.minBatchesToRetain``), the last 100 batches' states are kept.
+"""
+
+from __future__ import annotations
+
+import decimal
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+
+from krishiv.spec import Aggregation, PipelineSpec
+from krishiv.tables import WINDOW_END, WINDOW_START, aggregate_type
+from spark_jobs.errors import WindowStateMissing
+
+STATE_DIR = "krishiv/window-state"
+RETAINED_BATCHES = 100
+_SUM, _COUNT = "__sum", "__count"
+
+
+@dataclass(frozen=True)
+class _Buffer:
+    """One column of a window's partial aggregate and how two partials of it merge."""
+
+    column: str
+    merge: str  # a pyarrow hash aggregation: sum, min or max
+
+
+def _buffers(agg: Aggregation) -> list[_Buffer]:
+    if agg.function == "avg":
+        return [_Buffer(agg.name + _SUM, "sum"), _Buffer(agg.name + _COUNT, "sum")]
+    return [_Buffer(agg.name, "sum" if agg.function == "count" else agg.function)]
+
+
+def partial_columns(pipeline: PipelineSpec) -> list[Column]:
+    """Spark aggregate expressions of one batch's partials, with the buffer types Spark's own aggregation uses
+    (a decimal sum widens by 10 digits; an average sums in double unless its field is a decimal)."""
+    out = []
+    for agg in pipeline.aggregations:
+        field = F.col(agg.field) if agg.field else None
+        if agg.function == "count":
+            out.append(F.count(field if field is not None else F.lit(1)).alias(agg.name))
+        elif agg.function == "avg":
+            assert field is not None
+            decimal_field = pipeline.field(agg.field).type.is_decimal  # type: ignore[arg-type]
+            out.append(F.sum(field if decimal_field else field.cast("double")).alias(agg.name + _SUM))
+            out.append(F.count(field).alias(agg.name + _COUNT))
+        else:
+            out.append(getattr(F, agg.function)(field).alias(agg.name))
+    return out
+
+
+def merge(previous: pa.Table | None, partials: pa.Table, pipeline: PipelineSpec) -> pa.Table:
+    """Open windows after adding a batch's ``partials`` (one row per window) to the ``previous`` state."""
+    if previous is not None and previous.num_rows:
+        partials = pa.concat_tables([previous, partials.select(previous.column_names).cast(previous.schema)])
+    buffers = [b for agg in pipeline.aggregations for b in _buffers(agg)]
+    merged = partials.group_by([WINDOW_START, WINDOW_END], use_threads=False).aggregate(
+        [(b.column, b.merge, pc.ScalarAggregateOptions(min_count=1)) for b in buffers]
+    )
+    return merged.rename_columns([WINDOW_START, WINDOW_END, *[b.column for b in buffers]]).sort_by(WINDOW_START)
+
+
+def close(state: pa.Table, watermark_ms: int) -> tuple[pa.Table, pa.Table]:
+    """(windows the watermark has passed, windows still open). Nothing closes before the first watermark."""
+    if watermark_ms <= 0:
+        return state.slice(0, 0), state
+    ends = pc.cast(state.column(WINDOW_END), pa.timestamp("ms", tz="UTC"))
+    closed = pc.less_equal(pc.cast(ends, pa.int64()), pa.scalar(watermark_ms, pa.int64()))
+    return state.filter(closed), state.filter(pc.invert(closed))
+
+
+def final_values(closed: pa.Table, pipeline: PipelineSpec) -> pa.Table:
+    """Closed windows' aggregates in the table's types; an average divides as Spark's does (decimal: half up)."""
+    columns = {WINDOW_START: closed.column(WINDOW_START), WINDOW_END: closed.column(WINDOW_END)}
+    for agg in pipeline.aggregations:
+        result = aggregate_type(agg, pipeline)
+        if agg.function != "avg":
+            columns[agg.name] = closed.column(agg.name)
+            continue
+        sums, counts = closed.column(agg.name + _SUM).to_pylist(), closed.column(agg.name + _COUNT).to_pylist()
+        if result.is_decimal:
+            quantum = decimal.Decimal(1).scaleb(-result.scale)
+            with decimal.localcontext(prec=80, rounding=decimal.ROUND_HALF_UP):
+                values = [
+                    (s / c).quantize(quantum) if s is not None and c else None
+                    for s, c in zip(sums, counts, strict=True)
+                ]
+            columns[agg.name] = pa.array(values, pa.decimal128(result.precision, result.scale))
+        else:
+            columns[agg.name] = pa.array(
+                [s / c if s is not None and c else None for s, c in zip(sums, counts, strict=True)], pa.float64()
+            )
+    return pa.table(columns)
+
+
+class WindowStateStore:
+    """The open windows after each batch, one Parquet file per batch id inside a query's checkpoint."""
+
+    def __init__(self, checkpoint: Path) -> None:
+        self.folder = checkpoint / STATE_DIR
+
+    def path(self, batch_id: int) -> Path:
+        return self.folder / f"{batch_id:012d}.parquet"
+
+    def load_before(self, batch_id: int) -> pa.Table | None:
+        """The state batch ``batch_id`` starts from: none for batch 0, else the one saved by the batch before."""
+        if batch_id == 0:
+            return None
+        path = self.path(batch_id - 1)
+        if not path.exists():
+            raise WindowStateMissing(
+                f"the open windows after batch {batch_id - 1} are not in {self.folder}, so batch {batch_id} cannot "
+                f"be aggregated; restore the checkpoint with its {STATE_DIR} folder"
+            )
+        return pq.read_table(path)
+
+    def save(self, batch_id: int, state: pa.Table) -> None:
+        """Write the state after ``batch_id`` atomically, and drop states older than the retained batches."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.path(batch_id)
+        tmp = path.with_suffix(".tmp")
+        pq.write_table(state, tmp)
+        tmp.replace(path)
+        for old in self.folder.glob("*.parquet"):
+            if old.stem.isdigit() and int(old.stem) <= batch_id - RETAINED_BATCHES:
+                old.unlink(missing_ok=True)
