@@ -43,7 +43,7 @@ from spark_jobs.window_state import WindowStateStore, close, final_values, merge
 log = logging.getLogger(__name__)
 
 STAGING_DIR = "data/krishiv-staging"
-assert REJECT_COLUMNS[-1] == "batch_id"  # the one reject column the sink adds, not the query
+QUERY_REJECT_COLUMNS = tuple(c for c in REJECT_COLUMNS if c != "batch_id")  # the sink adds the batch id
 
 
 @dataclass(frozen=True)
@@ -171,7 +171,7 @@ class BatchStager:
             late = F.col("__window.end") <= F.timestamp_millis(F.lit(offsets.late_watermark_ms))
         batch.persist()
         try:
-            rejects = batch.where(F.col("reason").isNotNull()).select(*REJECT_COLUMNS[:-1]).toArrow()
+            rejects = batch.where(F.col("reason").isNotNull()).select(*QUERY_REJECT_COLUMNS).toArrow()
             groups = (
                 batch.where(F.col("reason").isNull())
                 .withColumn("__window", window)
