@@ -37,7 +37,7 @@ from krishiv.tables import REJECT_COLUMNS, WINDOW_END, WINDOW_START
 from outbox.ledger import Ledger, OutboxEntry, StagedFile
 from outbox.snapshot_producer import new_snapshot_id
 from spark_jobs.checkpoint import BatchOffsets, Checkpoint
-from spark_jobs.transform import EVENT_TIME
+from spark_jobs.transform import tumbling_window
 from spark_jobs.window_state import WindowStateStore, close, final_values, merge, partial_columns
 
 log = logging.getLogger(__name__)
@@ -165,7 +165,7 @@ class BatchStager:
     def _compute(self, batch: DataFrame, offsets: BatchOffsets) -> tuple[pa.Table, pa.Table, int]:
         """(closed windows, rejects, late events) of one batch, saving the windows it leaves open."""
         late_rows, window_rows = "__late", "__rows"
-        window = F.window(EVENT_TIME, f"{self.pipeline.window_ms} milliseconds")
+        window = tumbling_window(self.pipeline)
         late = F.lit(False)
         if offsets.late_watermark_ms > 0:
             late = F.col("__window.end") <= F.timestamp_millis(F.lit(offsets.late_watermark_ms))

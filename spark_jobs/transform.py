@@ -24,7 +24,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from krishiv.spec import FieldType, PipelineSpec
+from krishiv.spec import Aggregation, FieldType, PipelineSpec
 from krishiv.tables import WINDOW_END, WINDOW_START, aggregate_type, spark_type
 
 EVENT_TIME = "__event_time"
@@ -119,15 +119,16 @@ def parse_events(raw: DataFrame, pipeline: PipelineSpec) -> DataFrame:
     return df.select(*columns)
 
 
-def _aggregate(pipeline: PipelineSpec) -> list[Column]:
-    out = []
-    for agg in pipeline.aggregations:
-        if agg.function == "count":
-            expr = F.count(F.col(agg.field)) if agg.field else F.count(F.lit(1))
-        else:
-            expr = getattr(F, agg.function)(F.col(agg.field))
-        out.append(expr.alias(agg.name))
-    return out
+def aggregate_expression(agg: Aggregation) -> Column:
+    """Spark's ``function(field)`` of one aggregation, unnamed; ``count`` without a field counts rows."""
+    if agg.function == "count":
+        return F.count(F.col(agg.field)) if agg.field else F.count(F.lit(1))
+    return getattr(F, agg.function)(F.col(agg.field))
+
+
+def tumbling_window(pipeline: PipelineSpec) -> Column:
+    """The event's tumbling window, as the struct Spark's ``window`` gives (``start``, ``end``)."""
+    return F.window(EVENT_TIME, f"{pipeline.window_ms} milliseconds")
 
 
 def window_aggregates(events: DataFrame, pipeline: PipelineSpec) -> DataFrame:
@@ -135,8 +136,8 @@ def window_aggregates(events: DataFrame, pipeline: PipelineSpec) -> DataFrame:
     valid = events.where(F.col("reason").isNull()).withColumn(EVENT_TIME, F.col(pipeline.event_time_field))
     return (
         valid.withWatermark(EVENT_TIME, f"{pipeline.watermark_delay_ms} milliseconds")
-        .groupBy(F.window(EVENT_TIME, f"{pipeline.window_ms} milliseconds"))
-        .agg(*_aggregate(pipeline))
+        .groupBy(tumbling_window(pipeline))
+        .agg(*[aggregate_expression(a).alias(a.name) for a in pipeline.aggregations])
         .select(
             F.col("window.start").alias(WINDOW_START),
             F.col("window.end").alias(WINDOW_END),

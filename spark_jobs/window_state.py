@@ -31,6 +31,7 @@ from pyspark.sql import functions as F
 from krishiv.spec import Aggregation, PipelineSpec
 from krishiv.tables import WINDOW_END, WINDOW_START, aggregate_type
 from spark_jobs.errors import WindowStateMissing
+from spark_jobs.transform import aggregate_expression
 
 STATE_DIR = "krishiv/window-state"
 RETAINED_BATCHES = 100
@@ -56,16 +57,14 @@ def partial_columns(pipeline: PipelineSpec) -> list[Column]:
     (a decimal sum widens by 10 digits; an average sums in double unless its field is a decimal)."""
     out = []
     for agg in pipeline.aggregations:
-        field = F.col(agg.field) if agg.field else None
-        if agg.function == "count":
-            out.append(F.count(field if field is not None else F.lit(1)).alias(agg.name))
-        elif agg.function == "avg":
-            assert field is not None
-            decimal_field = pipeline.field(agg.field).type.is_decimal  # type: ignore[arg-type]
+        if agg.function == "avg":
+            assert agg.field is not None
+            field = F.col(agg.field)
+            decimal_field = pipeline.field(agg.field).type.is_decimal
             out.append(F.sum(field if decimal_field else field.cast("double")).alias(agg.name + _SUM))
             out.append(F.count(field).alias(agg.name + _COUNT))
         else:
-            out.append(getattr(F, agg.function)(field).alias(agg.name))
+            out.append(aggregate_expression(agg).alias(agg.name))
     return out
 
 
