@@ -188,10 +188,13 @@ def cmd_verify(args: argparse.Namespace, spec: KrishivSpec) -> int:
 
 def cmd_demo(args: argparse.Namespace, spec: KrishivSpec) -> int:
     from krishiv.demo import run_demo
+    from krishiv.state_folder import DEMO_MARKER, check_folder
 
+    state = Path(args.state)
+    check_folder(state, DEMO_MARKER, command="krishiv demo", label=f"--state {args.state}")
     return run_demo(
         spec,
-        Path(args.state),
+        state,
         records=args.records,
         late=args.late,
         malformed=args.malformed,
@@ -251,6 +254,12 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def cmd_bench(args: argparse.Namespace, spec: KrishivSpec) -> int:
+    from krishiv.state_folder import BENCH_MARKER, check_folder
+
+    out = Path(args.out)
+    work = out / "work"
+    check_folder(work, BENCH_MARKER, command="krishiv bench", label=f"--out {args.out}", what=f"its work folder {work}")
+
     from krishiv.bench.report import print_tables, to_json, write_chart, write_json
     from krishiv.bench.runner import BenchOptions, run_bench
 
@@ -270,8 +279,7 @@ def cmd_bench(args: argparse.Namespace, spec: KrishivSpec) -> int:
         sensor_interval_s=args.sensor_interval,
         warmup_events=args.warmup_events,
     )
-    out = Path(args.out)
-    results = run_bench(spec, options, out / "work", console)
+    results = run_bench(spec, options, work, console)
     doc = to_json(results)
     write_json(doc, out / "bench.json")
     write_chart(doc, out / "bench.png")
@@ -319,7 +327,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--late", type=int, default=25)
     d.add_argument("--malformed", type=int, default=30)
     d.add_argument("--seed", type=int, default=7)
-    d.add_argument("--state", default="state/demo", help="folder for the demo's catalog, warehouse and ledger")
+    d.add_argument(
+        "--state",
+        default="state/demo",
+        help="folder for the demo's catalog, warehouse and ledger; emptied first, so it must be new, empty or "
+        "one an earlier demo made (it holds .krishiv-demo-state)",
+    )
     ch = sub.add_parser("chaos", help="the fault-injection harness: the crash-point matrix, then a soak")
     ch.add_argument("--seed", type=int, default=1)
     ch.add_argument("--duration", type=float, default=0, help="seconds of random scenarios after the matrix")
@@ -340,7 +353,12 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--rate", type=float, default=1_000.0, help="events/s of the freshness producer")
     be.add_argument("--sensor-interval", type=float, default=5.0, help="seconds between relay runs (Dagster's sensor)")
     be.add_argument("--warmup-events", type=int, default=20_000)
-    be.add_argument("--out", default="state/bench", help="folder for bench.json, bench.png and the working state")
+    be.add_argument(
+        "--out",
+        default="state/bench",
+        help="folder for bench.json, bench.png and the working state in OUT/work, which is emptied first, so it "
+        "must be new, empty or one an earlier bench made (it holds .krishiv-bench-state)",
+    )
     return parser
 
 

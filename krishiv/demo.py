@@ -7,7 +7,6 @@ and the verification, and stops the broker.
 
 from __future__ import annotations
 
-import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -16,6 +15,7 @@ from rich.console import Console
 from rich.table import Table as RichTable
 
 from krishiv.spec import IcebergSettings, KafkaSettings, KrishivSpec, StorageSettings
+from krishiv.state_folder import DEMO_MARKER, reset_folder
 
 
 def embedded_spec(spec: KrishivSpec, state: Path, bootstrap: str) -> KrishivSpec:
@@ -48,9 +48,8 @@ def run_demo(
     from krishiv.operations import commit_pipelines, run_pipelines, verify_pipelines
     from krishiv.produce import demo_orders, ensure_topic, produce
 
-    if state.exists():
-        shutil.rmtree(state)
-    state.mkdir(parents=True)
+    # Before anything starts: the folder is wiped, so it must be one an earlier demo made (or new, or empty).
+    reset_folder(state, DEMO_MARKER, command="krishiv demo", label=f"--state {state}")
     started = time.monotonic()
     with start_broker(log_path=state / "broker.log") as broker:
         console.print(f"[bold]1/5[/] Tansu broker on {broker.bootstrap} (pid {broker.pid})")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import platform
-import shutil
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -20,6 +19,7 @@ from krishiv.bench.relay_latency import RelayResult, bench_relay
 from krishiv.bench.throughput import PipelineRun, bench_spec, run_baseline, run_krishiv, run_scan_only
 from krishiv.bench.workload import produce_orders
 from krishiv.spec import KrishivSpec
+from krishiv.state_folder import BENCH_MARKER, reset_folder
 
 
 @dataclass(frozen=True)
@@ -71,9 +71,8 @@ def run_bench(spec: KrishivSpec, options: BenchOptions, folder: Path, console: C
     from krishiv.broker import start_broker
     from spark_jobs.session import build_session
 
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
+    # Emptied before anything starts, and only if it is new, empty or an earlier bench's work folder.
+    reset_folder(folder, BENCH_MARKER, command="krishiv bench", label=str(folder))
     base = replace(spec, kafka=replace(spec.kafka, partitions=options.partitions))
     started = time.perf_counter()
 

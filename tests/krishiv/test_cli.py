@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 
 from krishiv.catalog import load_catalog, qualified
 from krishiv.cli import main
@@ -44,3 +45,115 @@ def test_bad_config_is_reported_with_the_field(tmp_path: Path, capsys) -> None:
     )
     assert main(["--spec", str(spec), "status"]) == 2
     assert "pipelines[0].watermark_delay" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ destructive commands and their folders
+
+MINIMAL_SPEC = (
+    '[[pipelines]]\nname = "p"\ntopic = "t"\nevent_time_field = "t"\n'
+    '[pipelines.fields]\nt = "timestamp_ms"\n[[pipelines.aggregations]]\nname = "n"\nfunction = "count"\n'
+)
+
+
+@pytest.fixture
+def one_line_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Wide enough that rich prints each error on the one line it is."""
+    monkeypatch.setenv("COLUMNS", "1000")
+
+
+def _spec_file(tmp_path: Path) -> Path:
+    spec = tmp_path / "krishiv.toml"
+    spec.write_text(MINIMAL_SPEC)
+    return spec
+
+
+def _user_folder(folder: Path) -> dict[str, str]:
+    """A folder that holds someone's work (a ledger, a warehouse file), and what it holds."""
+    (folder / "warehouse" / "orders").mkdir(parents=True)
+    (folder / "ledger.duckdb").write_text("the real ledger")
+    (folder / "warehouse" / "orders" / "part-0.parquet").write_text("data")
+    return _contents(folder)
+
+
+def _contents(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): p.read_text() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.usefixtures("one_line_errors")
+@pytest.mark.parametrize(("command", "option"), [("demo", "--state"), ("bench", "--out")])
+def test_a_folder_the_command_did_not_make_is_refused_and_kept(tmp_path, capsys, command, option):
+    """``--state state`` (the real ledger and warehouse) is refused before any broker or Spark starts."""
+    spec = _spec_file(tmp_path)
+    state = tmp_path / "state"
+    target = state if command == "demo" else state / "work"  # bench empties OUT/work
+    target.mkdir(parents=True)
+    before = _user_folder(target)
+
+    assert main(["--spec", str(spec), command, option, str(state)]) == 2
+    err = capsys.readouterr().err
+    what = "the folder" if command == "demo" else f"its work folder {target}"
+    assert err == (
+        f"krishiv {command}: {option} {state}: {what} exists and was not made by krishiv {command} "
+        f"(no .krishiv-{command}-state in it); name a new or empty folder\n"
+    )
+    assert _contents(target) == before
+
+
+@pytest.mark.usefixtures("one_line_errors")
+@pytest.mark.parametrize(("command", "option"), [("demo", "--state"), ("bench", "--out")])
+def test_a_file_or_a_link_where_the_folder_should_be_is_refused(tmp_path, capsys, command, option):
+    spec = _spec_file(tmp_path)
+    afile = tmp_path / "notes.txt"
+    afile.write_text("keep me")
+    assert main(["--spec", str(spec), command, option, str(afile)]) == 2
+    assert "is a file, not a folder; name a new or empty folder\n" in capsys.readouterr().err
+    assert afile.read_text() == "keep me"
+
+    real = tmp_path / "real"
+    before = _user_folder(real if command == "demo" else real / "work")
+    link = tmp_path / "link"
+    link.symlink_to(real, target_is_directory=True)
+    assert main(["--spec", str(spec), command, option, str(link)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"krishiv {command}: {option} {link}: ")
+    # demo's folder is the link itself; bench's is LINK/work, a real folder reached through the link.
+    expected = "the folder is a symbolic link" if command == "demo" else "was not made by krishiv bench"
+    assert expected in err
+    assert _contents(real if command == "demo" else real / "work") == before
+
+
+def test_only_a_marked_or_empty_folder_is_emptied(tmp_path):
+    from krishiv.state_folder import DEMO_MARKER, FolderNotOurs, check_folder, reset_folder
+
+    def reset(folder: Path) -> None:
+        reset_folder(folder, DEMO_MARKER, command="krishiv demo", label=f"--state {folder}")
+
+    new = tmp_path / "new" / "demo"
+    reset(new)
+    assert [p.name for p in new.iterdir()] == [DEMO_MARKER]
+
+    # What an earlier demo left (including a link to a folder outside it) is emptied; the link's target is not.
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("outside")
+    (new / "warehouse").mkdir()
+    (new / "warehouse" / "f.parquet").write_text("x")
+    (new / "ledger.duckdb").write_text("x")
+    (new / "linked").symlink_to(outside, target_is_directory=True)
+    reset(new)
+    assert [p.name for p in new.iterdir()] == [DEMO_MARKER]
+    assert (outside / "keep.txt").read_text() == "outside"
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    reset(empty)
+    assert [p.name for p in empty.iterdir()] == [DEMO_MARKER]
+
+    # A marker that is itself a link or a folder does not count.
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "data").write_text("x")
+    (fake / DEMO_MARKER).symlink_to(new / DEMO_MARKER)
+    with pytest.raises(FolderNotOurs, match="was not made by krishiv demo"):
+        check_folder(fake, DEMO_MARKER, command="krishiv demo", label="--state fake")
+    assert (fake / "data").exists()
