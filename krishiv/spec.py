@@ -14,12 +14,24 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from krishiv.errors import ConfigError
 
 DEFAULT_SPEC_FILE = "krishiv.toml"
 SPEC_FILE_ENV = "KRISHIV_SPEC"
+
+#: librdkafka settings exactly-once depends on. The Kafka source always sets them, after any user setting, and a
+#: spec's ``[kafka.consumer]`` table may not name them.
+FORCED_CONSUMER_SETTINGS: Mapping[str, str | bool] = MappingProxyType(
+    {
+        "isolation.level": "read_committed",  # never hand over records of open or aborted transactions
+        "enable.auto.commit": False,  # Spark's checkpoint and the ledger own the offsets, not a consumer group
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "error",  # an offset that is gone is an error, never a silent jump to another one
+    }
+)
 
 #: Environment overrides, by the field of the spec they replace.
 ENV_OVERRIDES = {
@@ -169,6 +181,28 @@ class KrishivSpec:
 
 
 # --------------------------------------------------------------------------------------------- parsing
+
+
+def _consumer_settings(table: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """librdkafka settings of ``[kafka.consumer]`` as ``{"dotted.name": "value"}``.
+
+    TOML reads an unquoted ``isolation.level = ...`` as a nested table, so nested tables are flattened back into
+    dotted names before the settings exactly-once depends on are refused.
+    """
+    settings: dict[str, str] = {}
+    for key, value in table.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            settings.update(_consumer_settings(value, f"{name}."))
+            continue
+        if name in FORCED_CONSUMER_SETTINGS:
+            forced = FORCED_CONSUMER_SETTINGS[name]
+            shown = str(forced).lower() if isinstance(forced, bool) else forced
+            raise ConfigError(
+                f"kafka.consumer.{name}", f"Krishiv sets this itself ({shown}) for exactly-once; remove it"
+            )
+        settings[name] = str(value)
+    return settings
 
 
 def _expect(value: Any, kind: type | tuple[type, ...], field_name: str, what: str) -> Any:
@@ -366,7 +400,7 @@ def parse_spec(
             "host:port[,host:port]",
         ),
         partitions=_positive_int(k.get("partitions", 4), "kafka.partitions"),
-        consumer={str(a): str(b) for a, b in _expect(k.get("consumer", {}), dict, "kafka.consumer", "a table").items()},
+        consumer=_consumer_settings(_expect(k.get("consumer", {}), dict, "kafka.consumer", "a table")),
     )
     servers = [server.strip() for server in kafka.bootstrap_servers.split(",")]
     kafka = replace(kafka, bootstrap_servers=",".join(servers))

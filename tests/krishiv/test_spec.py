@@ -395,6 +395,37 @@ def test_accepted_catalog_uri_schemes(uri: str) -> None:
     assert parse_spec(doc, env={}).iceberg.catalog_uri == uri
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "forced"),
+    [
+        ("isolation.level", "read_uncommitted", "read_committed"),
+        ("enable.auto.commit", True, "false"),
+        ("enable.auto.offset.store", "true", "false"),
+        ("auto.offset.reset", "earliest", "error"),
+    ],
+)
+def test_consumer_settings_exactly_once_depends_on_are_refused(key: str, value: object, forced: str) -> None:
+    doc = _doc()
+    doc["kafka"]["consumer"] = {"fetch.min.bytes": "1", key: value}
+    error = _config_error(doc)
+    _assert_names_field(error, f"kafka.consumer.{key}", f"({forced})", "exactly-once", "remove it")
+
+
+def test_dotted_consumer_keys_in_a_file_are_read_as_dotted_names(tmp_path: Path) -> None:
+    """TOML reads an unquoted ``a.b = 1`` as a nested table: it still names the librdkafka setting ``a.b``."""
+    path = tmp_path / "krishiv.toml"
+    path.write_text(
+        MINIMAL_TOML
+        + '\n[kafka.consumer]\nfetch.min.bytes = 1\n"group.id" = "mine"\nisolation.level = "read_uncommitted"\n'
+    )
+    with pytest.raises(ConfigError) as info:
+        load_spec(path, env={})
+    _assert_names_field(info.value, "kafka.consumer.isolation.level", "read_committed")
+
+    path.write_text(MINIMAL_TOML + '\n[kafka.consumer]\nfetch.min.bytes = 1\n"group.id" = "mine"\n')
+    assert dict(load_spec(path, env={}).kafka.consumer) == {"fetch.min.bytes": "1", "group.id": "mine"}
+
+
 def test_unknown_key_in_a_pipeline() -> None:
     error = _config_error(_doc(watermark="5s"))
     _assert_names_field(error, "pipelines[0]", "'watermark'")
