@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from urllib.parse import unquote
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
@@ -27,9 +28,61 @@ TABLE_PROPERTIES = {
 }
 
 
+#: What a redacted secret is shown as.
+MASK = "***"
+
+#: A query parameter whose name contains one of these (case-insensitive) holds a secret: ``password``,
+#: ``sslpassword``, ``token``, ``secret``, ``access_key``, ``secret_access_key``, ``credential``, ``api_key``…
+_SECRET_PARAMETER = re.compile(r"pass(word|wd)|pwd|token|secret|credential|key", re.IGNORECASE)
+#: ``scheme://user:password@``. The password runs to the last ``@`` (SQLAlchemy takes ``/``, ``?`` and ``#``
+#: in it unescaped, urllib an ``@``), so whatever a driver may read as the password is masked.
+_USERINFO_PASSWORD = re.compile(r"(?:[A-Za-z][A-Za-z0-9+.-]*://[^:/?#@\s]*:)(?P<secret>[^\s]*)@")
+_QUERY_PARAMETER = re.compile(r"[?&;](?P<name>[^=&;#?\s]+)=(?P<secret>[^&;#\s]*)")
+
+
+def _secret_spans(uri: str) -> list[tuple[int, int]]:
+    """Where the secrets of ``uri`` are, in order: user-info passwords, then secret query parameters."""
+    spans = [m.span("secret") for m in _USERINFO_PASSWORD.finditer(uri) if m.group("secret")]
+    query = uri.find("?")
+    if query >= 0:
+        spans += [
+            m.span("secret")
+            for m in _QUERY_PARAMETER.finditer(uri, query)
+            if m.group("secret")
+            and _SECRET_PARAMETER.search(m.group("name"))
+            and not any(start <= m.start("secret") < end for start, end in spans)
+        ]
+    return sorted(spans)
+
+
 def redact(uri: str) -> str:
-    """The URI with any password replaced, for error messages."""
-    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", uri)
+    """The URI as it may be shown: the user-info password and secret query parameters replaced by ``***``.
+
+    ``postgresql+psycopg://app:pw@db/iceberg?sslmode=require&password=pw`` becomes
+    ``postgresql+psycopg://app:***@db/iceberg?sslmode=require&password=***``; the scheme, user, host, path
+    and the other parameters stay readable.
+    """
+    out, last = [], 0
+    for start, end in _secret_spans(uri):
+        out += [uri[last:start], MASK]
+        last = end
+    return "".join(out) + uri[last:]
+
+
+def has_secret(uri: str) -> bool:
+    """Whether :func:`redact` hides anything in ``uri``."""
+    return bool(_secret_spans(uri))
+
+
+def redact_text(text: str, uri: str) -> str:
+    """``text`` (a driver's error message, say) with ``uri`` and each of its secrets redacted wherever they appear."""
+    text = text.replace(uri, redact(uri))
+    for start, end in _secret_spans(uri):
+        secret = uri[start:end]
+        for form in {secret, unquote(secret)}:
+            if len(form) >= 4:  # masking a shorter one would garble ordinary words
+                text = text.replace(form, MASK)
+    return text
 
 
 def load_catalog(spec: KrishivSpec) -> Catalog:
@@ -56,7 +109,9 @@ def load_catalog(spec: KrishivSpec) -> Catalog:
             Path(urlparse(warehouse).path).mkdir(parents=True, exist_ok=True)
         return SqlCatalog(name, uri=uri, warehouse=warehouse)
     except Exception as exc:  # connection errors differ by driver: name the address whatever they are
-        raise CatalogUnavailable(f"Iceberg catalog at {redact(uri)} is unreachable: {exc}") from exc
+        raise CatalogUnavailable(
+            f"Iceberg catalog at {redact(uri)} is unreachable: {redact_text(str(exc), uri)}"
+        ) from exc
 
 
 def table_identifier(spec: KrishivSpec, table: str) -> tuple[str, str]:
