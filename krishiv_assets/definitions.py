@@ -4,7 +4,9 @@
 :func:`defs` when it loads the code location. That reads the spec file (``$KRISHIV_SPEC`` or
 ``krishiv.toml`` in the working directory); an address the environment overrides (``KRISHIV_KAFKA_BOOTSTRAP``
 and the others of :data:`krishiv.spec.ENV_OVERRIDES`) is given to its resource as an ``EnvVar``, resolved
-when a run starts and never shown in the UI.
+when a run starts and never shown in the UI. A secret written in the spec file itself (a password in
+``iceberg.catalog_uri``) reaches no resource either: the resource holds the redacted URI, which the UI
+shows, and the run takes the real one from the spec file it reads (:func:`krishiv_assets.resources.effective_spec`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dagster_pyspark import LazyPySparkResource
 from krishiv.spec import DEFAULT_SPEC_FILE, SPEC_FILE_ENV, KrishivSpec, PipelineSpec, load_spec
 from krishiv_assets.assets import PipelineKeys, pipeline_assets
 from krishiv_assets.checks import DEFAULT_THRESHOLDS, CheckThresholds, pipeline_checks
-from krishiv_assets.resources import IcebergCatalogResource, KafkaResource, LedgerResource, SparkResource
+from krishiv_assets.resources import IcebergCatalogResource, KafkaResource, LedgerResource, SparkResource, displayed
 from krishiv_assets.sensors import kafka_sensor, outbox_sensor
 
 
@@ -68,7 +70,10 @@ def pipeline_definitions(
 
 
 def build_resources(spec: KrishivSpec, env_overrides: Collection[str] = ()) -> dict[str, dg.ConfigurableResource]:
-    """The resources, from the spec's values, with ``EnvVar`` for each variable named in ``env_overrides``."""
+    """The resources, from the spec's values, with ``EnvVar`` for each variable named in ``env_overrides``.
+
+    A value from the spec is held with its secrets redacted: resource config is what the UI shows.
+    """
 
     def value(variable: str, default: str) -> str:
         return dg.EnvVar(variable) if variable in env_overrides else default
@@ -78,8 +83,8 @@ def build_resources(spec: KrishivSpec, env_overrides: Collection[str] = ()) -> d
     return {
         "kafka": KafkaResource(bootstrap_servers=value("KRISHIV_KAFKA_BOOTSTRAP", spec.kafka.bootstrap_servers)),
         "iceberg": IcebergCatalogResource(
-            uri=value("KRISHIV_ICEBERG_CATALOG_URI", spec.iceberg.catalog_uri),
-            warehouse=value("KRISHIV_ICEBERG_WAREHOUSE", spec.iceberg.warehouse),
+            uri=value("KRISHIV_ICEBERG_CATALOG_URI", displayed(spec.iceberg.catalog_uri)),
+            warehouse=value("KRISHIV_ICEBERG_WAREHOUSE", displayed(spec.iceberg.warehouse)),
         ),
         "ledger": LedgerResource(path=value("KRISHIV_LEDGER_PATH", spec.storage.ledger_path)),
         "spark": SparkResource(

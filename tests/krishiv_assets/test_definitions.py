@@ -112,3 +112,140 @@ def test_the_repository_workspace_validates():
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "All code locations passed validation" in result.stdout + result.stderr
+
+
+# ------------------------------------------------------------------------------------------ secrets
+
+PASSWORD = "Dummy-Pa55word-in-krishiv.toml"
+
+
+def _with_password(uri: str, where: str) -> str:
+    """The test database's URI with :data:`PASSWORD` in its user-info or in its query string.
+
+    The server trusts local connections, so any password works: the catalog is reached only if the run
+    uses the real URI, not the redacted one the resources show.
+    """
+    scheme, rest = uri.split("://", 1)
+    userinfo, address = rest.split("@", 1)
+    user = userinfo.split(":", 1)[0]
+    if where == "userinfo":
+        return f"{scheme}://{user}:{PASSWORD}@{address}"
+    return f"{scheme}://{user}@{address}?application_name=krishiv&password={PASSWORD}"
+
+
+def _spec_file(folder: Path, catalog_uri: str) -> Path:
+    from krishiv.chaos.workspace import SPEC_TEMPLATE
+
+    path = folder / "krishiv.toml"
+    path.write_text(
+        SPEC_TEMPLATE.format(
+            bootstrap="127.0.0.1:9",  # never contacted: no sensor is evaluated and the commit job reads no topic
+            partitions=1,
+            catalog_uri=catalog_uri,
+            warehouse="warehouse",
+            topic="orders",
+            max_records=100,
+        )
+    )
+    return path
+
+
+def _shown_to_the_ui(defs: dg.Definitions) -> str:
+    """Everything the code location sends the webserver: resources' config, jobs' config schemas, assets…"""
+    from dagster._core.remote_representation.external_data import RepositorySnap
+    from dagster._serdes import serialize_value
+
+    return serialize_value(RepositorySnap.from_def(defs.get_repository_def()))
+
+
+@pytest.mark.parametrize("where", ["userinfo", "query"])
+def test_a_password_in_the_spec_file_never_reaches_resource_config_but_runs_reach_the_catalog(
+    tmp_path, postgres_uri, where, monkeypatch
+):
+    import pyarrow as pa
+
+    import krishiv.catalog
+    from krishiv.catalog import ensure_pipeline_tables, load_catalog, qualified, redact
+    from krishiv.spec import load_spec
+    from krishiv_assets.assets import PipelineKeys
+    from krishiv_assets.definitions import commit_job_name
+
+    uri = _with_password(postgres_uri, where)
+    spec = load_spec(_spec_file(tmp_path, uri), env={})
+    assert spec.iceberg.catalog_uri == uri
+    pipeline = spec.pipeline()
+    # A snapshot written outside Dagster, with the real URI: the run must find it.
+    table, _rejects = ensure_pipeline_tables(load_catalog(spec), spec, pipeline)
+    schema = table.schema().as_arrow()
+    row = {
+        "window_start": [1_767_225_600_000_000],
+        "window_end": [1_767_225_660_000_000],
+        "order_count": [3],
+        "amount_total": [None],
+        "amount_min": [None],
+        "amount_max": [None],
+        "amount_avg": [None],
+    }
+    table.append(pa.table({name: row[name] for name in schema.names}).cast(schema))
+    snapshot_id = table.current_snapshot().snapshot_id
+
+    defs = build_definitions(spec)
+    shown = _shown_to_the_ui(defs)
+    assert PASSWORD not in shown
+    resources = defs.get_repository_def().get_top_level_resources()
+    assert PASSWORD not in repr(resources["iceberg"].config_schema.default_value)
+    iceberg = build_resources(spec)["iceberg"]
+    assert iceberg.uri == redact(uri) and "***" in iceberg.uri
+    assert PASSWORD not in str(iceberg.model_dump())
+    assert iceberg.uri in shown  # the UI shows the redacted URI, so the user sees which catalog it is
+
+    # The server trusts local connections and would accept the redacted password too, so the run's catalog
+    # loads are watched: each must be given the spec file's real URI.
+    loaded_with: list[str] = []
+
+    def watched(spec):
+        loaded_with.append(spec.catalog_uri())
+        return load_catalog(spec)
+
+    monkeypatch.setattr(krishiv.catalog, "load_catalog", watched)
+    result = defs.resolve_job_def(commit_job_name(pipeline)).execute_in_process(raise_on_error=False)
+    assert result.success, [e.message for e in result.all_events if e.is_failure]
+    assert loaded_with and set(loaded_with) == {uri}
+    keys = PipelineKeys.of(spec, pipeline)
+    (materialization,) = [e for e in result.get_asset_materialization_events() if e.asset_key == keys.table]
+    assert materialization.materialization.metadata["current_snapshot_id"].value == snapshot_id
+    checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert checks["no_duplicate_windows"].passed
+    assert load_catalog(spec).load_table(qualified(spec, pipeline.table)).current_snapshot().snapshot_id == snapshot_id
+
+
+def test_a_failing_run_names_the_catalog_without_its_password(tmp_path):
+    from krishiv.broker import free_port
+    from krishiv.spec import load_spec
+    from krishiv_assets.definitions import commit_job_name
+
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
+    uri = f"postgresql+psycopg://krishiv:{PASSWORD}@{address}/db?sslpassword={PASSWORD}"
+    spec = load_spec(_spec_file(tmp_path, uri), env={})
+    defs = build_definitions(spec)
+    result = defs.resolve_job_def(commit_job_name(spec.pipeline())).execute_in_process(raise_on_error=False)
+    assert not result.success
+    (failure,) = [e for e in result.all_events if e.is_step_failure]
+    message = failure.step_failure_data.user_failure_data.description
+    assert f"CatalogUnavailable: Iceberg catalog at postgresql+psycopg://krishiv:***@{address}/db" in message
+    assert "sslpassword=***" in message
+    assert PASSWORD not in str([e.message for e in result.all_events])
+
+
+def test_a_redacted_uri_that_is_not_the_spec_files_is_refused_by_name():
+    from krishiv.errors import ConfigError
+    from krishiv_assets.resources import IcebergCatalogResource, effective_spec
+
+    spec = two_pipelines()
+    foreign = IcebergCatalogResource(uri="postgresql+psycopg://app:***@elsewhere/db", warehouse=spec.iceberg.warehouse)
+    with pytest.raises(ConfigError, match=r"^iceberg\.uri: .*KRISHIV_ICEBERG_CATALOG_URI"):
+        effective_spec(spec, iceberg=foreign)
+    # A URI without a secret, or one from the environment with its secret, is used as given.
+    for uri in ("sqlite:///elsewhere.db", f"postgresql+psycopg://app:{PASSWORD}@elsewhere/db"):
+        given = IcebergCatalogResource(uri=uri, warehouse=spec.iceberg.warehouse)
+        assert effective_spec(spec, iceberg=given).iceberg.catalog_uri == uri
