@@ -52,8 +52,8 @@ def spark_conf(spec: KrishivSpec, app_name: str = "krishiv") -> dict[str, str]:
         "spark.ui.showConsoleProgress": "false",
         # Every batch reads records: a batch id then always names the same, non-empty Kafka range, which a
         # replay from a rewound or old checkpoint can reproduce from the ledger. (A no-data batch cannot be
-        # replayed: after a restart Spark no longer knows it wanted one.) Windows close when later events
-        # move the watermark, as in Flink.
+        # replayed: after a restart Spark no longer knows it wanted one.) None is needed: the batch whose
+        # events move the watermark past a window's end writes that window (spark_jobs/window_state.py).
         "spark.sql.streaming.noDataMicroBatches.enabled": "false",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
     }

@@ -2,12 +2,13 @@
 
 For batch N of a query (``foreachBatch``):
 
-1. Read N's offsets and watermarks from the Spark checkpoint (written before the batch ran).
+1. Read N's offsets from the Spark checkpoint (written before the batch ran).
 2. Run the batch once (cached, so Kafka is read once): rejects, the events that are late (their window
-   closed at the batch before's watermark), and the other valid events' partial aggregates per window.
-   Merge those into the open windows after N-1, close the windows N's watermark has passed, and save
-   the still-open ones as the state after N (``spark_jobs.window_state``). This runs even on replay, so
-   the state after N is always there for N+1.
+   was closed by the watermark the batch before left), the other valid events' partial aggregates per
+   window, and the batch's latest event time. Merge the partials into the open windows after N-1, move
+   the watermark, close every window it has passed, and save the still-open ones with the watermark as
+   the state after N (``spark_jobs.window_state``). This runs even on replay, so the state after N is
+   always there for N+1.
 3. If the ledger already has N for both tables, stop: a replay changes nothing.
 4. Write windows and rejects as Parquet under a per-query, per-batch folder of each table, with fresh
    file names (a retry never overwrites a file an earlier attempt may have published).
@@ -37,13 +38,38 @@ from krishiv.tables import REJECT_COLUMNS, WINDOW_END, WINDOW_START
 from outbox.ledger import Ledger, OutboxEntry, StagedFile
 from outbox.snapshot_producer import new_snapshot_id
 from spark_jobs.checkpoint import BatchOffsets, Checkpoint
-from spark_jobs.transform import tumbling_window
-from spark_jobs.window_state import WindowStateStore, close, final_values, merge, partial_columns
+from spark_jobs.transform import EVENT_TIME, tumbling_window
+from spark_jobs.window_state import (
+    WindowState,
+    WindowStateStore,
+    advance,
+    close,
+    final_values,
+    merge,
+    partial_columns,
+)
 
 log = logging.getLogger(__name__)
 
 STAGING_DIR = "data/krishiv-staging"
 QUERY_REJECT_COLUMNS = tuple(c for c in REJECT_COLUMNS if c != "batch_id")  # the sink adds the batch id
+
+
+@dataclass(frozen=True)
+class BatchOutput:
+    """What one batch computes: the windows it closes, its rejects, and its counts and watermarks."""
+
+    windows: pa.Table
+    rejects: pa.Table
+    records: int  # Kafka records in the batch (offsets of aborted transactions or compaction hold none)
+    late_events: int
+    watermark_ms: int  # after this batch: windows ending at or before it are closed
+    late_watermark_ms: int  # after the batch before: this batch's events in windows ending at or before it are late
+
+    def staged(self, batch_id: int, recorded: bool) -> StagedBatch:
+        return StagedBatch(
+            batch_id, self.records, self.windows.num_rows, self.rejects.num_rows, self.late_events, recorded
+        )
 
 
 @dataclass(frozen=True)
@@ -106,25 +132,26 @@ class BatchStager:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         fault_point("stage.begin", batch_id)
         offsets = self.checkpoint.batch(batch_id)
-        windows, rejects, late = self._compute(batch, offsets)
+        out = self._compute(batch, offsets)
         fault_point("stage.after_compute", batch_id)
+        rejects = out.rejects
 
         recorded = self.ledger.batch(self.query_id, batch_id)
         if self.table_name in recorded and self.rejects_table_name in recorded:
             self._check_same_offsets(list(recorded.values()), offsets)
-            self._done(StagedBatch(batch_id, offsets.records, windows.num_rows, rejects.num_rows, late, False))
+            self._done(out.staged(batch_id, False))
             return
 
         ranges = {self.pipeline.topic: offsets.ranges()}
         metrics = {
-            "records_read": offsets.records,
-            "windows": windows.num_rows,
+            "records_read": out.records,
+            "windows": out.windows.num_rows,
             "rejects": rejects.num_rows,
-            "late_events": late,
-            "watermark_ms": offsets.watermark_ms,
-            "late_watermark_ms": offsets.late_watermark_ms,
+            "late_events": out.late_events,
+            "watermark_ms": out.watermark_ms,
+            "late_watermark_ms": out.late_watermark_ms,
         }
-        window_files = self._stage(self.table, windows, batch_id)
+        window_files = self._stage(self.table, out.windows, batch_id)
         rejects = rejects.append_column("batch_id", pa.array([batch_id] * rejects.num_rows, pa.int64()))
         reject_files = self._stage(self.rejects_table, rejects.select(list(REJECT_COLUMNS)), batch_id)
         fault_point("stage.after_files", batch_id)
@@ -158,17 +185,18 @@ class BatchStager:
                 for f in entry.files:
                     table.io.delete(f.path)
         fault_point("stage.after_ledger", batch_id)
-        self._done(StagedBatch(batch_id, offsets.records, windows.num_rows, rejects.num_rows, late, any(inserted)))
+        self._done(out.staged(batch_id, any(inserted)))
 
     # ------------------------------------------------------------------------------------ steps
 
-    def _compute(self, batch: DataFrame, offsets: BatchOffsets) -> tuple[pa.Table, pa.Table, int]:
-        """(closed windows, rejects, late events) of one batch, saving the windows it leaves open."""
-        late_rows, window_rows = "__late", "__rows"
+    def _compute(self, batch: DataFrame, offsets: BatchOffsets) -> BatchOutput:
+        """One batch's closed windows, rejects and late events, saving the windows it leaves open."""
+        late_rows, window_rows, latest = "__late", "__rows", "__latest"
+        before = self.window_state.load_before(offsets.batch_id)
         window = tumbling_window(self.pipeline)
         late = F.lit(False)
-        if offsets.late_watermark_ms > 0:
-            late = F.col("__window.end") <= F.timestamp_millis(F.lit(offsets.late_watermark_ms))
+        if before.watermark_ms > 0:
+            late = F.col("__window.end") <= F.timestamp_millis(F.lit(before.watermark_ms))
         batch.persist()
         try:
             rejects = batch.where(F.col("reason").isNotNull()).select(*QUERY_REJECT_COLUMNS).toArrow()
@@ -180,18 +208,31 @@ class BatchStager:
                     F.col("__window.end").alias(WINDOW_END),
                     late.alias(late_rows),
                 )
-                .agg(*partial_columns(self.pipeline), F.count(F.lit(1)).alias(window_rows))
+                .agg(
+                    *partial_columns(self.pipeline),
+                    F.count(F.lit(1)).alias(window_rows),
+                    F.max(F.unix_millis(F.col(EVENT_TIME))).alias(latest),
+                )
                 .toArrow()
             )
         finally:
             batch.unpersist()
         is_late = groups.column(late_rows)
         late_events = pc.sum(groups.filter(is_late).column(window_rows)).as_py() or 0
-        partials = groups.filter(pc.invert(is_late)).drop_columns([late_rows, window_rows])
-        state = merge(self.window_state.load_before(offsets.batch_id), partials, self.pipeline)
-        closed, still_open = close(state, offsets.watermark_ms)
-        self.window_state.save(offsets.batch_id, still_open)
-        return final_values(closed, self.pipeline), rejects, late_events
+        valid_events = pc.sum(groups.column(window_rows)).as_py() or 0
+        latest_ms = pc.max(groups.column(latest)).as_py()
+        watermark = advance(before.watermark_ms, latest_ms, self.pipeline.watermark_delay_ms)
+        partials = groups.filter(pc.invert(is_late)).drop_columns([late_rows, window_rows, latest])
+        closed, still_open = close(merge(before.windows, partials, self.pipeline), watermark)
+        self.window_state.save(offsets.batch_id, WindowState(still_open, watermark))
+        return BatchOutput(
+            final_values(closed, self.pipeline),
+            rejects,
+            records=rejects.num_rows + valid_events,
+            late_events=late_events,
+            watermark_ms=watermark,
+            late_watermark_ms=before.watermark_ms,
+        )
 
     def _stage(self, table: Table, rows: pa.Table, batch_id: int) -> tuple[StagedFile, ...]:
         if rows.num_rows == 0:

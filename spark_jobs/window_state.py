@@ -5,20 +5,30 @@ and late events need a second, per-event branch: their union scanned the source 
 Structured Streaming does not reuse exchanges within a micro-batch. So the query is stateless (it still
 tracks the event-time watermark in its offset log) and the sink aggregates each batch itself:
 
-1. the batch's valid, not-late events become partial aggregates per window (``partial_columns``);
-2. they are merged with the open windows left by the batch before (``merge``);
-3. windows that end at or before the batch's watermark are closed and emitted (``close``), as Spark's
-   append mode does; the rest are saved as the state after this batch (``WindowStateStore``).
+1. the batch's valid events whose window ended at or before the watermark the batch before left behind
+   are late: dropped and counted (those windows were written already);
+2. the other valid events become partial aggregates per window (``partial_columns``) and are merged with
+   the open windows left by the batch before (``merge``);
+3. the watermark moves to ``max(previous, max event time of the batch - delay)`` (``advance``), and every
+   window that ends at or before it is closed and written by this batch (``close``); the rest are saved,
+   with the watermark, as the state after this batch (``WindowStateStore``).
 
-Each batch's state is one Parquet file in the checkpoint, ``krishiv/window-state/<batch>.parquet``,
-written by atomic rename. A replayed batch reads the state of the batch before it, so it computes the
-same windows again; a copy of the checkpoint carries its state with it. Like Spark's state store
+So a window is written by the batch whose data moves the watermark past its end, not by a later one: a
+run over a whole topic writes every window its final watermark passed, and a topic that goes quiet
+leaves nothing closable unwritten (Spark's append mode needs a no-data batch for that). Everything is
+a function of the batch's records and the state before it, so a replay writes the same rows.
+
+Each batch's state is one Parquet file in the checkpoint, ``krishiv/window-state/<batch>.parquet``, with
+the watermark in its schema metadata, written through a temporary file of a unique name and an atomic
+rename. A replayed batch reads the state of the batch before it, so it computes the same windows again;
+a copy of the checkpoint carries its state with it. Like Spark's state store
 (``spark.sql.streaming.minBatchesToRetain``), the last 100 batches' states are kept.
 """
 
 from __future__ import annotations
 
 import decimal
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +45,23 @@ from spark_jobs.transform import aggregate_expression
 
 STATE_DIR = "krishiv/window-state"
 RETAINED_BATCHES = 100
+WATERMARK_KEY = b"krishiv.watermark_ms"
 _SUM, _COUNT = "__sum", "__count"
+
+
+@dataclass(frozen=True)
+class WindowState:
+    """The open windows after a batch, and the watermark that batch left behind (epoch ms; 0 before any)."""
+
+    windows: pa.Table | None
+    watermark_ms: int
+
+
+def advance(watermark_ms: int, max_event_time_ms: int | None, delay_ms: int) -> int:
+    """The watermark after a batch: it moves to the batch's latest event time less the delay, never back."""
+    if max_event_time_ms is None:
+        return watermark_ms
+    return max(watermark_ms, max_event_time_ms - delay_ms)
 
 
 @dataclass(frozen=True)
@@ -121,25 +147,42 @@ class WindowStateStore:
     def path(self, batch_id: int) -> Path:
         return self.folder / f"{batch_id:012d}.parquet"
 
-    def load_before(self, batch_id: int) -> pa.Table | None:
-        """The state batch ``batch_id`` starts from: none for batch 0, else the one saved by the batch before."""
+    def load_before(self, batch_id: int) -> WindowState:
+        """The state batch ``batch_id`` starts from: empty for batch 0, else the one saved by the batch before."""
         if batch_id == 0:
-            return None
+            return WindowState(None, 0)
         path = self.path(batch_id - 1)
         if not path.exists():
             raise WindowStateMissing(
                 f"the open windows after batch {batch_id - 1} are not in {self.folder}, so batch {batch_id} cannot "
                 f"be aggregated; restore the checkpoint with its {STATE_DIR} folder"
             )
-        return pq.read_table(path)
+        windows = pq.read_table(path)
+        metadata = windows.schema.metadata or {}
+        if WATERMARK_KEY not in metadata:
+            raise WindowStateMissing(
+                f"{path} has no watermark: it was written by an older Krishiv, whose windows closed one batch later; "
+                "start that pipeline from a new checkpoint and table"
+            )
+        return WindowState(windows.replace_schema_metadata(None), int(metadata[WATERMARK_KEY]))
 
-    def save(self, batch_id: int, state: pa.Table) -> None:
-        """Write the state after ``batch_id`` atomically, and drop states older than the retained batches."""
+    def save(self, batch_id: int, state: WindowState) -> None:
+        """Write the state after ``batch_id`` atomically, and drop states older than the retained batches.
+
+        The temporary file's name is unique, so two writers of the same batch (a stager that lost its lease
+        and the one that took over) never interleave their bytes: the last rename wins whole.
+        """
+        if state.windows is None:
+            raise ValueError("a saved window state needs its (possibly empty) table of windows")
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.path(batch_id)
-        tmp = path.with_suffix(".tmp")
-        pq.write_table(state, tmp)
-        tmp.replace(path)
+        tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex}.tmp")
+        windows = state.windows.replace_schema_metadata({WATERMARK_KEY: str(state.watermark_ms).encode()})
+        try:
+            pq.write_table(windows, tmp)
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)
         for old in self.folder.glob("*.parquet"):
             if old.stem.isdigit() and int(old.stem) <= batch_id - RETAINED_BATCHES:
                 old.unlink(missing_ok=True)

@@ -5,7 +5,8 @@ aggregation. Krishiv runs as ``krishiv run --once`` then ``krishiv commit`` do (
 then the relay until the ledger is drained); its clock stops when the last snapshot is visible in the
 catalog. The baseline is what a user would write instead: ``foreachBatch`` appending each batch's closed
 windows with pyiceberg, with no ledger and no outbox, so a crash between the append and Spark's commit log
-appends the batch again.
+appends the batch again. It runs with Spark's no-data batches, which is how Spark's append mode writes the
+windows the final watermark passed, as Krishiv does in the batch that moves the watermark.
 """
 
 from __future__ import annotations
@@ -136,13 +137,19 @@ def run_baseline(spark: SparkSession, spec: KrishivSpec, events: int) -> Pipelin
     with RssSampler() as rss:
         started = time.perf_counter()
         windows = window_aggregates(parse_events(kafka_stream(spark, spec, pipeline), pipeline), pipeline)
-        query = (
-            windows.writeStream.queryName("baseline")
-            .foreachBatch(sink)
-            .option("checkpointLocation", str(spec.resolve(spec.storage.checkpoint_location) / BASELINE_TABLE))
-            .trigger(availableNow=True)
-            .start()
-        )
+        no_data_batches = "spark.sql.streaming.noDataMicroBatches.enabled"
+        krishiv_setting = spark.conf.get(no_data_batches)
+        spark.conf.set(no_data_batches, "true")  # a query keeps the settings it started with
+        try:
+            query = (
+                windows.writeStream.queryName("baseline")
+                .foreachBatch(sink)
+                .option("checkpointLocation", str(spec.resolve(spec.storage.checkpoint_location) / BASELINE_TABLE))
+                .trigger(availableNow=True)
+                .start()
+            )
+        finally:
+            spark.conf.set(no_data_batches, krishiv_setting)
         query.awaitTermination()
         seconds = time.perf_counter() - started
     count, counted = _table_totals(catalog.load_table(table_identifier(spec, BASELINE_TABLE)))

@@ -1,11 +1,11 @@
 """An independent model of what the pipeline must produce, computed from the topic itself.
 
-It reads every record back from the broker, validates it in plain Python, and replays Spark's append-mode
-watermark semantics over the batch ranges the ledger recorded: batch N runs with watermark
-W(N) = max(W(N-1), max event time of batches before N - delay); an event of batch N whose window ended at
-or before W(N-1) is dropped as late (SPARK-40925: late rows are judged by the previous batch's watermark);
-a window is emitted by the first batch whose watermark reaches its end (every batch reads records: Krishiv
-runs Spark without no-data batches).
+It reads every record back from the broker, validates it in plain Python, and replays Krishiv's
+append-mode semantics over the batch ranges the ledger recorded: after batch N the watermark is
+W(N) = max(W(N-1), max event time of batch N - delay) (W(-1) = 0); an event of batch N whose window ended
+at or before W(N-1), the watermark the batch before left, is dropped as late (its window was written
+already); a window is written by the batch whose W(N) first reaches its end, so after the last batch
+every window ending at or before the final watermark is in the table and no other.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ class Expected:
     windows: dict[int, dict[str, object]] = field(default_factory=dict)  # window start ms -> aggregates
     rejects: set[tuple[int, int]] = field(default_factory=set)  # (partition, offset)
     late_by_batch: dict[int, int] = field(default_factory=dict)
-    watermark_by_batch: dict[int, int] = field(default_factory=dict)
+    watermark_by_batch: dict[int, int] = field(default_factory=dict)  # the watermark each batch starts from
+    final_watermark: int = 0
     valid_events: int = 0
 
 
@@ -87,8 +88,7 @@ def expected_output(
 ) -> Expected:
     exp = Expected()
     state: dict[int, list[Decimal | int]] = {}
-    watermark = late_watermark = 0
-    max_seen: int | None = None
+    watermark = 0
     for entry in sorted(batches, key=lambda e: e.batch_id):
         exp.watermark_by_batch[entry.batch_id] = watermark
         late = 0
@@ -103,7 +103,7 @@ def expected_output(
                 exp.valid_events += 1
                 batch_max = event_time if batch_max is None else max(batch_max, event_time)
                 window_start = event_time - event_time % window_ms
-                if late_watermark > 0 and window_start + window_ms <= late_watermark:
+                if watermark > 0 and window_start + window_ms <= watermark:
                     late += 1
                     continue
                 agg = state.setdefault(window_start, [0, Decimal(0), amount, amount])
@@ -112,15 +112,11 @@ def expected_output(
                 agg[2] = min(agg[2], amount)
                 agg[3] = max(agg[3], amount)
         exp.late_by_batch[entry.batch_id] = late
-        late_watermark = watermark
         if batch_max is not None:
-            max_seen = batch_max if max_seen is None else max(max_seen, batch_max)
-            watermark = max(watermark, max_seen - delay_ms)
-    # A batch emits the windows that end at or before the watermark it runs with; the last batch's is the
-    # highest any batch ran with (no batch runs without records, so none runs with the final watermark).
-    emitted_up_to = exp.watermark_by_batch[max(exp.watermark_by_batch)] if exp.watermark_by_batch else 0
+            watermark = max(watermark, batch_max - delay_ms)
+    exp.final_watermark = watermark
     for start, (count, total, low, high) in state.items():
-        if start + window_ms <= emitted_up_to:
+        if start + window_ms <= watermark:
             exp.windows[start] = {
                 "order_count": count,
                 "amount_total": total,

@@ -15,7 +15,15 @@ import pytest
 
 from krishiv.spec import Aggregation, load_spec
 from spark_jobs.errors import WindowStateMissing
-from spark_jobs.window_state import RETAINED_BATCHES, WindowStateStore, close, final_values, merge
+from spark_jobs.window_state import (
+    RETAINED_BATCHES,
+    WindowState,
+    WindowStateStore,
+    advance,
+    close,
+    final_values,
+    merge,
+)
 
 REPO_SPEC = Path(__file__).resolve().parents[2] / "krishiv.toml"
 PIPELINE = replace(
@@ -103,18 +111,35 @@ def test_final_values_divide_the_average_half_up_in_the_tables_type() -> None:
     assert set(windows[0]) == {"window_end", "order_count", "amount_total", "amount_min", "amount_max", "amount_avg"}
 
 
-def test_the_state_store_keeps_each_batchs_windows_and_names_a_missing_one(tmp_path: Path) -> None:
+def test_the_watermark_follows_the_latest_event_less_the_delay_and_never_goes_back() -> None:
+    assert advance(0, None, 5_000) == 0, "a batch without valid events leaves the watermark where it was"
+    assert advance(0, T0_MS + 65_000, 5_000) == T0_MS + 60_000
+    assert advance(T0_MS + 60_000, T0_MS + 30_000, 5_000) == T0_MS + 60_000, "an older batch never moves it back"
+
+
+def test_the_state_store_keeps_each_batchs_windows_and_watermark_and_names_a_missing_one(tmp_path: Path) -> None:
     store = WindowStateStore(tmp_path)
-    assert store.load_before(0) is None
+    assert store.load_before(0) == WindowState(None, 0)
     state = merge(None, partials([(0, 1, "1.00", "1.00", "1.00", "1.00", 1)]), PIPELINE)
-    store.save(0, state)
-    assert store.load_before(1).equals(state)
+    store.save(0, WindowState(state, T0_MS + 30_000))
+    loaded = store.load_before(1)
+    assert loaded.windows.equals(state) and loaded.watermark_ms == T0_MS + 30_000
 
     with pytest.raises(WindowStateMissing, match=r"after batch 4 .* batch 5"):
         store.load_before(5)
 
     for batch_id in range(1, RETAINED_BATCHES + 5):
-        store.save(batch_id, state)
+        store.save(batch_id, WindowState(state, T0_MS))
     kept = sorted(int(p.stem) for p in store.folder.glob("*.parquet"))
     assert kept == list(range(5, RETAINED_BATCHES + 5)), "the last 100 batches' states are kept"
-    assert not list(store.folder.glob("*.tmp"))
+    assert not list(store.folder.glob("*.tmp")) and not list(store.folder.glob(".*"))
+
+
+def test_a_state_file_without_a_watermark_is_refused_by_name(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    store = WindowStateStore(tmp_path)
+    store.folder.mkdir(parents=True)
+    pq.write_table(merge(None, partials([(0, 1, "1.00", "1.00", "1.00", "1.00", 1)]), PIPELINE), store.path(0))
+    with pytest.raises(WindowStateMissing, match=rf"{store.path(0)} has no watermark"):
+        store.load_before(1)
