@@ -26,10 +26,14 @@ class BatchOffsets:
     late_watermark_ms: int  # the previous batch's watermark: rows at or behind it are dropped as late
 
     def ranges(self) -> dict[str, list[int]]:
-        return {p: [self.start.get(p, 0), end] for p, end in sorted(self.end.items(), key=lambda kv: int(kv[0]))}
+        """``{partition: [start, end]}``. A partition missing from ``start`` is new in this batch: the source ends it
+        at its low watermark and reads nothing from it, so its range is ``[end, end]``."""
+        return {p: [self.start.get(p, end), end] for p, end in sorted(self.end.items(), key=lambda kv: int(kv[0]))}
 
     @property
     def records(self) -> int:
+        """The offsets the batch spans: an upper bound on its records, not their count (transaction markers,
+        aborted and compacted-away records take offsets and hold no record). Count rows for metrics."""
         return sum(end - start for start, end in self.ranges().values())
 
 

@@ -13,6 +13,15 @@ class OffsetsDeleted(KafkaSourceError):
     """Offsets a batch must read were removed by retention: reading on would silently lose data."""
 
 
+class OffsetsMovedBackwards(KafkaSourceError):
+    """A partition's high watermark is below the offset a batch starts from (topic re-created, a fail-over to a
+    mirror): reading on from the broker's offsets would silently skip or re-read records."""
+
+
+class SourceChanged(KafkaSourceError):
+    """The topic or cluster is not the one the query's checkpoint began on (its topic id or cluster id differs)."""
+
+
 class CheckpointMismatch(KrishivError):
     """The Spark checkpoint and the ledger describe different histories of the same pipeline."""
 

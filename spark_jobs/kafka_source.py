@@ -4,20 +4,32 @@ Offsets are ``{partition: next offset}`` (partition numbers as strings, since of
 task reads exactly ``[start, end)`` of one partition, whatever else the broker returns, so a batch id always
 means the same records on replay. Large ranges are split into several tasks. ``maxRecordsPerBatch`` becomes
 Spark's default read limit and is shared between partitions in proportion to their backlog;
-``Trigger.AvailableNow`` pins the end to the offsets seen when the query starts. Partitions that appear
-later start at offset 0; offsets that retention already deleted fail the query with :class:`OffsetsDeleted`.
+``Trigger.AvailableNow`` pins the end to the offsets seen when the query starts.
+
+Offsets only move forward, checked when the driver plans a batch (``latestOffset``): a high watermark below the
+batch's start (topic re-created, a fail-over to a mirror) raises :class:`OffsetsMovedBackwards`, a start below the
+low watermark (retention) :class:`OffsetsDeleted`, a topic or cluster other than the one the checkpoint began on
+:class:`SourceChanged`. Each message ends with the ``krishiv skip-offsets`` command that moves past it on purpose.
+A partition that appears later starts at its low watermark: the batch that first sees it records that offset as
+its end and reads nothing from it; the next batch reads from there.
 
 Options: ``bootstrap.servers`` and ``topic`` (required), ``startingOffsets`` (JSON of partition -> offset;
 partitions it leaves out start at their earliest offset), ``maxRecordsPerBatch``, ``recordsPerSplit``,
-``readTimeoutSeconds`` and ``kafka.<librdkafka setting>`` for anything else the consumer needs.
+``readTimeoutSeconds``, ``expectedIdentity`` (JSON of :meth:`KafkaAdmin.identity`, checked at the first batch
+planned) and ``kafka.<librdkafka setting>`` for anything else the consumer needs, except the settings in
+:data:`FORCED_CONSUMER_SETTINGS`, which Krishiv sets itself.
+
+The Kafka clients are made through one seam, :class:`KafkaClients` (confluent-kafka's ``Consumer`` and
+``AdminClient`` by default), so tests can replay a recorded fetch sequence through a consumer double.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -29,7 +41,8 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from spark_jobs.errors import KafkaSourceError, OffsetsDeleted
+from krishiv.spec import FORCED_CONSUMER_SETTINGS
+from spark_jobs.errors import KafkaSourceError, OffsetsDeleted, OffsetsMovedBackwards, SourceChanged
 
 SOURCE_NAME = "krishiv-kafka"
 SCHEMA = "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp"
@@ -46,46 +59,136 @@ ARROW_SCHEMA = pa.schema(
 METADATA_TIMEOUT_S = 10.0
 CONSUME_BATCH = 10_000
 POLL_TIMEOUT_S = 0.5
+#: Pauses between re-reads of the watermarks before a high watermark below a batch's start is believed (about 2 s
+#: in all): Tansu, the dev broker, may report a high watermark a little low for a moment.
+WATERMARK_RECHECK_DELAYS_S: tuple[float, ...] = (0.1, 0.2, 0.3, 0.5, 0.9)
+#: What a topic id looks like when a broker does not know it (Kafka's zero UUID).
+UNKNOWN_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"
+SKIP_HINT = 'krishiv skip-offsets --pipeline <pipeline> --partition {partition} --to {offset} --reason "..."'
 
 Offsets = dict[str, int]
+Identity = dict[str, str | None]
+
+
+class KafkaConsumer(Protocol):
+    """The part of ``confluent_kafka.Consumer`` the source uses; a test double implements the same."""
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any: ...
+    def get_watermark_offsets(self, partition: Any, timeout: float = -1, cached: bool = False) -> tuple[int, int]: ...
+    def assign(self, partitions: list[Any]) -> None: ...
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Any]: ...
+    def position(self, partitions: list[Any]) -> list[Any]: ...
+    def close(self) -> None: ...
+
+
+class KafkaAdminClient(Protocol):
+    """The part of ``confluent_kafka.admin.AdminClient`` the source uses (topic ids)."""
+
+    def describe_topics(self, topics: Any, **kwargs: Any) -> dict[str, Any]: ...
+
+
+def _confluent_consumer(config: dict[str, Any]) -> KafkaConsumer:
+    from confluent_kafka import Consumer
+
+    return Consumer(config)
+
+
+def _confluent_admin(config: dict[str, Any]) -> KafkaAdminClient:
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient(config)
+
+
+@dataclass(frozen=True)
+class KafkaClients:
+    """How the source makes its Kafka clients: the one seam a test replaces with doubles. Picklable (module-level
+    functions), since Spark ships the reader, and with it this, to its Python workers."""
+
+    consumer: Callable[[dict[str, Any]], KafkaConsumer] = _confluent_consumer
+    admin: Callable[[dict[str, Any]], KafkaAdminClient] = _confluent_admin
+
+
+CONFLUENT_CLIENTS = KafkaClients()
 
 
 def consumer_config(bootstrap: str, extra: Mapping[str, str]) -> dict[str, Any]:
+    """The consumer's settings: Krishiv's defaults, then ``extra``, then :data:`FORCED_CONSUMER_SETTINGS`, which no
+    extra overrides (the spec and the source refuse them anyway; this is the last line)."""
     config: dict[str, Any] = {
         "bootstrap.servers": bootstrap,
         "group.id": "krishiv-reader",  # required by librdkafka; offsets are never committed to the group
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "auto.offset.reset": "error",
         "enable.partition.eof": False,
         "fetch.max.bytes": 64 * 1024 * 1024,
         "queued.max.messages.kbytes": 256 * 1024,
     }
     config.update(extra)
+    for key in FORCED_CONSUMER_SETTINGS:
+        config.pop(key, None)
+    config.update(FORCED_CONSUMER_SETTINGS)
     return config
 
 
+def skip_hint(partition: int | str, offset: int | str) -> str:
+    """The operator's command that moves a partition past a gap on purpose (recorded in the ledger)."""
+    return SKIP_HINT.format(partition=partition, offset=offset)
+
+
 class KafkaAdmin:
-    """Watermark queries for one topic, behind one consumer handle."""
+    """Metadata and watermark queries for one topic, behind one consumer handle (and an admin client for ids)."""
 
-    def __init__(self, bootstrap: str, topic: str, extra: Mapping[str, str]) -> None:
-        from confluent_kafka import Consumer
-
+    def __init__(
+        self, bootstrap: str, topic: str, extra: Mapping[str, str], clients: KafkaClients = CONFLUENT_CLIENTS
+    ) -> None:
         self.bootstrap, self.topic = bootstrap, topic
-        self._consumer = Consumer(consumer_config(bootstrap, extra))
+        self._extra, self._clients = dict(extra), clients
+        self._consumer = clients.consumer(consumer_config(bootstrap, extra))
+        self._admin: KafkaAdminClient | None = None
 
-    def partitions(self) -> list[int]:
+    def _metadata(self) -> Any:
         from confluent_kafka import KafkaException
 
         try:
-            metadata = self._consumer.list_topics(self.topic, timeout=METADATA_TIMEOUT_S)
+            return self._consumer.list_topics(self.topic, timeout=METADATA_TIMEOUT_S)
         except KafkaException as exc:
             raise KafkaSourceError(f"Kafka broker at {self.bootstrap} is unreachable: {exc}") from exc
-        topic = metadata.topics.get(self.topic)
+
+    def partitions(self) -> list[int]:
+        topic = self._metadata().topics.get(self.topic)
         if topic is None or topic.error is not None or not topic.partitions:
             reason = topic.error if topic is not None else "no such topic"
             raise KafkaSourceError(f"topic {self.topic!r} is not available on {self.bootstrap}: {reason}")
         return sorted(topic.partitions)
+
+    def identity(self) -> Identity:
+        """``{"cluster_id": ..., "topic_id": ...}``: what tells this topic from one of the same name re-created or on
+        another cluster. Either is None when the broker does not report it."""
+        return {"cluster_id": self._metadata().cluster_id, "topic_id": self.topic_id()}
+
+    def topic_id(self) -> str | None:
+        """The topic's id from DescribeTopics, or None if the broker does not support it (or has none)."""
+        from concurrent.futures import TimeoutError as FutureTimeout
+
+        from confluent_kafka import KafkaError, KafkaException, TopicCollection
+
+        if self._admin is None:
+            self._admin = self._clients.admin({**self._extra, "bootstrap.servers": self.bootstrap})
+        try:
+            futures = self._admin.describe_topics(TopicCollection([self.topic]), request_timeout=METADATA_TIMEOUT_S)
+            description = futures[self.topic].result(METADATA_TIMEOUT_S)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            if error is not None and error.code() == KafkaError._UNSUPPORTED_FEATURE:
+                return None
+            raise KafkaSourceError(
+                f"Kafka broker at {self.bootstrap} did not describe topic {self.topic!r}: {exc}"
+            ) from exc
+        except FutureTimeout as exc:
+            raise KafkaSourceError(
+                f"Kafka broker at {self.bootstrap} did not describe topic {self.topic!r} "
+                f"within {METADATA_TIMEOUT_S:.0f}s"
+            ) from exc
+        topic_id = str(description.topic_id) if description.topic_id is not None else None
+        return None if topic_id in (None, "", UNKNOWN_TOPIC_ID) else topic_id
 
     def watermarks(self, partition: int) -> tuple[int, int]:
         from confluent_kafka import KafkaException, TopicPartition
@@ -107,6 +210,7 @@ class KafkaAdmin:
         return {str(p): self.watermarks(p)[0] for p in self.partitions()}
 
     def close(self) -> None:
+        self._admin = None
         self._consumer.close()
 
     def __enter__(self) -> KafkaAdmin:
@@ -123,20 +227,25 @@ def latest_offsets(bootstrap: str, topic: str, extra: Mapping[str, str] | None =
 
 
 def cap_offsets(start: Offsets, latest: Offsets, max_rows: int) -> Offsets:
-    """End offsets reading at most ``max_rows`` records, shared in proportion to each partition's backlog."""
-    backlog = {p: max(0, latest[p] - start.get(p, 0)) for p in latest}
+    """End offsets spanning at most ``max_rows`` offsets, shared in proportion to each partition's backlog.
+
+    A partition missing from ``start`` is new: it has no backlog and ends at ``latest`` (where the caller puts its
+    low watermark), so the batch records where it starts and reads nothing from it. Offsets are an upper bound on
+    records (transaction markers and compacted-away offsets hold none), so a batch may read fewer than ``max_rows``.
+    """
+    begin = {p: start.get(p, latest[p]) for p in latest}
+    backlog = {p: max(0, latest[p] - begin[p]) for p in latest}
     total = sum(backlog.values())
     if total <= max_rows:
         return dict(latest)
+    # Largest remainders: each partition gets its exact share rounded down, and the offsets left over go one each
+    # to the partitions with the largest fractions (ties by partition), so every share is rounded down or up.
     take = {p: (n * max_rows) // total for p, n in backlog.items()}
     spare = max_rows - sum(take.values())
-    for p in sorted(backlog, key=lambda q: backlog[q] - take[q], reverse=True):
-        if spare == 0:
-            break
-        if backlog[p] > take[p]:
-            take[p] += 1
-            spare -= 1
-    return {p: start.get(p, 0) + take[p] for p in latest}
+    by_fraction = sorted(backlog, key=lambda q: (-((backlog[q] * max_rows) % total), int(q)))
+    for p in by_fraction[:spare]:
+        take[p] += 1
+    return {p: begin[p] + take[p] for p in latest}
 
 
 class KafkaRange(InputPartition):
@@ -164,13 +273,17 @@ def _record_batch(msgs: list[Any], topic: str, partition: int) -> pa.RecordBatch
     )
 
 
-def read_range(part: KafkaRange) -> Iterator[pa.RecordBatch]:
-    """Yield the records of ``[start, end)`` as Arrow batches; records outside the range are dropped."""
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
+def read_range(part: KafkaRange, clients: KafkaClients = CONFLUENT_CLIENTS) -> Iterator[pa.RecordBatch]:
+    """Yield the records of ``[start, end)`` as Arrow batches; records outside the range are dropped.
+
+    Offsets may have gaps (transaction markers, aborted or compacted-away records): the range ends when the
+    consumer's position reaches ``end``, whether or not a record sits at ``end - 1``.
+    """
+    from confluent_kafka import KafkaError, TopicPartition
 
     bootstrap = part.config.get("bootstrap.servers")
     where = f"{part.topic}/{part.partition} [{part.start}, {part.end})"
-    consumer = Consumer(part.config)
+    consumer = clients.consumer(part.config)
     try:
         low, _high = consumer.get_watermark_offsets(
             TopicPartition(part.topic, part.partition), timeout=METADATA_TIMEOUT_S, cached=False
@@ -178,7 +291,8 @@ def read_range(part: KafkaRange) -> Iterator[pa.RecordBatch]:
         if part.start < low:
             raise OffsetsDeleted(
                 f"offsets [{part.start}, {low}) of {part.topic}/{part.partition} were deleted by retention before "
-                f"Spark read them; batch range {where} cannot be read exactly (broker {bootstrap})"
+                f"Spark read them; batch range {where} cannot be read exactly (broker {bootstrap}); "
+                f"to move on: {skip_hint(part.partition, low)}"
             )
         consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
         next_offset = part.start
@@ -191,7 +305,10 @@ def read_range(part: KafkaRange) -> Iterator[pa.RecordBatch]:
                 if err is None:
                     good.append(m)
                 elif err.code() == KafkaError._AUTO_OFFSET_RESET or err.code() == KafkaError.OFFSET_OUT_OF_RANGE:
-                    raise OffsetsDeleted(f"{where}: offset out of range on {bootstrap}: {err}")
+                    raise OffsetsDeleted(
+                        f"{where}: offset {m.offset()} is out of range on {bootstrap}: {err}; "
+                        f"to move on: {skip_hint(part.partition, '<offset>')}"
+                    )
                 elif err.code() != KafkaError._PARTITION_EOF:
                     raise KafkaSourceError(f"reading {where} from {bootstrap} failed: {err}")
             if good:
@@ -210,7 +327,7 @@ def read_range(part: KafkaRange) -> Iterator[pa.RecordBatch]:
                 return
             if time.monotonic() - last_progress > part.timeout_s:
                 raise KafkaSourceError(
-                    f"no records from {bootstrap} for {part.timeout_s:.0f}s while reading {where} "
+                    f"no records from {bootstrap} for {part.timeout_s:g}s while reading {where} "
                     f"(stuck at offset {next_offset}); is the broker up?"
                 )
     finally:
@@ -218,13 +335,26 @@ def read_range(part: KafkaRange) -> Iterator[pa.RecordBatch]:
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, options: Mapping[str, str]) -> None:
+    #: Pauses between watermark re-reads before offsets are believed to have moved backwards (tests shorten them).
+    recheck_delays_s: tuple[float, ...] = WATERMARK_RECHECK_DELAYS_S
+
+    def __init__(self, options: Mapping[str, str], clients: KafkaClients = CONFLUENT_CLIENTS) -> None:
         try:
             self.bootstrap = options["bootstrap.servers"]
             self.topic = options["topic"]
         except KeyError as exc:
             raise KafkaSourceError(f"the {SOURCE_NAME} source needs the option {exc.args[0]!r}") from None
         self.extra = {k[len("kafka.") :]: v for k, v in options.items() if k.startswith("kafka.")}
+        for key in self.extra:
+            if key in FORCED_CONSUMER_SETTINGS:
+                forced = FORCED_CONSUMER_SETTINGS[key]
+                shown = str(forced).lower() if isinstance(forced, bool) else forced
+                raise KafkaSourceError(
+                    f"option kafka.{key}: Krishiv sets this itself ({shown}) for exactly-once; remove it"
+                )
+        self.clients = clients
+        self.expected_identity = self._identity_option(options.get("expectedIdentity"))
+        self._identity_checked = False
         self.max_records = int(options.get("maxRecordsPerBatch", "0"))
         self.records_per_split = max(1, int(options.get("recordsPerSplit", "250000")))
         self.timeout_s = float(options.get("readTimeoutSeconds", "120"))
@@ -236,10 +366,24 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._last_recorded: int | None = None
         self._past_recorded = False  # batch ids only grow: once past the ledger, never look again
 
+    @staticmethod
+    def _identity_option(text: str | None) -> Identity | None:
+        if text is None:
+            return None
+        try:
+            identity = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise KafkaSourceError(f"option expectedIdentity: expected JSON, got {text!r}: {exc}") from None
+        if not isinstance(identity, dict) or not set(identity) <= {"cluster_id", "topic_id"}:
+            raise KafkaSourceError(
+                f"option expectedIdentity: expected {{'cluster_id': …, 'topic_id': …}}, got {text!r}"
+            )
+        return {key: None if identity.get(key) is None else str(identity[key]) for key in ("cluster_id", "topic_id")}
+
     @property
     def admin(self) -> KafkaAdmin:
         if self._admin is None:
-            self._admin = KafkaAdmin(self.bootstrap, self.topic, self.extra)
+            self._admin = KafkaAdmin(self.bootstrap, self.topic, self.extra, self.clients)
         return self._admin
 
     def initialOffset(self) -> dict:
@@ -279,17 +423,81 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return None
         return {**start, **{p: end for p, (_start, end) in entry.offsets.get(self.topic, {}).items()}}
 
+    def _check_identity(self) -> None:
+        """Once per reader: the topic and cluster are the ones the checkpoint began on (a None id is not compared)."""
+        if self.expected_identity is None or self._identity_checked:
+            return
+        actual = self.admin.identity()
+        for key in ("cluster_id", "topic_id"):
+            old, new = self.expected_identity.get(key), actual.get(key)
+            if old is not None and new is not None and old != new:
+                was, now = json.dumps(self.expected_identity, sort_keys=True), json.dumps(actual, sort_keys=True)
+                raise SourceChanged(
+                    f"topic {self.topic!r} on {self.bootstrap} is not the one this query began on: it was {was}, "
+                    f"it is now {now} "
+                    f"(deleted and re-created, or another cluster); to move on, for each partition: "
+                    f"{skip_hint('<p>', '<offset>')}"
+                )
+        self._identity_checked = True
+
+    def watermarks_moving_forward(self, start: Offsets) -> dict[str, tuple[int, int]]:
+        """Each partition's ``(low, high)`` watermarks, once no high watermark is below its start in ``start``.
+
+        A high watermark below a start is re-read after each of :attr:`recheck_delays_s` before it is believed, then
+        raises :class:`OffsetsMovedBackwards`; a partition of ``start`` that the topic no longer has raises
+        :class:`SourceChanged`; a start below the low watermark raises :class:`OffsetsDeleted`.
+        """
+        for delay in (*self.recheck_delays_s, None):
+            marks = {str(p): self.admin.watermarks(p) for p in self.admin.partitions()}
+            missing = sorted((p for p in start if p not in marks), key=int)
+            behind = sorted((p for p in start if p in marks and marks[p][1] < start[p]), key=int)
+            if not missing and not behind:
+                break
+            if delay is None:
+                if missing:
+                    p = missing[0]
+                    raise SourceChanged(
+                        f"topic {self.topic!r} on {self.bootstrap} has no partition {p} now (partitions "
+                        f"{sorted(marks, key=int)}), but the query reads it from offset {start[p]}; "
+                        f"to move on: {skip_hint(p, '<offset>')}"
+                    )
+                p = behind[0]
+                low, high = marks[p]
+                raise OffsetsMovedBackwards(
+                    f"{self.topic}/{p} on {self.bootstrap}: the high watermark {high} is below the batch's start "
+                    f"offset {start[p]} (topic re-created, or a fail-over to another cluster?); nothing is skipped "
+                    f"silently; to move on: {skip_hint(p, low)}"
+                )
+            time.sleep(delay)
+        for p, begin in sorted(start.items(), key=lambda kv: int(kv[0])):
+            low = marks[p][0]
+            if begin < low:
+                raise OffsetsDeleted(
+                    f"{self.topic}/{p} on {self.bootstrap}: the batch's start offset {begin} is below the low "
+                    f"watermark {low} (offsets [{begin}, {low}) were deleted by retention before they were read); "
+                    f"to move on: {skip_hint(p, low)}"
+                )
+        return marks
+
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        """The end offsets of the batch Spark plans next, after checking that offsets only move forward."""
+        begin: Offsets = {str(p): int(o) for p, o in start.items()}
+        self._check_identity()
+        marks = self.watermarks_moving_forward(begin)
         recorded = self._recorded_end(start)
         if recorded is not None:
             return recorded
-        latest = self.admin.latest()
+        latest = {p: high for p, (_low, high) in marks.items()}
         if self._target is not None:
-            latest = {p: min(end, self._target.get(p, start.get(p, 0))) for p, end in latest.items()}
-        # Offsets never move backwards, even if a broker reports a lower high watermark for a moment.
-        latest = {p: max(end, int(start.get(p, 0))) for p, end in latest.items()}
+            # Trigger.AvailableNow: our own pinned target may lie below the start (it is not the broker going
+            # backwards, which was checked above); the start wins.
+            latest = {
+                p: max(begin[p], min(end, self._target.get(p, begin[p]))) for p, end in latest.items() if p in begin
+            }
+        # A partition the start does not know is new: it starts at its low watermark, and nothing of it is read now.
+        latest = {p: latest[p] if p in begin else marks[p][0] for p in marks}
         if isinstance(limit, ReadMaxRows):
-            return cap_offsets({p: int(o) for p, o in start.items()}, latest, limit.max_rows)
+            return cap_offsets(begin, latest, limit.max_rows)
         return latest
 
     def reportLatestOffset(self) -> dict | None:
@@ -299,7 +507,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         config = consumer_config(self.bootstrap, self.extra)
         ranges = []
         for p, stop in sorted(end.items(), key=lambda kv: int(kv[0])):
-            first = int(start.get(p, 0))
+            first = int(start.get(p, stop))  # a partition new in this batch is read from the next one on
             for lo in range(first, int(stop), self.records_per_split):
                 hi = min(int(stop), lo + self.records_per_split)
                 ranges.append(KafkaRange(self.topic, int(p), lo, hi, config, self.timeout_s))
@@ -307,7 +515,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, KafkaRange)
-        return read_range(partition)
+        return read_range(partition, self.clients)
 
     def commit(self, end: dict) -> None:
         """Nothing to do: Spark's checkpoint and the outbox ledger own the consumed offsets."""

@@ -1,0 +1,546 @@
+"""The Kafka source on its own.
+
+Most cases are ones the local broker (Tansu) cannot produce: offset gaps left by transaction markers, aborted
+transactions and compaction, a range that ends on control records, retention, a partition with a low watermark
+above 0. Those run against :class:`ScriptedConsumer`, a consumer double that replays a recorded fetch sequence
+through the source's one seam (:class:`KafkaClients`). The topic's identity and a re-created topic are driven
+against the real broker.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic, PartitionMetadata, TopicMetadata
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+from krishiv.broker import LocalBroker
+from krishiv.produce import ensure_topic
+from krishiv.spec import FORCED_CONSUMER_SETTINGS
+from spark_jobs.checkpoint import BatchOffsets
+from spark_jobs.errors import KafkaSourceError, OffsetsDeleted, OffsetsMovedBackwards, SourceChanged
+from spark_jobs.kafka_source import (
+    KafkaAdmin,
+    KafkaClients,
+    KafkaRange,
+    KafkaStreamReader,
+    cap_offsets,
+    consumer_config,
+    read_range,
+)
+
+TOPIC = "orders"
+BOOTSTRAP = "double:9092"
+SHORT_RECHECKS = (0.01, 0.01)  # the reader's watermark re-reads, shortened from ~2 s
+WAIT_S = 15.0
+
+
+# ----------------------------------------------------------------------------------------------- the doubles
+
+
+@dataclass
+class Message:
+    """What ``Consumer.consume`` hands over: a record, or an error event."""
+
+    _offset: int
+    _error: KafkaError | None = None
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> bytes:
+        return f"k{self._offset}".encode()
+
+    def value(self) -> bytes:
+        return f"v{self._offset}".encode()
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, 1_700_000_000_000 + self._offset)
+
+    def error(self) -> KafkaError | None:
+        return self._error
+
+
+@dataclass
+class Fetch:
+    """One ``consume`` answer: records at ``offsets``; then the position is ``then`` (past control records the
+    consumer skipped without handing anything over) or the last offset + 1."""
+
+    offsets: list[int]
+    then: int | None = None
+    error: int | None = None  # a KafkaError code delivered as an error event after the records
+
+
+@dataclass
+class ScriptedConsumer:
+    """A ``confluent_kafka.Consumer`` double: replays scripted fetches and watermarks, and records every call.
+
+    ``watermarks`` holds a sequence of ``(low, high)`` answers per partition; the last one repeats.
+    """
+
+    fetches: list[Fetch] = field(default_factory=list)
+    watermarks: dict[int, list[tuple[int, int]]] = field(default_factory=lambda: {0: [(0, 1_000)]})
+    cluster_id: str | None = "cluster-a"
+    calls: list[tuple[Any, ...]] = field(default_factory=list)
+    configs: list[dict[str, Any]] = field(default_factory=list)
+    _position: int = -1001  # librdkafka's OFFSET_INVALID until assigned
+
+    def __call__(self, config: dict[str, Any]) -> ScriptedConsumer:
+        """The factory of :class:`KafkaClients`: every client the source makes is this double."""
+        self.configs.append(config)
+        return self
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> ClusterMetadata:
+        self.calls.append(("list_topics", topic))
+        metadata = ClusterMetadata()
+        metadata.cluster_id = self.cluster_id
+        described = TopicMetadata()
+        described.topic = TOPIC
+        described.partitions = {p: PartitionMetadata() for p in self.watermarks}
+        metadata.topics = {TOPIC: described}
+        return metadata
+
+    def get_watermark_offsets(
+        self, partition: TopicPartition, timeout: float = -1, cached: bool = False
+    ) -> tuple[int, int]:
+        self.calls.append(("get_watermark_offsets", partition.partition))
+        answers = self.watermarks[partition.partition]
+        return answers.pop(0) if len(answers) > 1 else answers[0]
+
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        self.calls.append(("assign", [(tp.topic, tp.partition, tp.offset) for tp in partitions]))
+        self._position = partitions[0].offset
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
+        self.calls.append(("consume", num_messages))
+        if not self.fetches:
+            return []
+        fetch = self.fetches[0]
+        given, rest = fetch.offsets[:num_messages], fetch.offsets[num_messages:]
+        if rest:  # a real consumer hands over at most num_messages; the rest comes with the next call
+            self.fetches[0] = Fetch(rest, fetch.then, fetch.error)
+        else:
+            self.fetches.pop(0)
+        msgs = [Message(o) for o in given]
+        if given:
+            self._position = given[-1] + 1
+        if not rest:
+            if fetch.then is not None:
+                self._position = fetch.then
+            if fetch.error is not None:
+                msgs.append(Message(self._position, KafkaError(fetch.error)))
+        return msgs
+
+    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        self.calls.append(("position",))
+        return [TopicPartition(tp.topic, tp.partition, self._position) for tp in partitions]
+
+    def close(self) -> None:
+        self.calls.append(("close",))
+
+    def count(self, name: str) -> int:
+        return sum(1 for call in self.calls if call[0] == name)
+
+
+@dataclass
+class ScriptedAdmin:
+    """An ``AdminClient`` double answering DescribeTopics with ``topic_id`` (or ``error``, a KafkaError code)."""
+
+    topic_id: str | None = "topic-1"
+    error: int | None = None
+    described: int = 0
+
+    def __call__(self, config: dict[str, Any]) -> ScriptedAdmin:
+        return self
+
+    def describe_topics(self, topics: Any, **kwargs: Any) -> dict[str, Future]:
+        self.described += 1
+        answer: Future = Future()
+        if self.error is not None:
+            answer.set_exception(KafkaException(KafkaError(self.error)))
+        else:
+            answer.set_result(SimpleNamespace(topic_id=self.topic_id))
+        return {name: answer for name in topics.topic_names}
+
+
+def read(consumer: ScriptedConsumer, start: int, end: int, timeout_s: float = 30.0) -> list[int]:
+    """The offsets ``read_range`` yields for ``[start, end)`` of partition 0."""
+    part = KafkaRange(TOPIC, 0, start, end, consumer_config(BOOTSTRAP, {}), timeout_s)
+    batches = list(read_range(part, KafkaClients(consumer=consumer)))
+    for batch in batches:
+        assert batch.schema.field("offset").type == pa.int64()
+    return [o for batch in batches for o in batch.column("offset").to_pylist()]
+
+
+def reader(consumer: ScriptedConsumer, admin: ScriptedAdmin | None = None, **options: str) -> KafkaStreamReader:
+    source = KafkaStreamReader(
+        {"bootstrap.servers": BOOTSTRAP, "topic": TOPIC, **options},
+        KafkaClients(consumer=consumer, admin=admin or ScriptedAdmin()),
+    )
+    source.recheck_delays_s = SHORT_RECHECKS
+    return source
+
+
+# ------------------------------------------------------------------------------------------- reading a range
+
+
+def test_offset_gaps_still_read_exactly_the_records_in_range() -> None:
+    # 13-14: an aborted transaction and its marker; 17-19 compacted away; 26-27 a commit marker and a gap.
+    consumer = ScriptedConsumer(fetches=[Fetch([10, 11, 12, 15, 16, 20]), Fetch([21, 22, 23, 24, 25]), Fetch([28, 29])])
+    assert read(consumer, 10, 30) == [10, 11, 12, 15, 16, 20, 21, 22, 23, 24, 25, 28, 29]
+    assert ("assign", [(TOPIC, 0, 10)]) in consumer.calls
+    assert consumer.calls[-1] == ("close",)
+    assert consumer.count("position") == 0, "a range ending on a record needs no position check"
+
+
+def test_a_range_ending_on_control_records_ends_without_waiting() -> None:
+    # Offsets 7-9 are transaction markers: nothing more comes, but the position moves past them to the end.
+    consumer = ScriptedConsumer(fetches=[Fetch([0, 1, 2, 3, 4, 5, 6], then=10)])
+    began = time.monotonic()
+    assert read(consumer, 0, 10, timeout_s=60.0) == [0, 1, 2, 3, 4, 5, 6]
+    assert time.monotonic() - began < 1.0
+    assert consumer.count("position") == 1
+
+
+def test_a_range_made_only_of_control_records_reads_nothing() -> None:
+    consumer = ScriptedConsumer(fetches=[Fetch([], then=40)])
+    assert read(consumer, 35, 40) == []
+    assert consumer.calls[-1] == ("close",)
+
+
+def test_records_before_start_and_at_or_beyond_end_are_dropped() -> None:
+    consumer = ScriptedConsumer(fetches=[Fetch([8, 9, 10, 11]), Fetch([12, 14, 15, 16])])
+    assert read(consumer, 10, 15) == [10, 11, 12, 14]
+
+
+def test_consume_is_never_asked_for_more_than_the_range_holds() -> None:
+    consumer = ScriptedConsumer(fetches=[Fetch(list(range(100, 110)))])
+    assert read(consumer, 100, 103) == [100, 101, 102]
+    assert [c[1] for c in consumer.calls if c[0] == "consume"] == [3]
+
+
+def test_offsets_deleted_by_retention_fail_the_task_naming_them() -> None:
+    consumer = ScriptedConsumer(watermarks={0: [(15, 100)]}, fetches=[Fetch([15, 16])])
+    with pytest.raises(OffsetsDeleted) as info:
+        read(consumer, 10, 20)
+    message = str(info.value)
+    assert "[10, 15)" in message and f"{TOPIC}/0" in message
+    assert 'krishiv skip-offsets --pipeline <pipeline> --partition 0 --to 15 --reason "..."' in message
+    assert consumer.count("consume") == 0 and consumer.calls[-1] == ("close",)
+
+
+def test_an_offset_reset_while_reading_is_offsets_deleted() -> None:
+    consumer = ScriptedConsumer(fetches=[Fetch([10, 11], error=KafkaError._AUTO_OFFSET_RESET)])
+    with pytest.raises(OffsetsDeleted, match=r"orders/0 \[10, 20\).*offset 12"):
+        read(consumer, 10, 20)
+
+
+def test_a_broker_error_while_reading_names_the_range() -> None:
+    consumer = ScriptedConsumer(fetches=[Fetch([10], error=KafkaError._TRANSPORT)])
+    with pytest.raises(KafkaSourceError, match=r"reading orders/0 \[10, 20\) from double:9092 failed"):
+        read(consumer, 10, 20)
+
+
+def test_a_stuck_partition_fails_after_the_timeout() -> None:
+    consumer = ScriptedConsumer(fetches=[Fetch([0, 1, 2])])  # then nothing, and the position stays at 3
+    began = time.monotonic()
+    with pytest.raises(KafkaSourceError, match=r"stuck at offset 3"):
+        read(consumer, 0, 10, timeout_s=0.05)
+    assert 0.05 <= time.monotonic() - began < 2.0
+    assert consumer.calls[-1] == ("close",)
+
+
+# ---------------------------------------------------------------------------------------------- cap_offsets
+
+
+def test_cap_offsets_shares_the_limit_in_proportion_to_backlog() -> None:
+    start = {"0": 0, "1": 100, "2": 5}
+    assert cap_offsets(start, {"0": 600, "1": 400, "2": 105}, 100) == {"0": 60, "1": 130, "2": 15}
+
+
+def test_cap_offsets_takes_the_exact_total_and_never_more_than_a_backlog() -> None:
+    rng = random.Random(12)
+    for _ in range(500):
+        n = rng.randint(1, 6)
+        start = {str(p): rng.randint(0, 50) for p in range(n)}
+        latest = {p: s + rng.choice([0, 0, 1, 2, rng.randint(0, 1_000)]) for p, s in start.items()}
+        limit = rng.randint(1, 300)
+        end = cap_offsets(start, latest, limit)
+        backlog = sum(latest[p] - start[p] for p in latest)
+        assert sum(end[p] - start[p] for p in end) == min(limit, backlog)
+        assert all(start[p] <= end[p] <= latest[p] for p in end)
+        if backlog > limit:  # each partition gets its exact share rounded down or up
+            assert all(abs((end[p] - start[p]) - (latest[p] - start[p]) * limit / backlog) < 1 for p in end)
+
+
+def test_cap_offsets_leaves_partitions_without_backlog_and_everything_under_the_limit() -> None:
+    assert cap_offsets({"0": 7, "1": 0}, {"0": 7, "1": 30}, 10) == {"0": 7, "1": 10}
+    assert cap_offsets({"0": 7, "1": 0}, {"0": 9, "1": 3}, 10) == {"0": 9, "1": 3}
+
+
+def test_cap_offsets_ends_a_new_partition_where_it_starts() -> None:
+    # Partition 2 is not in start: it ends at the offset the caller gives (its low watermark) and takes no share.
+    assert cap_offsets({"0": 0, "1": 0}, {"0": 50, "1": 50, "2": 40}, 10) == {"0": 5, "1": 5, "2": 40}
+    assert cap_offsets({"0": 0}, {"0": 3, "1": 40}, 10) == {"0": 3, "1": 40}
+
+
+# ------------------------------------------------------------------------------------- planning a batch
+
+
+def test_latest_offset_reads_up_to_the_high_watermark() -> None:
+    consumer = ScriptedConsumer(watermarks={0: [(0, 50)], 1: [(3, 80)]})
+    source = reader(consumer)
+    assert source.latestOffset({"0": 10, "1": 3}, ReadAllAvailable()) == {"0": 50, "1": 80}
+    # Shares of 20: 40/117 and 77/117 of it, 6.84 and 13.16, rounded to 7 and 13.
+    assert source.latestOffset({"0": 10, "1": 3}, ReadMaxRows(20)) == {"0": 17, "1": 16}
+
+
+def test_a_high_watermark_below_the_start_stops_the_query() -> None:
+    consumer = ScriptedConsumer(watermarks={0: [(0, 500)], 1: [(0, 4)]})
+    with pytest.raises(OffsetsMovedBackwards) as info:
+        reader(consumer).latestOffset({"0": 100, "1": 120}, ReadAllAvailable())
+    message = str(info.value)
+    assert f"{TOPIC}/1" in message and "high watermark 4" in message and "start offset 120" in message
+    assert 'krishiv skip-offsets --pipeline <pipeline> --partition 1 --to 0 --reason "..."' in message
+    # Believed only after the watermarks were re-read once per pause.
+    assert consumer.count("list_topics") == len(SHORT_RECHECKS) + 1
+
+
+def test_a_high_watermark_low_for_a_moment_is_read_again() -> None:
+    consumer = ScriptedConsumer(watermarks={0: [(0, 90), (0, 95), (0, 130)]})
+    assert reader(consumer).latestOffset({"0": 100}, ReadAllAvailable()) == {"0": 130}
+
+
+def test_the_available_now_target_below_the_start_is_not_the_broker_going_backwards() -> None:
+    consumer = ScriptedConsumer(watermarks={0: [(0, 40), (0, 60)], 1: [(0, 10)]})
+    source = reader(consumer)
+    source.prepareForTriggerAvailableNow()  # pins {"0": 40, "1": 10}
+    assert source.latestOffset({"0": 50, "1": 5}, ReadAllAvailable()) == {"0": 50, "1": 10}
+
+
+def test_a_start_below_the_low_watermark_stops_the_query_when_planning() -> None:
+    consumer = ScriptedConsumer(watermarks={0: [(0, 90)], 1: [(25, 90)]})
+    with pytest.raises(OffsetsDeleted) as info:
+        reader(consumer).latestOffset({"0": 10, "1": 10}, ReadAllAvailable())
+    message = str(info.value)
+    assert f"{TOPIC}/1" in message and "start offset 10" in message and "low watermark 25" in message
+    assert "--partition 1 --to 25" in message
+
+
+def test_a_partition_the_topic_lost_stops_the_query() -> None:
+    consumer = ScriptedConsumer(watermarks={0: [(0, 90)]})
+    with pytest.raises(SourceChanged, match=r"no partition 1 now .* from offset 10"):
+        reader(consumer).latestOffset({"0": 10, "1": 10}, ReadAllAvailable())
+
+
+def test_a_new_partition_starts_at_its_low_watermark() -> None:
+    consumer = ScriptedConsumer(watermarks={0: [(0, 50)], 1: [(7, 9)]})
+    source = reader(consumer, recordsPerSplit="100")
+    start = {"0": 10}
+    end = source.latestOffset(start, ReadAllAvailable())
+    assert end == {"0": 50, "1": 7}
+    assert source.latestOffset(start, ReadMaxRows(5)) == {"0": 15, "1": 7}
+    # Nothing of the new partition is read in the batch that finds it; the next batch reads from its low watermark.
+    assert [(r.partition, r.start, r.end) for r in source.partitions(start, end)] == [(0, 10, 50)]
+    assert source.latestOffset(end, ReadAllAvailable()) == {"0": 50, "1": 9}
+    assert [(r.partition, r.start, r.end) for r in source.partitions(end, {"0": 50, "1": 9})] == [(1, 7, 9)]
+    assert BatchOffsets(3, start, end, 0, 0).ranges() == {"0": [10, 50], "1": [7, 7]}
+    assert BatchOffsets(3, start, end, 0, 0).records == 40
+
+
+def test_the_reader_reads_its_ranges_through_the_seam() -> None:
+    consumer = ScriptedConsumer(watermarks={0: [(0, 6)]}, fetches=[Fetch([2, 3, 5])])
+    source = reader(consumer)
+    (part,) = source.partitions({"0": 2}, {"0": 6})
+    assert [b.num_rows for b in source.read(part)] == [3]
+
+
+# --------------------------------------------------------------------------------------- consumer settings
+
+
+def test_forced_consumer_settings_override_extras() -> None:
+    extras = {
+        "isolation.level": "read_uncommitted",
+        "enable.auto.commit": "true",
+        "enable.auto.offset.store": "true",
+        "auto.offset.reset": "earliest",
+        "group.id": "mine",
+        "fetch.min.bytes": "7",
+    }
+    config = consumer_config(BOOTSTRAP, extras)
+    assert {k: config[k] for k in FORCED_CONSUMER_SETTINGS} == {
+        "isolation.level": "read_committed",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "error",
+    }
+    assert config["group.id"] == "mine" and config["fetch.min.bytes"] == "7"
+    # Every consumer the source makes gets them, the driver's and the tasks'.
+    consumer = ScriptedConsumer(watermarks={0: [(0, 6)]}, fetches=[Fetch([0, 1])])
+    source = reader(consumer, **{"kafka.fetch.min.bytes": "7"})
+    source.latestOffset({"0": 0}, ReadAllAvailable())
+    list(source.read(source.partitions({"0": 0}, {"0": 2})[0]))
+    assert len(consumer.configs) == 2
+    assert all(c["isolation.level"] == "read_committed" and c["fetch.min.bytes"] == "7" for c in consumer.configs)
+
+
+@pytest.mark.parametrize("key", sorted(FORCED_CONSUMER_SETTINGS))
+def test_the_source_refuses_a_forced_setting_as_an_option(key: str) -> None:
+    with pytest.raises(KafkaSourceError, match=rf"option kafka\.{key}: Krishiv sets this itself"):
+        reader(ScriptedConsumer(), **{f"kafka.{key}": "x"})
+
+
+# --------------------------------------------------------------------------------------------------- identity
+
+
+def test_identity_is_the_cluster_id_and_the_topic_id() -> None:
+    admin = KafkaAdmin(BOOTSTRAP, TOPIC, {}, KafkaClients(consumer=ScriptedConsumer(), admin=ScriptedAdmin("t-9")))
+    assert admin.identity() == {"cluster_id": "cluster-a", "topic_id": "t-9"}
+    unsupported = ScriptedAdmin(error=KafkaError._UNSUPPORTED_FEATURE)
+    admin = KafkaAdmin(BOOTSTRAP, TOPIC, {}, KafkaClients(consumer=ScriptedConsumer(), admin=unsupported))
+    assert admin.identity() == {"cluster_id": "cluster-a", "topic_id": None}
+    failing = ScriptedAdmin(error=KafkaError._TRANSPORT)
+    admin = KafkaAdmin(BOOTSTRAP, TOPIC, {}, KafkaClients(consumer=ScriptedConsumer(), admin=failing))
+    with pytest.raises(KafkaSourceError, match="did not describe topic 'orders'"):
+        admin.identity()
+
+
+def test_an_identity_change_stops_the_query_naming_both() -> None:
+    expected = json.dumps({"cluster_id": "cluster-a", "topic_id": "topic-1"})
+    source = reader(ScriptedConsumer(), ScriptedAdmin("topic-2"), expectedIdentity=expected)
+    with pytest.raises(SourceChanged) as info:
+        source.latestOffset({"0": 0}, ReadAllAvailable())
+    message = str(info.value)
+    assert "'orders'" in message and '"topic_id": "topic-1"' in message and '"topic_id": "topic-2"' in message
+
+    other_cluster = ScriptedConsumer(cluster_id="cluster-b")
+    with pytest.raises(SourceChanged, match='"cluster_id": "cluster-b"'):
+        reader(other_cluster, ScriptedAdmin("topic-1"), expectedIdentity=expected).latestOffset(
+            {"0": 0}, ReadAllAvailable()
+        )
+
+
+def test_an_unknown_topic_id_is_not_compared_and_the_identity_is_checked_once() -> None:
+    admin = ScriptedAdmin(error=KafkaError._UNSUPPORTED_FEATURE)
+    source = reader(
+        ScriptedConsumer(), admin, expectedIdentity=json.dumps({"cluster_id": "cluster-a", "topic_id": "x"})
+    )
+    assert source.latestOffset({"0": 0}, ReadAllAvailable()) == {"0": 1_000}
+    source = reader(
+        ScriptedConsumer(), admin, expectedIdentity=json.dumps({"cluster_id": "cluster-a", "topic_id": None})
+    )
+    source.latestOffset({"0": 0}, ReadAllAvailable())
+    source.latestOffset({"0": 1_000}, ReadAllAvailable())
+    assert admin.described == 2
+
+
+def test_a_bad_expected_identity_option_is_named() -> None:
+    with pytest.raises(KafkaSourceError, match="option expectedIdentity: expected JSON"):
+        reader(ScriptedConsumer(), expectedIdentity="{nope")
+    with pytest.raises(KafkaSourceError, match="option expectedIdentity"):
+        reader(ScriptedConsumer(), expectedIdentity='{"cluster": "a"}')
+
+
+# -------------------------------------------------------------------------------------- the real broker
+
+
+@pytest.fixture
+def real_topic(broker: LocalBroker) -> Iterator[str]:
+    name = f"source-{uuid.uuid4().hex[:10]}"
+    yield name
+    AdminClient({"bootstrap.servers": broker.bootstrap}).delete_topics([name], operation_timeout=10)
+
+
+def _wait_for(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} within {WAIT_S:.0f}s")
+        time.sleep(0.05)
+
+
+def _recreate(bootstrap: str, topic: str, partitions: int) -> None:
+    """Delete ``topic`` and create it again, as an operator might, waiting until the broker serves the new one."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.delete_topics([topic], operation_timeout=10).values():
+        future.result(WAIT_S)
+    _wait_for(lambda: topic not in admin.list_topics(timeout=WAIT_S).topics, f"{topic} was not deleted")
+    for future in admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)]).values():
+        future.result(WAIT_S)
+    _wait_for(
+        lambda: len(admin.list_topics(topic, timeout=WAIT_S).topics[topic].partitions) == partitions,
+        f"{topic} was not re-created",
+    )
+
+
+def _produce(bootstrap: str, topic: str, records: int) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    for i in range(records):
+        producer.produce(topic, value=f"r{i}".encode(), partition=0)
+        producer.flush(WAIT_S)  # one record batch each, so Tansu's high watermark counts every record
+    assert producer.flush(WAIT_S) == 0
+
+
+def _real_reader(bootstrap: str, topic: str, **options: str) -> KafkaStreamReader:
+    source = KafkaStreamReader({"bootstrap.servers": bootstrap, "topic": topic, **options})
+    source.recheck_delays_s = SHORT_RECHECKS
+    return source
+
+
+def test_a_re_created_topic_has_a_new_identity_and_stops_the_query(broker: LocalBroker, real_topic: str) -> None:
+    ensure_topic(broker.bootstrap, real_topic, 1)
+    _produce(broker.bootstrap, real_topic, 3)
+    with KafkaAdmin(broker.bootstrap, real_topic, {}) as admin:
+        before = admin.identity()
+        assert set(before) == {"cluster_id", "topic_id"}
+        assert isinstance(before["cluster_id"], str) and before["cluster_id"]
+        assert isinstance(before["topic_id"], str) and before["topic_id"]
+        start = admin.latest()
+    assert start["0"] >= 1
+
+    _recreate(broker.bootstrap, real_topic, 1)
+    with KafkaAdmin(broker.bootstrap, real_topic, {}) as admin:
+        after = admin.identity()
+    assert after["cluster_id"] == before["cluster_id"] and after["topic_id"] != before["topic_id"]
+
+    source = _real_reader(broker.bootstrap, real_topic, expectedIdentity=json.dumps(before))
+    try:
+        with pytest.raises(SourceChanged, match=re.escape(str(before["topic_id"]))):
+            source.latestOffset(start, ReadAllAvailable())
+    finally:
+        source.stop()
+    # Without the pinned identity, the offsets going backwards stop it all the same.
+    source = _real_reader(broker.bootstrap, real_topic)
+    try:
+        with pytest.raises(
+            OffsetsMovedBackwards, match=rf"{real_topic}/0 .*high watermark 0 .*start offset {start['0']}"
+        ):
+            source.latestOffset(start, ReadAllAvailable())
+    finally:
+        source.stop()
+
+
+def test_partitions_the_start_does_not_know_begin_at_their_low_watermark(broker: LocalBroker, real_topic: str) -> None:
+    """Tansu cannot add partitions (CreatePartitions is unsupported), so the start knows one of three, as it would
+    after two were added."""
+    ensure_topic(broker.bootstrap, real_topic, 3)
+    _produce(broker.bootstrap, real_topic, 2)
+    source = _real_reader(broker.bootstrap, real_topic)
+    try:
+        end = source.latestOffset({"0": 0}, ReadAllAvailable())
+        assert end == {"0": 2, "1": 0, "2": 0}
+        assert [(r.partition, r.start, r.end) for r in source.partitions({"0": 0}, end)] == [(0, 0, 2)]
+    finally:
+        source.stop()
