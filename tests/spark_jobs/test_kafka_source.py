@@ -1,10 +1,10 @@
 """The Kafka source on its own.
 
-Most cases are ones the local broker (Tansu) cannot produce: offset gaps left by transaction markers, aborted
-transactions and compaction, a range that ends on control records, retention, a partition with a low watermark
-above 0. Those run against :class:`ScriptedConsumer`, a consumer double that replays a recorded fetch sequence
-through the source's one seam (:class:`KafkaClients`). The topic's identity and a re-created topic are driven
-against the real broker.
+Most cases are ones the local broker (Tansu) cannot produce: aborted transactions and compaction, retention, a
+partition with a low watermark above 0, a broker that stalls. Those run against :class:`ScriptedConsumer`, a
+consumer double that replays a recorded fetch sequence through the source's one seam (:class:`KafkaClients`).
+What Tansu can do runs against it: commit markers (offset gaps, a range ending on a control record), the topic's
+identity, a re-created topic.
 """
 
 from __future__ import annotations
@@ -530,6 +530,28 @@ def test_a_re_created_topic_has_a_new_identity_and_stops_the_query(broker: Local
             source.latestOffset(start, ReadAllAvailable())
     finally:
         source.stop()
+
+
+def test_commit_markers_leave_gaps_and_a_range_may_end_on_one(broker: LocalBroker, real_topic: str) -> None:
+    ensure_topic(broker.bootstrap, real_topic, 1)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": f"tx-{real_topic}"})
+    producer.init_transactions(WAIT_S)
+    for values in ([b"a", b"b"], [b"c"]):  # records 0, 1, marker 2, record 3, marker 4
+        producer.begin_transaction()
+        for value in values:
+            producer.produce(real_topic, value=value, partition=0)
+        producer.commit_transaction(WAIT_S)
+    with KafkaAdmin(broker.bootstrap, real_topic, {}) as admin:
+        assert admin.watermarks(0) == (0, 5)
+
+    def offsets(start: int, end: int) -> list[int]:
+        part = KafkaRange(real_topic, 0, start, end, consumer_config(broker.bootstrap, {}), WAIT_S)
+        return [o for batch in read_range(part) for o in batch.column("offset").to_pylist()]
+
+    began = time.monotonic()
+    assert offsets(0, 5) == [0, 1, 3]
+    assert offsets(0, 3) == [0, 1]
+    assert time.monotonic() - began < WAIT_S / 2, "ranges ending on a marker must end, not wait for the timeout"
 
 
 def test_partitions_the_start_does_not_know_begin_at_their_low_watermark(broker: LocalBroker, real_topic: str) -> None:
