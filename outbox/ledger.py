@@ -4,17 +4,31 @@ DuckDB lets one process at a time hold a file open for writing, and a writer blo
 read-only opens as well. The Spark driver, the commit relay and the Dagster daemon all use the ledger, so
 every operation opens the file, runs one short transaction and closes it again. A lock held by another
 process is retried with backoff up to ``lock_timeout_s``; then :class:`LedgerBusyError` names the file
-and the holder, and nothing has been written.
+and the holder, and nothing has been written. A file that is not a ledger at all (empty, not a DuckDB
+file, or a DuckDB database without the ledger's tables) raises :class:`LedgerCorrupt` at once: only a file
+another process is creating this instant is given a fraction of a second to get its header.
+
+What the hot paths read (sensors, ``krishiv status``, the asset checks) is answered in SQL, never by
+loading every entry: each entry's offset ranges are kept one row per partition in ``outbox_offsets`` and
+the metrics they sum are columns of ``outbox`` (the JSON stays the record). :meth:`Ledger.compact` folds
+COMMITTED entries older than a retention into one archive row per (query, table), keeping the newest entry
+of each so the replay checks still find it, and every total read includes the archive.
+
+The table ``stager_lease`` fences the stager: a lease names the process (a token drawn once per process
+start) and :meth:`Ledger.record_batch` refuses, in its own transaction, to record under a lease that is
+no longer this process's. ``offset_skips`` records every operator-approved skip over offsets.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,7 +38,15 @@ from typing import Any
 
 import duckdb
 
-from outbox.errors import BatchReplayMismatch, LedgerBusyError, LedgerSchemaError, StagerBusy
+from outbox.errors import (
+    BatchReplayMismatch,
+    LedgerBusyError,
+    LedgerCorrupt,
+    LedgerSchemaError,
+    OffsetSkipConflict,
+    StagerBusy,
+    StagerLeaseLost,
+)
 
 PENDING = "PENDING"
 COMMITTED = "COMMITTED"
@@ -32,9 +54,64 @@ COMMITTED = "COMMITTED"
 DEFAULT_LOCK_TIMEOUT_S = 30.0
 _BACKOFF_START_S = 0.005
 _BACKOFF_MAX_S = 0.25
+#: A file DuckDB calls invalid is retried this long, and only if it was modified in the last
+#: ``_FRESH_FILE_S``: another process may have created it and not yet written its header.
+_CREATION_GRACE_S = 0.5
+_FRESH_FILE_S = 5.0
+#: DuckDB's file header: an 8-byte checksum, then the magic bytes.
+_DUCKDB_MAGIC = b"DUCK"
+
+#: Committed entries older than this are folded into the archive by :meth:`Ledger.compact`.
+DEFAULT_RETENTION_S = 7 * 24 * 3600.0
+#: Entries folded per compaction transaction, so no transaction holds the file for long.
+COMPACT_CHUNK = 20_000
 
 #: Offsets of one batch: topic -> partition -> [start, end).
 OffsetRanges = dict[str, dict[str, list[int]]]
+
+#: The metrics kept as columns of ``outbox`` (summed by status and the checks), besides the JSON.
+METRIC_COLUMNS = ("records_read", "rejects", "late_events", "windows")
+
+
+# ------------------------------------------------------------------------------------------ process identity
+
+_TOKEN = uuid.uuid4().hex
+
+
+def _new_token() -> None:
+    global _TOKEN
+    _TOKEN = uuid.uuid4().hex
+
+
+# A forked child is another process: it must not inherit its parent's identity (and its leases).
+os.register_at_fork(after_in_child=_new_token)
+
+
+def process_token() -> str:
+    """A random token drawn once per process start (and again in a forked child): names a lease's holder."""
+    return _TOKEN
+
+
+@functools.cache
+def node_identity() -> str | None:
+    """Where a pid means this process: the boot id and the pid namespace, or None where /proc has neither.
+
+    Containers often share a hostname and start their main process as pid 1, so (host, pid) alone would
+    make one container's lease look like another's. Same boot id and same pid-namespace inode: the same
+    kernel and the same pid space, where ``kill(pid, 0)`` is about the holder.
+    """
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    try:
+        namespace = str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        namespace = ""
+    return f"{boot}/{namespace}" if boot or namespace else None
+
+
+# ------------------------------------------------------------------------------------------ values
 
 
 @dataclass(frozen=True)
@@ -74,8 +151,80 @@ class OutboxEntry:
 
 
 @dataclass(frozen=True)
+class PendingBatch:
+    """A PENDING entry's key and age, without its files and offsets."""
+
+    query_id: str
+    table: str
+    batch_id: int
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class TableSummary:
+    """What a table's entries add up to, the archive included (counts are entries, one per batch)."""
+
+    table: str
+    pending: int = 0
+    committed: int = 0
+    archived: int = 0  # of ``committed``, how many were folded into the archive
+    records_read: int = 0
+    rejects: int = 0
+    late_events: int = 0
+    committed_records: int = 0  # staged records of the COMMITTED entries: the rows the table received
+    last_commit_at: datetime | None = None
+    last_snapshot_id: int | None = None
+    oldest_pending_at: datetime | None = None
+    staged_offsets: dict[str, int] = field(default_factory=dict)  # filled when a topic is given
+    committed_offsets: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CommittedBatches:
+    """A table's COMMITTED batches: the staged record count of each entry still in the ledger, and the archive's."""
+
+    records: dict[tuple[str, int], int]  # (query id, batch id) -> staged records
+    archived_through: dict[str, int]  # query id -> highest batch id folded into the archive
+    archived_records: int = 0
+
+    @property
+    def total_records(self) -> int:
+        return sum(self.records.values()) + self.archived_records
+
+    def includes(self, query_id: str, batch_id: int) -> bool:
+        return (query_id, batch_id) in self.records or batch_id <= self.archived_through.get(query_id, -1)
+
+
+@dataclass(frozen=True)
+class CompactionReport:
+    entries_archived: int
+    groups: int  # (query, table) pairs that received archived entries
+    entries_kept: int  # entries left in the hot table
+
+
+@dataclass(frozen=True)
+class OffsetSkip:
+    """An operator's decision to move a query's partition from one offset to another, past what cannot be read."""
+
+    pipeline: str
+    query_id: str
+    topic: str
+    partition: str
+    from_offset: int
+    to_offset: int
+    reason: str
+    operator: str
+    created_at: datetime
+    applied_batch_id: int | None = None
+
+
+@dataclass(frozen=True)
 class StagerLease:
-    """Who is running a pipeline's Spark query now: a ``krishiv run`` process or a Dagster staging run."""
+    """Who is running a pipeline's Spark query now: a ``krishiv run`` process or a Dagster staging run.
+
+    ``token`` names the holding process uniquely (see :func:`process_token`); ``host``, ``pid`` and ``node``
+    say where it runs, for people and for the liveness check.
+    """
 
     pipeline: str
     holder: str
@@ -83,12 +232,14 @@ class StagerLease:
     pid: int
     acquired_at: datetime
     expires_at: datetime
+    token: str | None = None
+    node: str | None = None
 
     def alive(self, now: datetime | None = None) -> bool:
-        """Unexpired, and, when held on this host, by a process that still exists."""
+        """Unexpired, and, when held in this process's pid space, by a process that still exists."""
         if self.expires_at <= (now or datetime.now(UTC)):
             return False
-        if self.host == socket.gethostname():
+        if self.host == socket.gethostname() and self.node == node_identity():
             try:
                 os.kill(self.pid, 0)
             except ProcessLookupError:
@@ -97,10 +248,17 @@ class StagerLease:
                 return True
         return True
 
+    @property
+    def mine(self) -> bool:
+        """Held by this process (the same process start)."""
+        return self.token == process_token()
+
     def describe(self) -> str:
         until = self.expires_at.isoformat(timespec="seconds")
         return f"{self.holder} (pid {self.pid} on {self.host}, lease until {until})"
 
+
+# ------------------------------------------------------------------------------------------ schema
 
 # Each migration moves the schema from version i to i + 1. Never edit one that has shipped: add another.
 _MIGRATIONS: tuple[str, ...] = (
@@ -133,6 +291,87 @@ _MIGRATIONS: tuple[str, ...] = (
         expires_at TIMESTAMPTZ NOT NULL
     );
     """,
+    # 3: what the hot paths read, normalised: one row per entry and partition, and the summed metrics as
+    # columns, back-filled from the JSON of the entries already there.
+    """
+    CREATE TABLE outbox_offsets (
+        query_id VARCHAR NOT NULL,
+        table_name VARCHAR NOT NULL,
+        batch_id BIGINT NOT NULL,
+        topic VARCHAR NOT NULL,
+        partition VARCHAR NOT NULL,
+        start_offset BIGINT NOT NULL,
+        end_offset BIGINT NOT NULL
+    );
+    INSERT INTO outbox_offsets
+    SELECT o.query_id, o.table_name, o.batch_id, t.topic.key, p.part.key, p.part.value[1], p.part.value[2]
+    FROM outbox o,
+        unnest(map_entries(CAST(o.offsets AS JSON)::MAP(VARCHAR, MAP(VARCHAR, BIGINT[])))) AS t(topic),
+        unnest(map_entries(t.topic.value)) AS p(part);
+    DROP INDEX outbox_status;  -- DuckDB alters no table that an index depends on
+    ALTER TABLE outbox ADD COLUMN records_read BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE outbox ADD COLUMN rejects BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE outbox ADD COLUMN late_events BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE outbox ADD COLUMN windows BIGINT NOT NULL DEFAULT 0;
+    UPDATE outbox SET
+        records_read = COALESCE(CAST(json_extract(metrics, '$.records_read') AS BIGINT), 0),
+        rejects = COALESCE(CAST(json_extract(metrics, '$.rejects') AS BIGINT), 0),
+        late_events = COALESCE(CAST(json_extract(metrics, '$.late_events') AS BIGINT), 0),
+        windows = COALESCE(CAST(json_extract(metrics, '$.windows') AS BIGINT), 0);
+    CREATE INDEX outbox_status ON outbox (table_name, status);
+    """,
+    # 4: the archive that compaction folds old COMMITTED entries into, one row per (query, table).
+    """
+    CREATE TABLE outbox_archive (
+        query_id VARCHAR NOT NULL,
+        table_name VARCHAR NOT NULL,
+        pipeline VARCHAR NOT NULL,
+        entries BIGINT NOT NULL,
+        record_count BIGINT NOT NULL,
+        records_read BIGINT NOT NULL,
+        rejects BIGINT NOT NULL,
+        late_events BIGINT NOT NULL,
+        windows BIGINT NOT NULL,
+        min_batch_id BIGINT NOT NULL,
+        max_batch_id BIGINT NOT NULL,
+        min_created_at TIMESTAMPTZ NOT NULL,
+        max_created_at TIMESTAMPTZ NOT NULL,
+        last_committed_at TIMESTAMPTZ,
+        last_snapshot_id BIGINT,
+        last_snapshot_at TIMESTAMPTZ,
+        PRIMARY KEY (query_id, table_name)
+    );
+    CREATE TABLE outbox_archive_offsets (
+        query_id VARCHAR NOT NULL,
+        table_name VARCHAR NOT NULL,
+        topic VARCHAR NOT NULL,
+        partition VARCHAR NOT NULL,
+        start_offset BIGINT NOT NULL,
+        end_offset BIGINT NOT NULL,
+        PRIMARY KEY (query_id, table_name, topic, partition)
+    );
+    """,
+    # 5: a lease names its process uniquely (token) and the pid space its pid belongs to (node).
+    """
+    ALTER TABLE stager_lease ADD COLUMN token VARCHAR;
+    ALTER TABLE stager_lease ADD COLUMN node VARCHAR;
+    """,
+    # 6: operator-approved skips over offsets that cannot be read (deleted by retention, or gone backwards).
+    """
+    CREATE TABLE offset_skips (
+        pipeline VARCHAR NOT NULL,
+        query_id VARCHAR NOT NULL,
+        topic VARCHAR NOT NULL,
+        partition VARCHAR NOT NULL,
+        from_offset BIGINT NOT NULL,
+        to_offset BIGINT NOT NULL,
+        reason VARCHAR NOT NULL,
+        operator VARCHAR NOT NULL,
+        created_at TIMESTAMPTZ NOT NULL,
+        applied_batch_id BIGINT,
+        PRIMARY KEY (query_id, topic, partition, from_offset)
+    );
+    """,
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 
@@ -140,9 +379,13 @@ _COLUMNS = (
     "query_id, pipeline, table_name, batch_id, status, intended_snapshot_id, committed_snapshot_id, "
     "offsets, files, metrics, created_at, committed_at"
 )
-
-
-_LEASE_COLUMNS = "pipeline, holder, host, pid, acquired_at, expires_at"
+_LEASE_COLUMNS = "pipeline, holder, host, pid, acquired_at, expires_at, token, node"
+_SKIP_COLUMNS = (
+    "pipeline, query_id, topic, partition, from_offset, to_offset, reason, operator, created_at, applied_batch_id"
+)
+#: Order of entries for the relay: by first appearance of their query, then batch id.
+_COMMIT_ORDER = "MIN(created_at) OVER (PARTITION BY query_id, table_name), query_id, table_name, batch_id"
+_PARTITION_ORDER = "TRY_CAST(partition AS BIGINT), partition"
 
 
 def _row_to_entry(row: Sequence[Any]) -> OutboxEntry:
@@ -176,6 +419,33 @@ def _row_to_entry(row: Sequence[Any]) -> OutboxEntry:
     )
 
 
+def _end_offsets_query(
+    table: str, topic: str, status: str | None = None, pipeline: str | None = None
+) -> tuple[str, list[Any]]:
+    """Per partition, the highest end offset of the table's entries (and archive) for a topic."""
+    join = " JOIN outbox o USING (query_id, table_name, batch_id)" if status or pipeline else ""
+    where, params = ["f.table_name = ?", "f.topic = ?"], [table, topic]
+    if status is not None:
+        where.append("o.status = ?")
+        params.append(status)
+    if pipeline is not None:
+        where.append("o.pipeline = ?")
+        params.append(pipeline)
+    parts = [f"SELECT f.partition, f.end_offset FROM outbox_offsets f{join} WHERE {' AND '.join(where)}"]
+    if status in (None, COMMITTED):  # the archive holds COMMITTED entries only
+        archive_join = " JOIN outbox_archive s USING (query_id, table_name)" if pipeline else ""
+        archive_where = "a.table_name = ? AND a.topic = ?" + (" AND s.pipeline = ?" if pipeline else "")
+        parts.append(
+            f"SELECT a.partition, a.end_offset FROM outbox_archive_offsets a{archive_join} WHERE {archive_where}"
+        )
+        params += [table, topic] + ([pipeline] if pipeline else [])
+    sql = (
+        f"SELECT partition, max(end_offset) FROM ({' UNION ALL '.join(parts)}) "
+        f"GROUP BY partition ORDER BY {_PARTITION_ORDER}"
+    )
+    return sql, params
+
+
 #: One connection at a time per ledger file within a process: DuckDB refuses a read-only open of a file that
 #: another thread of the same process has open for writing (the stager lease renews from a thread).
 _PROCESS_LOCKS: dict[str, threading.RLock] = {}
@@ -188,9 +458,37 @@ def _process_lock(path: str) -> threading.RLock:
 
 
 def _is_lock_conflict(exc: duckdb.Error) -> bool:
-    """Another process holds the file, or is creating it and has not written its header yet."""
+    """Another process holds the file."""
     text = str(exc)
-    return "Could not set lock" in text or "Conflicting lock" in text or "not a valid DuckDB database file" in text
+    return "Could not set lock" in text or "Conflicting lock" in text
+
+
+def _is_invalid_file(exc: duckdb.Error) -> bool:
+    """DuckDB found no valid header: an empty or foreign file, or one another process has just created."""
+    return "not a valid DuckDB database file" in str(exc)
+
+
+def _describe_invalid(path: str) -> str:
+    try:
+        with open(path, "rb") as stream:
+            head = stream.read(16)
+    except OSError as exc:
+        return f"unreadable: {exc.strerror}"
+    if not head:
+        return "empty file"
+    if head[8:12] != _DUCKDB_MAGIC:
+        return "not a DuckDB file"
+    return "a damaged DuckDB file"
+
+
+def _recently_modified(path: str) -> bool:
+    try:
+        return time.time() - os.path.getmtime(path) < _FRESH_FILE_S
+    except OSError:
+        return True  # gone again: someone is replacing it; let the next attempt see
+
+
+# ------------------------------------------------------------------------------------------ the ledger
 
 
 class Ledger:
@@ -211,16 +509,22 @@ class Ledger:
         deadline = time.monotonic() + self.lock_timeout_s
         delay = _BACKOFF_START_S
         started = time.monotonic()
+        invalid_since: float | None = None
         with self._process_lock:
             while True:
                 try:
                     con = duckdb.connect(self.path, read_only=read_only)
                     break
                 except duckdb.Error as exc:
-                    if not _is_lock_conflict(exc):
+                    now = time.monotonic()
+                    if _is_invalid_file(exc):
+                        invalid_since = now if invalid_since is None else invalid_since
+                        if now - invalid_since >= _CREATION_GRACE_S or not _recently_modified(self.path):
+                            raise LedgerCorrupt(self.path, _describe_invalid(self.path)) from exc
+                    elif not _is_lock_conflict(exc):
                         raise
-                    if time.monotonic() >= deadline:
-                        raise LedgerBusyError(self.path, time.monotonic() - started, str(exc)) from exc
+                    if now >= deadline:
+                        raise LedgerBusyError(self.path, now - started, str(exc)) from exc
                     time.sleep(min(delay * random.uniform(0.5, 1.5), max(0.0, deadline - time.monotonic())))
                     delay = min(delay * 2, _BACKOFF_MAX_S)
             try:
@@ -241,32 +545,39 @@ class Ledger:
             con.execute("COMMIT")
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return self._reads([(sql, params)])[0]
+
+    def _reads(self, queries: Sequence[tuple[str, Sequence[Any]]]) -> list[list[tuple[Any, ...]]]:
+        """Several reads on one read-only connection, so the file is opened once for all of them."""
         if not Path(self.path).exists():
-            return []
+            return [[] for _ in queries]
         if not self._migrated:
             # The first read checks the schema on the same read-only connection; only an old file is migrated.
             with self._connect(read_only=True) as con:
                 if self._version(con) == SCHEMA_VERSION:
-                    return con.execute(sql, list(params)).fetchall()
+                    return [con.execute(sql, list(params)).fetchall() for sql, params in queries]
             self.migrate()
         with self._connect(read_only=True) as con:
-            return con.execute(sql, list(params)).fetchall()
+            return [con.execute(sql, list(params)).fetchall() for sql, params in queries]
 
     def migrate(self) -> int:
-        """Bring the file's schema up to :data:`SCHEMA_VERSION`; returns the version found before."""
+        """Bring the file's schema up to :data:`SCHEMA_VERSION`; returns the version found before.
+
+        A new file, or a DuckDB database with no tables at all, becomes a ledger; a database holding other
+        tables and no ledger is refused (:class:`LedgerCorrupt`), since it is some other program's file.
+        """
         if self._migrated:
             return SCHEMA_VERSION
         with self._connect() as con:
             con.execute("BEGIN TRANSACTION")
             try:
-                con.execute("CREATE TABLE IF NOT EXISTS ledger_meta (key VARCHAR PRIMARY KEY, value VARCHAR)")
-                row = con.execute("SELECT value FROM ledger_meta WHERE key = 'schema_version'").fetchone()
-                found = int(row[0]) if row else 0
+                found = self._version(con)
                 if found > SCHEMA_VERSION:
                     raise LedgerSchemaError(
                         f"ledger {self.path} has schema version {found}, newer than this Krishiv's "
                         f"{SCHEMA_VERSION}; upgrade Krishiv"
                     )
+                con.execute("CREATE TABLE IF NOT EXISTS ledger_meta (key VARCHAR PRIMARY KEY, value VARCHAR)")
                 for version in range(found, SCHEMA_VERSION):
                     con.execute(_MIGRATIONS[version])
                 con.execute("INSERT OR REPLACE INTO ledger_meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
@@ -285,10 +596,20 @@ class Ledger:
             return self._version(con)
 
     def _version(self, con: duckdb.DuckDBPyConnection) -> int:
-        try:
-            row = con.execute("SELECT value FROM ledger_meta WHERE key = 'schema_version'").fetchone()
-        except duckdb.CatalogException:
+        """The schema version recorded in the file; 0 for a database without tables; a foreign one raises."""
+        tables = [
+            r[0]
+            for r in con.execute(
+                "SELECT table_name FROM duckdb_tables() WHERE NOT temporary AND schema_name = 'main' "
+                "ORDER BY table_name"
+            ).fetchall()
+        ]
+        if "ledger_meta" not in tables:
+            if tables:
+                shown = ", ".join(tables[:5]) + (", …" if len(tables) > 5 else "")
+                raise LedgerCorrupt(self.path, f"a DuckDB file without Krishiv's ledger tables; it holds {shown}")
             return 0
+        row = con.execute("SELECT value FROM ledger_meta WHERE key = 'schema_version'").fetchone()
         version = int(row[0]) if row else 0
         if version == SCHEMA_VERSION:
             self._migrated = True
@@ -296,16 +617,23 @@ class Ledger:
 
     # ------------------------------------------------------------------------------------ writes
 
-    def record_batch(self, entries: Sequence[OutboxEntry]) -> list[bool]:
+    def record_batch(self, entries: Sequence[OutboxEntry], lease: StagerLease | None = None) -> list[bool]:
         """Record one batch's entries (one per table) atomically; returns which were new.
 
         An entry already present for the same (query, table, batch) is kept as it is, with its
         intended snapshot id, so a replay changes nothing; if the replay covers other offsets the
-        checkpoint and the ledger disagree and :class:`BatchReplayMismatch` is raised.
+        checkpoint and the ledger disagree and :class:`BatchReplayMismatch` is raised. A batch that
+        compaction folded into the archive counts as present when its offsets lie inside what the archive
+        committed, and as a mismatch otherwise (the checkpoint was rewound past the retention).
+
+        With ``lease``, the same transaction first checks that the lease is still this process's and
+        unexpired, else raises :class:`StagerLeaseLost` naming the current holder; nothing is written.
         """
         inserted: list[bool] = []
         now = datetime.now(UTC)
         with self._transaction() as con:
+            if lease is not None:
+                self._check_lease(con, lease, now)
             for e in entries:
                 row = con.execute(
                     "SELECT offsets FROM outbox WHERE query_id = ? AND table_name = ? AND batch_id = ?",
@@ -320,9 +648,12 @@ class Ledger:
                         )
                     inserted.append(False)
                     continue
+                if self._archived(con, e):
+                    inserted.append(False)
+                    continue
                 con.execute(
-                    f"INSERT INTO outbox ({_COLUMNS}, record_count) "
-                    "VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, NULL, ?)",
+                    f"INSERT INTO outbox ({_COLUMNS}, record_count, {', '.join(METRIC_COLUMNS)}) "
+                    "VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, NULL, ?, ?, ?, ?, ?)",
                     [
                         e.query_id,
                         e.pipeline,
@@ -335,10 +666,45 @@ class Ledger:
                         json.dumps(e.metrics, sort_keys=True),
                         now,
                         e.record_count,
+                        *(int(e.metrics.get(m, 0)) for m in METRIC_COLUMNS),
                     ],
                 )
+                ranges = [
+                    [e.query_id, e.table, e.batch_id, topic, str(p), int(start), int(end)]
+                    for topic, parts in e.offsets.items()
+                    for p, (start, end) in parts.items()
+                ]
+                if ranges:
+                    con.executemany("INSERT INTO outbox_offsets VALUES (?, ?, ?, ?, ?, ?, ?)", ranges)
                 inserted.append(True)
         return inserted
+
+    def _archived(self, con: duckdb.DuckDBPyConnection, e: OutboxEntry) -> bool:
+        """Whether ``e`` replays a batch compaction folded into the archive (raising if its offsets disagree)."""
+        row = con.execute(
+            "SELECT max_batch_id FROM outbox_archive WHERE query_id = ? AND table_name = ?", [e.query_id, e.table]
+        ).fetchone()
+        if row is None or e.batch_id > row[0]:
+            return False
+        covered = {
+            (topic, p): (start, end)
+            for topic, p, start, end in con.execute(
+                "SELECT topic, partition, start_offset, end_offset FROM outbox_archive_offsets "
+                "WHERE query_id = ? AND table_name = ?",
+                [e.query_id, e.table],
+            ).fetchall()
+        }
+        for topic, parts in e.offsets.items():
+            for p, (start, end) in parts.items():
+                lo, hi = covered.get((topic, str(p)), (0, 0))
+                if end > start and (start < lo or end > hi):
+                    raise BatchReplayMismatch(
+                        f"batch {e.batch_id} of query {e.query_id} for table {e.table} was compacted into the "
+                        f"ledger's archive (batches up to {row[0]}, which committed {topic} partition {p} "
+                        f"offsets [{lo}, {hi})) but is now replayed with {json.dumps(e.offsets)}; the Spark "
+                        "checkpoint was rewound past the ledger's retention"
+                    )
+        return True
 
     def mark_committed(self, entry: OutboxEntry, snapshot_id: int | None) -> None:
         with self._transaction() as con:
@@ -346,6 +712,90 @@ class Ledger:
                 "UPDATE outbox SET status = ?, committed_snapshot_id = ?, committed_at = ? "
                 "WHERE query_id = ? AND table_name = ? AND batch_id = ? AND status = ?",
                 [COMMITTED, snapshot_id, datetime.now(UTC), entry.query_id, entry.table, entry.batch_id, PENDING],
+            )
+
+    def compact(
+        self, retention_s: float = DEFAULT_RETENTION_S, now: datetime | None = None, chunk: int = COMPACT_CHUNK
+    ) -> CompactionReport:
+        """Fold COMMITTED entries committed more than ``retention_s`` ago into the archive, and delete them.
+
+        The newest entry of each (query, table) always stays, whatever its age, so ``last_batch_id``, a
+        replay of the latest batch and the source's lookup of it keep working. The archive row keeps the
+        entry count, staged records, metric sums, batch range, creation times, the last commit and its
+        snapshot, and per partition the offsets covered. Each ``chunk`` of entries is its own transaction,
+        so a first compaction of a large ledger does not hold the file for long.
+        """
+        cutoff = (now or datetime.now(UTC)) - timedelta(seconds=retention_s)
+        archived, groups = 0, set()
+        while True:
+            with self._transaction() as con:
+                con.execute(
+                    "CREATE TEMP TABLE compacting AS "
+                    "SELECT o.* FROM outbox o JOIN "
+                    "(SELECT query_id, table_name, max(batch_id) AS newest FROM outbox "
+                    "GROUP BY query_id, table_name) n "
+                    "USING (query_id, table_name) "
+                    "WHERE o.status = ? AND o.committed_at < ? AND o.batch_id < n.newest "
+                    "ORDER BY o.committed_at LIMIT ?",
+                    [COMMITTED, cutoff, chunk],
+                )
+                found = con.execute("SELECT count(*) FROM compacting").fetchone()[0]
+                if found:
+                    groups.update(con.execute("SELECT DISTINCT query_id, table_name FROM compacting").fetchall())
+                    self._fold(con)
+                con.execute("DROP TABLE compacting")
+            archived += found
+            if found < chunk:
+                break
+        kept = self._read("SELECT count(*) FROM outbox")
+        return CompactionReport(archived, len(groups), int(kept[0][0]) if kept else 0)
+
+    @staticmethod
+    def _fold(con: duckdb.DuckDBPyConnection) -> None:
+        """Add the temporary table ``compacting``'s entries to the archive and delete them from the hot tables."""
+        con.execute(
+            """
+            INSERT INTO outbox_archive
+            SELECT query_id, table_name, any_value(pipeline), count(*), sum(record_count), sum(records_read),
+                sum(rejects), sum(late_events), sum(windows), min(batch_id), max(batch_id), min(created_at),
+                max(created_at), max(committed_at),
+                arg_max(committed_snapshot_id, committed_at) FILTER (WHERE committed_snapshot_id IS NOT NULL),
+                max(committed_at) FILTER (WHERE committed_snapshot_id IS NOT NULL)
+            FROM compacting GROUP BY query_id, table_name
+            ON CONFLICT (query_id, table_name) DO UPDATE SET
+                entries = entries + excluded.entries,
+                record_count = record_count + excluded.record_count,
+                records_read = records_read + excluded.records_read,
+                rejects = rejects + excluded.rejects,
+                late_events = late_events + excluded.late_events,
+                windows = windows + excluded.windows,
+                min_batch_id = least(min_batch_id, excluded.min_batch_id),
+                max_batch_id = greatest(max_batch_id, excluded.max_batch_id),
+                min_created_at = least(min_created_at, excluded.min_created_at),
+                max_created_at = greatest(max_created_at, excluded.max_created_at),
+                last_committed_at = greatest(last_committed_at, excluded.last_committed_at),
+                last_snapshot_id = CASE
+                    WHEN excluded.last_snapshot_at IS NOT NULL
+                        AND (last_snapshot_at IS NULL OR excluded.last_snapshot_at >= last_snapshot_at)
+                    THEN excluded.last_snapshot_id ELSE last_snapshot_id END,
+                last_snapshot_at = greatest(last_snapshot_at, excluded.last_snapshot_at)
+            """
+        )
+        con.execute(
+            """
+            INSERT INTO outbox_archive_offsets
+            SELECT f.query_id, f.table_name, f.topic, f.partition, min(f.start_offset), max(f.end_offset)
+            FROM outbox_offsets f JOIN compacting c USING (query_id, table_name, batch_id)
+            GROUP BY f.query_id, f.table_name, f.topic, f.partition
+            ON CONFLICT (query_id, table_name, topic, partition) DO UPDATE SET
+                start_offset = least(start_offset, excluded.start_offset),
+                end_offset = greatest(end_offset, excluded.end_offset)
+            """
+        )
+        for table in ("outbox_offsets", "outbox"):
+            con.execute(
+                f"DELETE FROM {table} USING compacting c WHERE {table}.query_id = c.query_id "
+                f"AND {table}.table_name = c.table_name AND {table}.batch_id = c.batch_id"
             )
 
     # ------------------------------------------------------------------------------------ reads
@@ -363,7 +813,11 @@ class Ledger:
         return {e.table: e for e in map(_row_to_entry, rows)}
 
     def entries(self, table: str | None = None, status: str | None = None) -> list[OutboxEntry]:
-        """Entries in commit order: by first appearance of their query, then batch id."""
+        """Entries in commit order: by first appearance of their query, then batch id.
+
+        Every entry still in the ledger, parsed whole: for tools that want them all (the oracle, the
+        chaos checks). Hot paths use the aggregate reads below; compacted entries are not listed here.
+        """
         where, params = [], []
         if table is not None:
             where.append("table_name = ?")
@@ -372,70 +826,319 @@ class Ledger:
             where.append("status = ?")
             params.append(status)
         clause = f"WHERE {' AND '.join(where)}" if where else ""
-        rows = self._read(
-            f"SELECT {_COLUMNS} FROM outbox {clause} "
-            "ORDER BY MIN(created_at) OVER (PARTITION BY query_id, table_name), query_id, table_name, batch_id",
-            params,
-        )
+        rows = self._read(f"SELECT {_COLUMNS} FROM outbox {clause} ORDER BY {_COMMIT_ORDER}", params)
         return [_row_to_entry(r) for r in rows]
 
     def last_batch_id(self, query_id: str, table: str) -> int:
         """The highest batch id recorded for the query and table, -1 if none."""
-        rows = self._read("SELECT max(batch_id) FROM outbox WHERE query_id = ? AND table_name = ?", [query_id, table])
+        rows = self._read(
+            "SELECT greatest(max(batch_id), (SELECT max(max_batch_id) FROM outbox_archive "
+            "WHERE query_id = ? AND table_name = ?)) FROM outbox WHERE query_id = ? AND table_name = ?",
+            [query_id, table, query_id, table],
+        )
         return -1 if not rows or rows[0][0] is None else int(rows[0][0])
 
     def pending(self, table: str) -> list[OutboxEntry]:
+        """The table's PENDING entries, whole, in commit order (only PENDING rows are read)."""
         return self.entries(table=table, status=PENDING)
 
+    def pending_batches(self, tables: Sequence[str] | None = None) -> list[PendingBatch]:
+        """The keys and ages of PENDING entries (of ``tables``, or all), in commit order, without their JSON."""
+        clause, params = "", []
+        if tables is not None:
+            if not tables:
+                return []
+            clause = f" AND table_name IN ({', '.join('?' * len(tables))})"
+            params = list(tables)
+        rows = self._read(
+            f"SELECT query_id, table_name, batch_id, created_at FROM outbox WHERE status = ?{clause} "
+            f"ORDER BY {_COMMIT_ORDER}",
+            [PENDING, *params],
+        )
+        return [PendingBatch(*r) for r in rows]
+
+    def end_offsets(
+        self, table: str, topic: str, status: str | None = None, pipeline: str | None = None
+    ) -> dict[str, int]:
+        """Per partition, the end offset of the newest batch of ``table`` covering ``topic`` (archive included).
+
+        With ``status``, only entries in that status count; with ``pipeline``, only that pipeline's.
+        """
+        sql, params = _end_offsets_query(table, topic, status, pipeline)
+        return {p: int(end) for p, end in self._read(sql, params)}
+
+    def table_summary(self, table: str, pipeline: str | None = None, topic: str | None = None) -> TableSummary:
+        """Counts by status, metric sums, the last commit and the oldest PENDING entry, archive included.
+
+        With ``topic``, also the staged and committed end offsets per partition; all in one open of the file.
+        """
+        where, params = "table_name = ?", [table]
+        if pipeline is not None:
+            where += " AND pipeline = ?"
+            params.append(pipeline)
+        queries: list[tuple[str, Sequence[Any]]] = [
+            (
+                "SELECT count(*) FILTER (WHERE status = 'PENDING'), count(*) FILTER (WHERE status = 'COMMITTED'), "
+                "sum(records_read), sum(rejects), sum(late_events), "
+                "sum(record_count) FILTER (WHERE status = 'COMMITTED'), "
+                "max(committed_at) FILTER (WHERE status = 'COMMITTED'), "
+                "arg_max(committed_snapshot_id, committed_at) "
+                "FILTER (WHERE status = 'COMMITTED' AND committed_snapshot_id IS NOT NULL), "
+                "max(committed_at) FILTER (WHERE status = 'COMMITTED' AND committed_snapshot_id IS NOT NULL), "
+                f"min(created_at) FILTER (WHERE status = 'PENDING') FROM outbox WHERE {where}",
+                params,
+            ),
+            (
+                "SELECT sum(entries), sum(records_read), sum(rejects), sum(late_events), sum(record_count), "
+                "max(last_committed_at), arg_max(last_snapshot_id, last_snapshot_at), max(last_snapshot_at) "
+                f"FROM outbox_archive WHERE {where}",
+                params,
+            ),
+        ]
+        if topic is not None:
+            queries.append(_end_offsets_query(table, topic, None, pipeline))
+            queries.append(_end_offsets_query(table, topic, COMMITTED, pipeline))
+        results = self._reads(queries)
+        if not results[0]:
+            return TableSummary(table)
+        (pending, committed, read, rejects, late, records, last_at, snap, snap_at, oldest) = results[0][0]
+        (a_entries, a_read, a_rejects, a_late, a_records, a_last_at, a_snap, a_snap_at) = results[1][0]
+        if a_snap_at is not None and (snap_at is None or a_snap_at > snap_at):
+            snap = a_snap
+        last = [t for t in (last_at, a_last_at) if t is not None]
+        return TableSummary(
+            table,
+            pending=pending,
+            committed=committed + int(a_entries or 0),
+            archived=int(a_entries or 0),
+            records_read=int(read or 0) + int(a_read or 0),
+            rejects=int(rejects or 0) + int(a_rejects or 0),
+            late_events=int(late or 0) + int(a_late or 0),
+            committed_records=int(records or 0) + int(a_records or 0),
+            last_commit_at=max(last, default=None),
+            last_snapshot_id=snap,
+            oldest_pending_at=oldest,
+            staged_offsets={p: int(e) for p, e in results[2]} if topic is not None else {},
+            committed_offsets={p: int(e) for p, e in results[3]} if topic is not None else {},
+        )
+
+    def committed_batches(self, table: str) -> CommittedBatches:
+        """The table's COMMITTED batches with their staged record counts (keys only, no JSON), archive included."""
+        hot, archive = self._reads(
+            [
+                (
+                    "SELECT query_id, batch_id, record_count FROM outbox WHERE table_name = ? AND status = ? "
+                    f"ORDER BY {_COMMIT_ORDER}",
+                    [table, COMMITTED],
+                ),
+                ("SELECT query_id, max_batch_id, record_count FROM outbox_archive WHERE table_name = ?", [table]),
+            ]
+        )
+        return CommittedBatches(
+            records={(q, b): int(n) for q, b, n in hot},
+            archived_through={q: int(b) for q, b, _ in archive},
+            archived_records=sum(int(n) for _, _, n in archive),
+        )
+
     def tables(self) -> list[str]:
-        return [r[0] for r in self._read("SELECT DISTINCT table_name FROM outbox ORDER BY 1")]
+        return [
+            r[0]
+            for r in self._read("SELECT table_name FROM outbox UNION SELECT table_name FROM outbox_archive ORDER BY 1")
+        ]
 
     def query_ids(self, pipeline: str) -> list[str]:
+        """The pipeline's query ids, oldest first (the archive remembers when compacted queries began)."""
         return [
             r[0]
             for r in self._read(
-                "SELECT query_id FROM outbox WHERE pipeline = ? GROUP BY query_id ORDER BY MIN(created_at)", [pipeline]
+                "SELECT query_id FROM (SELECT query_id, created_at FROM outbox WHERE pipeline = ? "
+                "UNION ALL SELECT query_id, min_created_at FROM outbox_archive WHERE pipeline = ?) "
+                "GROUP BY query_id ORDER BY MIN(created_at), query_id",
+                [pipeline, pipeline],
             )
         ]
+
+    # ------------------------------------------------------------------------------------ offset skips
+
+    def record_skip(
+        self,
+        pipeline: str,
+        query_id: str,
+        topic: str,
+        partition: str | int,
+        from_offset: int,
+        to_offset: int,
+        reason: str,
+        operator: str,
+    ) -> OffsetSkip:
+        """Record an operator's skip of a partition from ``from_offset`` to ``to_offset``; returns it.
+
+        Recording the same skip again returns the first record; a different ``to_offset`` for the same
+        (query, topic, partition, from offset) raises :class:`OffsetSkipConflict`.
+        """
+        if from_offset < 0 or to_offset < 0:
+            raise ValueError(f"offsets must not be negative, got {from_offset} -> {to_offset}")
+        key = [query_id, topic, str(partition), from_offset]
+        with self._transaction() as con:
+            row = con.execute(
+                f"SELECT {_SKIP_COLUMNS} FROM offset_skips "
+                "WHERE query_id = ? AND topic = ? AND partition = ? AND from_offset = ?",
+                key,
+            ).fetchone()
+            if row is not None:
+                existing = OffsetSkip(*row)
+                if existing.to_offset != to_offset:
+                    raise OffsetSkipConflict(
+                        f"query {query_id} already has a skip of {topic} partition {partition} from offset "
+                        f"{from_offset} to {existing.to_offset} (by {existing.operator}); not recording one to "
+                        f"{to_offset}"
+                    )
+                return existing
+            skip = OffsetSkip(
+                pipeline, query_id, topic, str(partition), from_offset, to_offset, reason, operator, datetime.now(UTC)
+            )
+            con.execute(
+                f"INSERT INTO offset_skips ({_SKIP_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL)",
+                [
+                    skip.pipeline,
+                    skip.query_id,
+                    skip.topic,
+                    skip.partition,
+                    skip.from_offset,
+                    skip.to_offset,
+                    skip.reason,
+                    skip.operator,
+                    skip.created_at,
+                ],
+            )
+        return skip
+
+    def skips(self, query_id: str, topic: str | None = None) -> list[OffsetSkip]:
+        """The query's recorded skips (of one topic, or all), by partition and offset."""
+        clause, params = "", [query_id]
+        if topic is not None:
+            clause = " AND topic = ?"
+            params.append(topic)
+        rows = self._read(
+            f"SELECT {_SKIP_COLUMNS} FROM offset_skips WHERE query_id = ?{clause} "
+            f"ORDER BY topic, {_PARTITION_ORDER}, from_offset",
+            params,
+        )
+        return [OffsetSkip(*r) for r in rows]
+
+    def mark_skip_applied(self, skip: OffsetSkip, batch_id: int) -> OffsetSkip:
+        """Record the batch that applied ``skip``; applying it again in the same batch (a replay) changes nothing.
+
+        Raises :class:`OffsetSkipConflict` if another batch already applied it, or it was never recorded.
+        """
+        key = [skip.query_id, skip.topic, skip.partition, skip.from_offset]
+        where = "WHERE query_id = ? AND topic = ? AND partition = ? AND from_offset = ?"
+        with self._transaction() as con:
+            row = con.execute(f"SELECT {_SKIP_COLUMNS} FROM offset_skips {where}", key).fetchone()
+            if row is None:
+                raise OffsetSkipConflict(
+                    f"no skip of {skip.topic} partition {skip.partition} from offset {skip.from_offset} is recorded "
+                    f"for query {skip.query_id}"
+                )
+            current = OffsetSkip(*row)
+            if current.applied_batch_id == batch_id:
+                return current
+            if current.applied_batch_id is not None:
+                raise OffsetSkipConflict(
+                    f"the skip of {skip.topic} partition {skip.partition} from offset {skip.from_offset} was applied "
+                    f"by batch {current.applied_batch_id} of query {skip.query_id}, not {batch_id}"
+                )
+            con.execute(f"UPDATE offset_skips SET applied_batch_id = ? {where}", [batch_id, *key])
+        return OffsetSkip(*(*row[:-1], batch_id))
 
     # ------------------------------------------------------------------------------------ stager lease
 
     def acquire_lease(self, pipeline: str, holder: str, ttl_s: float) -> StagerLease:
         """Take the pipeline's stager lease, or raise :class:`StagerBusy` naming the live holder.
 
-        A lease that expired, or whose process on this host is gone (a killed ``krishiv run``), is taken over.
+        A lease that expired, or whose process in this pid space is gone (a killed ``krishiv run``), is taken
+        over. This process taking its own lease again renews it.
         """
         now = datetime.now(UTC)
-        lease = StagerLease(pipeline, holder, socket.gethostname(), os.getpid(), now, now + timedelta(seconds=ttl_s))
+        lease = StagerLease(
+            pipeline,
+            holder,
+            socket.gethostname(),
+            os.getpid(),
+            now,
+            now + timedelta(seconds=ttl_s),
+            process_token(),
+            node_identity(),
+        )
         with self._transaction() as con:
             row = con.execute(f"SELECT {_LEASE_COLUMNS} FROM stager_lease WHERE pipeline = ?", [pipeline]).fetchone()
             if row is not None:
                 current = StagerLease(*row)
-                if current.alive(now) and (current.host, current.pid) != (lease.host, lease.pid):
+                if current.alive(now) and not current.mine:
                     raise StagerBusy(f"pipeline {pipeline!r} is already being staged by {current.describe()}")
             con.execute(
-                f"INSERT OR REPLACE INTO stager_lease ({_LEASE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
-                [lease.pipeline, lease.holder, lease.host, lease.pid, lease.acquired_at, lease.expires_at],
+                f"INSERT OR REPLACE INTO stager_lease ({_LEASE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    lease.pipeline,
+                    lease.holder,
+                    lease.host,
+                    lease.pid,
+                    lease.acquired_at,
+                    lease.expires_at,
+                    lease.token,
+                    lease.node,
+                ],
             )
         return lease
 
     def renew_lease(self, lease: StagerLease, ttl_s: float) -> bool:
-        """Extend a lease this process holds; False if it was lost to another holder."""
+        """Extend a lease this process holds; False if it expired or was taken over (it is lost for good).
+
+        An expired lease is not revived even if nobody took it: :meth:`record_batch` already refuses to
+        record under it, so the stager has to stop either way.
+        """
+        now = datetime.now(UTC)
         with self._transaction() as con:
             changed = con.execute(
-                "UPDATE stager_lease SET expires_at = ? WHERE pipeline = ? AND host = ? AND pid = ? RETURNING 1",
-                [datetime.now(UTC) + timedelta(seconds=ttl_s), lease.pipeline, lease.host, lease.pid],
+                "UPDATE stager_lease SET expires_at = ? "
+                "WHERE pipeline = ? AND token = ? AND expires_at > ? RETURNING 1",
+                [now + timedelta(seconds=ttl_s), lease.pipeline, lease.token, now],
             ).fetchall()
         return bool(changed)
 
     def release_lease(self, lease: StagerLease) -> None:
         with self._transaction() as con:
-            con.execute(
-                "DELETE FROM stager_lease WHERE pipeline = ? AND host = ? AND pid = ?",
-                [lease.pipeline, lease.host, lease.pid],
-            )
+            con.execute("DELETE FROM stager_lease WHERE pipeline = ? AND token = ?", [lease.pipeline, lease.token])
+
+    def lease_held(self, lease: StagerLease) -> bool:
+        """Whether ``lease`` is still this process's and unexpired."""
+        rows = self._read(
+            "SELECT 1 FROM stager_lease WHERE pipeline = ? AND token = ? AND expires_at > ?",
+            [lease.pipeline, lease.token, datetime.now(UTC)],
+        )
+        return bool(rows) and lease.token == process_token()
+
+    def current_lease(self, pipeline: str) -> StagerLease | None:
+        """The pipeline's lease row as it stands, live or not."""
+        rows = self._read(f"SELECT {_LEASE_COLUMNS} FROM stager_lease WHERE pipeline = ?", [pipeline])
+        return StagerLease(*rows[0]) if rows else None
 
     def live_lease(self, pipeline: str) -> StagerLease | None:
-        rows = self._read(f"SELECT {_LEASE_COLUMNS} FROM stager_lease WHERE pipeline = ?", [pipeline])
-        lease = StagerLease(*rows[0]) if rows else None
+        lease = self.current_lease(pipeline)
         return lease if lease is not None and lease.alive() else None
+
+    @staticmethod
+    def _check_lease(con: duckdb.DuckDBPyConnection, lease: StagerLease, now: datetime) -> None:
+        row = con.execute(f"SELECT {_LEASE_COLUMNS} FROM stager_lease WHERE pipeline = ?", [lease.pipeline]).fetchone()
+        current = StagerLease(*row) if row is not None else None
+        if current is not None and current.token == lease.token and lease.mine and current.expires_at > now:
+            return
+        if current is None:
+            holder = "nobody holds it now"
+        elif current.token != lease.token:
+            holder = f"now held by {current.describe()}"
+        elif not lease.mine:
+            holder = f"held by {current.describe()}, another process"
+        else:
+            holder = f"it expired at {current.expires_at.isoformat(timespec='seconds')} without a renewal"
+        raise StagerLeaseLost(lease.pipeline, holder)

@@ -12,13 +12,29 @@ import textwrap
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import duckdb
 import pytest
 
-from outbox.errors import BatchReplayMismatch, LedgerBusyError, LedgerSchemaError
-from outbox.ledger import COMMITTED, PENDING, SCHEMA_VERSION, Ledger, OffsetRanges, OutboxEntry, StagedFile
+from outbox.errors import (
+    BatchReplayMismatch,
+    LedgerBusyError,
+    LedgerCorrupt,
+    LedgerSchemaError,
+    OffsetSkipConflict,
+)
+from outbox.ledger import (
+    _MIGRATIONS,
+    COMMITTED,
+    PENDING,
+    SCHEMA_VERSION,
+    Ledger,
+    OffsetRanges,
+    OutboxEntry,
+    StagedFile,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TABLE = "orders_per_minute"
@@ -384,8 +400,7 @@ def test_contending_processes_lose_nothing_and_write_no_half_batch(
     ledger_path: Path, children: list[Child], processes: int
 ) -> None:
     batches = 40
-    # Created up front: processes racing to create a brand-new DuckDB file can see a half-written header
-    # ("not a valid DuckDB database file"), which the ledger does not retry; that is not what this test is about.
+    # Created up front: racing creators of a brand-new file are test_racing_creators_all_get_the_ledger's subject.
     Ledger(ledger_path).migrate()
 
     for proc in range(processes):
@@ -424,6 +439,31 @@ def test_contending_processes_lose_nothing_and_write_no_half_batch(
                 assert e.files == (StagedFile(f"file:///s/{e.table}/{proc}/{batch}.parquet", proc + 1, 100 + batch),)
                 assert e.status == PENDING
     assert len(by_batch) == batches * processes
+
+
+CREATOR = """
+    import sys
+    from outbox.ledger import Ledger
+
+    ledger = Ledger(sys.argv[1], lock_timeout_s=60.0)
+    print("ready", flush=True)
+    assert sys.stdin.readline().strip() == "go"
+    ledger.migrate()
+    print(ledger.schema_version(), flush=True)
+"""
+
+
+def test_racing_creators_all_get_the_ledger(ledger_path: Path, children: list[Child]) -> None:
+    """Processes creating the same new file at once: one writes the header, the others wait for it."""
+    ledger_path.parent.mkdir(parents=True)
+    for _ in range(3):
+        children.append(Child(CREATOR, str(ledger_path)))
+    for child in children:
+        assert child.read_line(timeout=CHILD_TIMEOUT_S) == "ready"
+    for child in children:
+        child.send("go")
+    assert [child.read_line(timeout=CHILD_TIMEOUT_S) for child in children] == [str(SCHEMA_VERSION)] * 3
+    assert [child.finish(timeout=CHILD_TIMEOUT_S) for child in children] == [0, 0, 0], [c.stderr for c in children]
 
 
 @pytest.mark.parametrize("migrated", [False, True], ids=["fresh-instance", "migrated-instance"])
@@ -514,3 +554,373 @@ def test_writer_waits_for_a_short_lived_holder(ledger_path: Path, children: list
     writer.join(timeout=CHILD_TIMEOUT_S)
     assert result == [True]
     assert [e.batch_id for e in ledger.pending(TABLE)] == [0, 1]
+
+
+# ------------------------------------------------------------------------------------------- not a ledger
+
+
+def _age(path: Path, seconds: float = 3600.0) -> None:
+    """Make the file look old, so the ledger does not wait for a creator to write its header."""
+    past = time.time() - seconds
+    os.utime(path, (past, past))
+
+
+@pytest.mark.parametrize(
+    ("content", "found"),
+    [(b"", "empty file"), (b"PK\x03\x04 this is a zip, not a ledger" * 100, "not a DuckDB file")],
+    ids=["empty", "foreign-bytes"],
+)
+def test_a_file_that_is_not_duckdb_is_named_at_once(ledger_path: Path, content: bytes, found: str) -> None:
+    ledger_path.parent.mkdir(parents=True)
+    ledger_path.write_bytes(content)
+    _age(ledger_path)
+    ledger = Ledger(ledger_path, lock_timeout_s=30.0)
+
+    started = time.monotonic()
+    for call in (ledger.entries, ledger.migrate, ledger.schema_version, lambda: ledger.record_batch([_entry("q", 0)])):
+        with pytest.raises(LedgerCorrupt) as info:
+            call()
+        message = str(info.value)
+        assert f"ledger {ledger_path} is not a DuckDB ledger ({found})" in message
+        assert "restore it from a backup or point storage.ledger_path at the right file" in message
+        assert "locked" not in message
+        assert info.value.path == str(ledger_path)
+    assert time.monotonic() - started < 5.0  # not the 30 s lock budget
+    assert ledger_path.read_bytes() == content
+
+
+def test_a_fresh_empty_file_gets_a_moment_then_the_same_error(ledger_path: Path) -> None:
+    """A file modified a moment ago may be another process's ledger being created: a short grace, not 30 s."""
+    ledger_path.parent.mkdir(parents=True)
+    ledger_path.write_bytes(b"")
+    started = time.monotonic()
+    with pytest.raises(LedgerCorrupt, match="empty file"):
+        Ledger(ledger_path, lock_timeout_s=30.0).entries()
+    assert time.monotonic() - started < 5.0
+
+
+def test_another_duckdb_database_is_refused_and_left_alone(ledger_path: Path) -> None:
+    ledger_path.parent.mkdir(parents=True)
+    con = duckdb.connect(str(ledger_path))
+    con.execute("CREATE TABLE invoices (id INTEGER); INSERT INTO invoices VALUES (1)")
+    con.close()
+    ledger = Ledger(ledger_path, lock_timeout_s=10.0)
+
+    for call in (ledger.entries, ledger.pending_batches, ledger.migrate, lambda: ledger.record_batch([_entry("q", 0)])):
+        with pytest.raises(LedgerCorrupt) as info:
+            call()
+        assert "a DuckDB file without Krishiv's ledger tables; it holds invoices" in str(info.value)
+
+    con = duckdb.connect(str(ledger_path), read_only=True)
+    try:
+        tables = [r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()]
+    finally:
+        con.close()
+    assert tables == ["invoices"]  # nothing was migrated into it
+
+
+def test_an_empty_duckdb_database_becomes_a_ledger(ledger_path: Path) -> None:
+    ledger_path.parent.mkdir(parents=True)
+    duckdb.connect(str(ledger_path)).close()
+    ledger = Ledger(ledger_path, lock_timeout_s=10.0)
+    assert ledger.entries() == []
+    assert ledger.record_batch([_entry("q", 0)]) == [True]
+    assert ledger.schema_version() == SCHEMA_VERSION
+
+
+# ------------------------------------------------------------------------------------------- aggregate reads
+
+
+def _committed_entry(query_id: str, batch_id: int, table: str = TABLE, **metrics: int) -> OutboxEntry:
+    e = _entry(query_id, batch_id, table)
+    return dataclasses.replace(e, metrics={"records_read": 20, "rejects": 1, "late_events": 2, **metrics})
+
+
+def _fill(ledger: Ledger, batches: int, queries: tuple[str, ...] = ("q-b", "q-a")) -> list[OutboxEntry]:
+    """Batches of both tables for each query, the first two thirds committed (with and without snapshots)."""
+    recorded = []
+    for query_id in queries:
+        for b in range(batches):
+            pair = [_committed_entry(query_id, b, TABLE), _committed_entry(query_id, b, REJECTS)]
+            ledger.record_batch(pair)
+            recorded += pair
+    for n, e in enumerate(recorded):
+        if e.batch_id < batches * 2 // 3:
+            ledger.mark_committed(e, None if n % 5 == 0 else 10_000 + n)
+    return recorded
+
+
+def _expected_ends(entries: list[OutboxEntry], status: str | None = None) -> dict[str, int]:
+    ends: dict[str, int] = {}
+    for e in entries:
+        if status is None or e.status == status:
+            for p, (_start, end) in e.offsets["orders"].items():
+                ends[p] = max(ends.get(p, 0), end)
+    return ends
+
+
+def test_aggregate_reads_agree_with_the_entries(ledger: Ledger) -> None:
+    _fill(ledger, 30)
+    everything = ledger.entries(table=TABLE)
+    committed = [e for e in everything if e.status == COMMITTED]
+    pending = [e for e in everything if e.status == PENDING]
+
+    assert ledger.end_offsets(TABLE, "orders") == _expected_ends(everything)
+    assert ledger.end_offsets(TABLE, "orders", status=COMMITTED) == _expected_ends(committed)
+    assert ledger.end_offsets(TABLE, "orders", status=PENDING) == _expected_ends(pending)
+    assert ledger.end_offsets(TABLE, "orders", pipeline="another") == {}
+    assert ledger.end_offsets(TABLE, "refunds") == {}
+
+    summary = ledger.table_summary(TABLE, pipeline="orders_per_minute", topic="orders")
+    assert (summary.pending, summary.committed, summary.archived) == (len(pending), len(committed), 0)
+    assert summary.records_read == sum(e.metrics["records_read"] for e in everything)
+    assert summary.rejects == len(everything) and summary.late_events == 2 * len(everything)
+    assert summary.committed_records == sum(e.record_count for e in committed)
+    last = max(committed, key=lambda e: e.committed_at)  # type: ignore[arg-type,return-value]
+    with_snapshot = max(
+        (e for e in committed if e.committed_snapshot_id is not None),
+        key=lambda e: e.committed_at,  # type: ignore[arg-type,return-value]
+    )
+    assert summary.last_commit_at == last.committed_at
+    assert summary.last_snapshot_id == with_snapshot.committed_snapshot_id
+    assert summary.oldest_pending_at == min(e.created_at for e in pending)  # type: ignore[type-var]
+    assert summary.staged_offsets == _expected_ends(everything)
+    assert summary.committed_offsets == _expected_ends(committed)
+    assert ledger.table_summary(TABLE, pipeline="another").committed == 0
+
+    keys = [(p.query_id, p.table, p.batch_id) for p in ledger.pending_batches([TABLE])]
+    assert keys == [e.key for e in ledger.pending(TABLE)]
+    assert [p.created_at for p in ledger.pending_batches([TABLE])] == [e.created_at for e in pending]
+    both = ledger.pending_batches([TABLE, REJECTS])
+    assert sorted(p.table for p in both) == sorted(e.table for e in ledger.entries(status=PENDING))
+    assert ledger.pending_batches([]) == []
+
+    batches = ledger.committed_batches(TABLE)
+    assert batches.records == {(e.query_id, e.batch_id): e.record_count for e in committed}
+    assert list(batches.records) == [(e.query_id, e.batch_id) for e in committed]  # commit order
+    assert batches.total_records == summary.committed_records
+
+
+def test_aggregate_reads_of_a_missing_file_create_nothing(ledger: Ledger, ledger_path: Path) -> None:
+    assert ledger.end_offsets(TABLE, "orders") == {}
+    assert ledger.table_summary(TABLE, topic="orders").pending == 0
+    assert ledger.pending_batches() == []
+    assert ledger.committed_batches(TABLE).total_records == 0
+    assert ledger.skips("q") == []
+    assert not ledger_path.exists()
+
+
+def _schema_2_ledger(path: Path, entries: list[OutboxEntry]) -> None:
+    """A ledger as the Krishiv before the normalised reads wrote it (schema version 2)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    con = duckdb.connect(str(path))
+    try:
+        con.execute("CREATE TABLE ledger_meta (key VARCHAR PRIMARY KEY, value VARCHAR)")
+        for migration in _MIGRATIONS[:2]:
+            con.execute(migration)
+        con.execute("INSERT INTO ledger_meta VALUES ('schema_version', '2')")
+        for e in entries:
+            con.execute(
+                "INSERT INTO outbox VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, now(), NULL)",
+                [
+                    e.query_id,
+                    e.pipeline,
+                    e.table,
+                    e.batch_id,
+                    PENDING,
+                    e.intended_snapshot_id,
+                    json.dumps(e.offsets),
+                    json.dumps([f.to_json() for f in e.files]),
+                    e.record_count,
+                    json.dumps(e.metrics),
+                ],
+            )
+        con.execute(
+            "INSERT INTO stager_lease VALUES "
+            "('orders_per_minute', 'krishiv run', 'h', 1, now(), now() - INTERVAL 1 HOUR)"
+        )
+    finally:
+        con.close()
+
+
+def test_a_schema_2_ledger_is_back_filled_by_its_first_read(ledger_path: Path) -> None:
+    old = [
+        _committed_entry("q1", 0),
+        dataclasses.replace(_committed_entry("q1", 1), offsets={"orders": {"0": [10, 25]}, "payments": {"3": [7, 9]}}),
+        dataclasses.replace(_committed_entry("q1", 2), metrics={}),
+    ]
+    _schema_2_ledger(ledger_path, old)
+    ledger = Ledger(ledger_path, lock_timeout_s=10.0)
+
+    assert ledger.end_offsets(TABLE, "orders") == {"0": 30, "1": 31}
+    assert ledger.end_offsets(TABLE, "payments") == {"3": 9}
+    assert ledger.schema_version() == SCHEMA_VERSION
+    summary = ledger.table_summary(TABLE)
+    assert (summary.pending, summary.records_read, summary.rejects, summary.late_events) == (3, 40, 2, 4)
+    stored = ledger.entries()
+    assert stored == [dataclasses.replace(e, created_at=s.created_at) for e, s in zip(old, stored, strict=True)]
+    assert ledger.live_lease("orders_per_minute") is None  # the old lease row reads, with no token
+    assert ledger.acquire_lease("orders_per_minute", "krishiv run", 30).mine
+
+
+# ------------------------------------------------------------------------------------------- compaction
+
+
+def test_compaction_keeps_every_total_and_the_newest_entry(ledger: Ledger) -> None:
+    _fill(ledger, 12)
+    before = {t: ledger.table_summary(t, topic="orders") for t in (TABLE, REJECTS)}
+    offsets_before = {s: ledger.end_offsets(TABLE, "orders", status=s) for s in (None, COMMITTED, PENDING)}
+    committed_before = ledger.committed_batches(TABLE)
+    pending_before = ledger.entries(status=PENDING)
+    hot_before = len(ledger.entries())
+    query_ids = ledger.query_ids("orders_per_minute")
+
+    # Nothing is old enough yet.
+    assert ledger.compact(retention_s=3600).entries_archived == 0
+
+    report = ledger.compact(retention_s=0, now=datetime.now(UTC) + timedelta(seconds=1))
+    # Batches 0..7 are committed per query and table; batch 7 is not the newest (11 is), so all 8 go.
+    assert report.entries_archived == 2 * 2 * 8
+    assert report.groups == 4
+    assert report.entries_kept == hot_before - report.entries_archived
+
+    for t in (TABLE, REJECTS):
+        after = ledger.table_summary(t, topic="orders")
+        assert after.archived == 16
+        assert dataclasses.replace(after, archived=0) == before[t]
+    assert {s: ledger.end_offsets(TABLE, "orders", status=s) for s in (None, COMMITTED, PENDING)} == offsets_before
+    assert ledger.entries(status=PENDING) == pending_before
+    assert ledger.entries(status=COMMITTED) == []
+    committed_after = ledger.committed_batches(TABLE)
+    assert committed_after.total_records == committed_before.total_records
+    assert committed_after.archived_through == {"q-b": 7, "q-a": 7}
+    assert all(committed_after.includes(q, b) for q, b in committed_before.records)
+    assert not committed_after.includes("q-a", 8)
+    assert ledger.last_batch_id("q-a", TABLE) == 11
+    assert ledger.get("q-a", TABLE, 11) is not None
+    assert ledger.query_ids("orders_per_minute") == query_ids
+    assert ledger.tables() == [TABLE, REJECTS]
+
+    # A second run finds nothing more to fold.
+    assert ledger.compact(retention_s=0, now=datetime.now(UTC) + timedelta(seconds=1)).entries_archived == 0
+
+
+def test_compaction_keeps_the_newest_entry_even_when_committed_and_old(ledger: Ledger) -> None:
+    for b in range(3):
+        e = _committed_entry("q1", b)
+        ledger.record_batch([e])
+        ledger.mark_committed(e, 500 + b)
+    report = ledger.compact(retention_s=0, now=datetime.now(UTC) + timedelta(days=30))
+    assert report.entries_archived == 2
+    assert [e.batch_id for e in ledger.entries()] == [2]
+    summary = ledger.table_summary(TABLE)
+    assert (summary.committed, summary.archived, summary.last_snapshot_id) == (3, 2, 502)
+
+
+def test_compaction_in_small_chunks_gives_the_same_archive(ledger_path: Path, tmp_path: Path) -> None:
+    whole, chunked = Ledger(ledger_path), Ledger(tmp_path / "chunked.duckdb")
+    for book in (whole, chunked):
+        _fill(book, 15, queries=("q1",))
+    later = datetime.now(UTC) + timedelta(seconds=1)
+    assert whole.compact(0, now=later).entries_archived == chunked.compact(0, now=later, chunk=7).entries_archived
+    for t in (TABLE, REJECTS):
+        a, b = (book.table_summary(t, topic="orders") for book in (whole, chunked))
+        assert dataclasses.replace(a, last_commit_at=None, oldest_pending_at=None) == dataclasses.replace(
+            b, last_commit_at=None, oldest_pending_at=None
+        )
+        assert a.archived == 10
+    assert whole.committed_batches(TABLE) == chunked.committed_batches(TABLE)
+
+
+def test_a_replay_of_a_compacted_batch_is_recognised_or_refused(ledger: Ledger) -> None:
+    _fill(ledger, 6, queries=("q1",))
+    ledger.compact(retention_s=0, now=datetime.now(UTC) + timedelta(seconds=1))
+    assert ledger.get("q1", TABLE, 1) is None
+
+    # The same offsets (inside what the archive committed): already there, nothing recorded.
+    assert ledger.record_batch([_entry("q1", 1, TABLE), _entry("q1", 1, REJECTS)]) == [False, False]
+    assert ledger.get("q1", TABLE, 1) is None
+
+    # Offsets beyond what the archive committed: the checkpoint was rewound past the retention.
+    beyond = {"orders": {"0": [10, 900]}}
+    with pytest.raises(BatchReplayMismatch, match="rewound past the ledger's retention"):
+        ledger.record_batch([_entry("q2", 0), _entry("q1", 1, offsets=beyond)])
+    assert ledger.get("q2", TABLE, 0) is None  # rolled back with it
+
+
+def test_ledger_compact_command(tmp_path: Path, capsys) -> None:
+    from krishiv.chaos.workspace import SPEC_TEMPLATE
+    from krishiv.cli import main
+
+    spec_file = tmp_path / "krishiv.toml"
+    spec_file.write_text(
+        SPEC_TEMPLATE.format(
+            bootstrap="127.0.0.1:1",
+            partitions=4,
+            catalog_uri="sqlite:///catalog.db",
+            warehouse="warehouse",
+            topic="orders",
+            max_records=100,
+        )
+    )
+    ledger = Ledger(tmp_path / "ledger.duckdb")
+    _fill(ledger, 6, queries=("q1",))
+
+    assert main(["--spec", str(spec_file), "ledger-compact"]) == 0
+    assert "0 committed entries older than 1w folded" in " ".join(capsys.readouterr().out.split())
+
+    assert main(["--spec", str(spec_file), "ledger-compact", "--retention", "0s"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    # Batches 0-3 of each table are committed, and none is its table's newest (5).
+    assert "8 committed entries older than 0s folded into the archive of 2 query/table pairs; 4 entries kept" in out
+    assert ledger.table_summary(TABLE).archived == 4
+
+    with pytest.raises(SystemExit):
+        main(["--spec", str(spec_file), "ledger-compact", "--retention", "soon"])
+    assert "expected a duration such as 7d" in capsys.readouterr().err
+
+
+def test_status_reads_totals_through_compaction(ledger: Ledger) -> None:
+    from krishiv.status import pipeline_status
+
+    _fill(ledger, 9, queries=("q1",))
+    before = pipeline_status(ledger, "orders_per_minute", TABLE, "orders", {"0": 200, "1": 200})
+    ledger.compact(retention_s=0, now=datetime.now(UTC) + timedelta(seconds=1))
+    after = pipeline_status(ledger, "orders_per_minute", TABLE, "orders", {"0": 200, "1": 200})
+    assert after == before
+    assert (before.pending, before.committed, before.records_read) == (3, 6, 180)
+    assert [(p.partition, p.staged, p.committed, p.lag) for p in before.partitions] == [
+        ("0", 90, 60, 140),
+        ("1", 91, 61, 139),
+    ]
+
+
+# ------------------------------------------------------------------------------------------- offset skips
+
+
+def test_offset_skips_are_recorded_once_and_applied_by_one_batch(ledger: Ledger) -> None:
+    skip = ledger.record_skip("orders_per_minute", "q1", "orders", 2, 100, 500, "deleted by retention", "ana")
+    assert (skip.partition, skip.from_offset, skip.to_offset, skip.applied_batch_id) == ("2", 100, 500, None)
+    assert skip.created_at is not None
+
+    # The same skip again is the same record; another target for the same start is refused.
+    assert ledger.record_skip("orders_per_minute", "q1", "orders", "2", 100, 500, "again", "bo") == skip
+    with pytest.raises(OffsetSkipConflict, match="from offset 100 to 500"):
+        ledger.record_skip("orders_per_minute", "q1", "orders", 2, 100, 700, "other", "bo")
+    backwards = ledger.record_skip("orders_per_minute", "q1", "orders", 0, 9000, 0, "topic re-created", "ana")
+    ledger.record_skip("orders_per_minute", "q1", "payments", 0, 5, 6, "x", "ana")
+    ledger.record_skip("orders_per_minute", "q2", "orders", 2, 100, 500, "another query", "ana")
+
+    assert ledger.skips("q1", "orders") == [backwards, skip]
+    assert len(ledger.skips("q1")) == 3
+
+    applied = ledger.mark_skip_applied(skip, 7)
+    assert applied == dataclasses.replace(skip, applied_batch_id=7)
+    assert ledger.mark_skip_applied(skip, 7) == applied  # a replay of batch 7
+    with pytest.raises(OffsetSkipConflict, match="applied by batch 7"):
+        ledger.mark_skip_applied(skip, 8)
+    assert ledger.skips("q1", "orders") == [backwards, applied]
+    with pytest.raises(OffsetSkipConflict, match="no skip"):
+        ledger.mark_skip_applied(dataclasses.replace(skip, from_offset=1), 7)
+    with pytest.raises(ValueError):
+        ledger.record_skip("orders_per_minute", "q1", "orders", 1, -1, 5, "x", "ana")
