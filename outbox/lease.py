@@ -2,19 +2,27 @@
 
 A Spark checkpoint admits one running query. ``krishiv run`` (continuous or once) and a Dagster staging
 run both take the pipeline's lease in the ledger first, so they never start the same query twice, and the
-Kafka sensor leaves a pipeline alone while someone holds it. The lease coordinates; it is not what makes
-staging exactly-once (the ledger's primary key and the checkpoint do that), so a renewal that fails for a
-while (ledger busy) is only logged.
+Kafka sensor leaves a pipeline alone while someone holds it.
+
+The lease also fences: a process that lost it (paused past its expiry, partitioned from the ledger, taken
+over by another stager) must stop before staging another batch. :func:`stager_lease` yields a
+:class:`HeldLease`; its renewer thread sets ``lost`` as soon as a renewal finds the lease expired or held by
+another process, and the stager checks ``lost`` (or calls :meth:`HeldLease.ensure_held`) before each batch and
+passes ``held.lease`` to :meth:`Ledger.record_batch`, which checks again in the transaction that records the
+batch. A renewal that fails for a while (ledger busy) is only logged: the lease is lost only when the ledger
+says so, or when it has certainly expired.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
-from outbox.errors import LedgerBusyError
+from outbox.errors import LedgerBusyError, OutboxError, StagerLeaseLost
 from outbox.ledger import Ledger, StagerLease
 
 log = logging.getLogger(__name__)
@@ -22,29 +30,99 @@ log = logging.getLogger(__name__)
 LEASE_TTL_S = 30.0
 
 
+class HeldLease:
+    """The stager lease as held by this process: the ledger's :class:`StagerLease` and whether it was lost.
+
+    Attribute reads it does not define (``pipeline``, ``pid``, ``holder``, …) go to the lease, so code that
+    used the yielded value as a :class:`StagerLease` keeps working.
+    """
+
+    def __init__(self, lease: StagerLease) -> None:
+        self.lease = lease
+        self._lost = threading.Event()
+        self.lost_reason: str | None = None
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease was found expired or taken over; it never becomes False again."""
+        return self._lost.is_set()
+
+    def mark_lost(self, reason: str) -> None:
+        if not self._lost.is_set():
+            self.lost_reason = reason
+            self._lost.set()
+
+    def wait_lost(self, timeout: float | None = None) -> bool:
+        """Block until the lease is lost or ``timeout`` passes; returns :attr:`lost`."""
+        return self._lost.wait(timeout)
+
+    def ensure_held(self) -> None:
+        """Raise :class:`StagerLeaseLost` if the lease was lost: call it before staging a batch."""
+        if self.lost:
+            raise StagerLeaseLost(self.lease.pipeline, self.lost_reason or "lost")
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name == "lease":
+            raise AttributeError(name)
+        return getattr(self.lease, name)
+
+    def __repr__(self) -> str:
+        return f"HeldLease({self.lease!r}, lost={self.lost})"
+
+
+def _who_holds(ledger: Ledger, lease: StagerLease) -> str:
+    try:
+        current = ledger.current_lease(lease.pipeline)
+    except OutboxError as exc:
+        return f"the ledger could not say who holds it now: {exc}"
+    if current is None:
+        return "nobody holds it now"
+    if current.token != lease.token:
+        return f"taken over by {current.describe()}"
+    return f"it expired at {current.expires_at.isoformat(timespec='seconds')} before it could be renewed"
+
+
 @contextmanager
-def stager_lease(ledger: Ledger, pipeline: str, holder: str, ttl_s: float = LEASE_TTL_S) -> Iterator[StagerLease]:
-    """Hold the lease for the duration of the block; raises :class:`StagerBusy` if another process holds it."""
-    lease = ledger.acquire_lease(pipeline, holder, ttl_s)
+def stager_lease(ledger: Ledger, pipeline: str, holder: str, ttl_s: float = LEASE_TTL_S) -> Iterator[HeldLease]:
+    """Hold the lease for the duration of the block; raises :class:`StagerBusy` if another process holds it.
+
+    Yields a :class:`HeldLease` whose ``lost`` turns True when the renewer finds the lease gone; the renewer
+    then stops, and the lease is not released on exit (it is not this process's to release any more).
+    """
+    held = HeldLease(ledger.acquire_lease(pipeline, holder, ttl_s))
     stop = threading.Event()
 
     def renew() -> None:
+        # Until when the lease certainly holds, by this process's clock: a renewal counts from when it began.
+        valid_until = time.monotonic() + ttl_s
         while not stop.wait(ttl_s / 3):
+            attempt = time.monotonic()
             try:
-                if not ledger.renew_lease(lease, ttl_s):
-                    log.error("stager lease of pipeline %s was taken over by another process", pipeline)
-                    return
-            except LedgerBusyError as exc:
+                renewed = ledger.renew_lease(held.lease, ttl_s)
+            except OutboxError as exc:  # busy, or unreadable for a moment: the lease may still hold
                 log.warning("could not renew the stager lease of pipeline %s: %s", pipeline, exc)
+                if time.monotonic() >= valid_until:
+                    held.mark_lost(f"it expired while the ledger could not be written: {exc}")
+                    log.error("stager lease of pipeline %s expired before it could be renewed", pipeline)
+                    return
+                continue
+            if not renewed:
+                held.mark_lost(_who_holds(ledger, held.lease))
+                log.error("stager lease of pipeline %s was lost: %s", pipeline, held.lost_reason)
+                return
+            valid_until = attempt + ttl_s
 
     renewer = threading.Thread(target=renew, name=f"krishiv-lease-{pipeline}", daemon=True)
     renewer.start()
     try:
-        yield lease
+        yield held
     finally:
         stop.set()
         renewer.join()
-        try:
-            ledger.release_lease(lease)
-        except LedgerBusyError as exc:
-            log.warning("could not release the stager lease of pipeline %s (it expires by itself): %s", pipeline, exc)
+        if not held.lost:
+            try:
+                ledger.release_lease(held.lease)
+            except LedgerBusyError as exc:
+                log.warning(
+                    "could not release the stager lease of pipeline %s (it expires by itself): %s", pipeline, exc
+                )

@@ -1,18 +1,23 @@
-"""The stager lease: one live process runs a pipeline's query; a dead or expired holder is taken over."""
+"""The stager lease: one live process runs a pipeline's query; a dead or expired holder is taken over, and a
+process that lost its lease records nothing more."""
 
 from __future__ import annotations
 
+import dataclasses
+import multiprocessing
+import socket
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from krishiv.cli import main
-from outbox.errors import StagerBusy
-from outbox.lease import stager_lease
-from outbox.ledger import Ledger
+from outbox.errors import StagerBusy, StagerLeaseLost
+from outbox.lease import HeldLease, stager_lease
+from outbox.ledger import Ledger, OutboxEntry, StagerLease, node_identity, process_token
 
 HOLD = (
     "import sys, time; from outbox.ledger import Ledger;"
@@ -89,3 +94,187 @@ def test_krishiv_run_refuses_a_pipeline_staged_elsewhere(spec_file: Path, make_s
     finally:
         holder.kill()
         holder.wait()
+
+
+# ------------------------------------------------------------------------------------------- fencing
+
+TAKEOVER = """
+import sys, time
+from datetime import UTC, datetime
+
+import duckdb
+
+from outbox.errors import StagerBusy
+from outbox.ledger import Ledger
+
+path = sys.argv[1]
+# Holding the file open keeps the other process's renewals waiting, as a pause or a partition would.
+con = duckdb.connect(path)
+print("locked", flush=True)
+deadline = time.monotonic() + 60
+while True:
+    row = con.execute("SELECT expires_at FROM stager_lease WHERE pipeline = 'orders_per_minute'").fetchone()
+    wait = (row[0] - datetime.now(UTC)).total_seconds() if row else 0.0
+    if wait > 0:
+        time.sleep(wait + 0.01)  # until the lease's own expiry, a known instant
+    try:
+        Ledger(path).acquire_lease("orders_per_minute", "krishiv run (second)", 60)
+        break
+    except StagerBusy:
+        assert time.monotonic() < deadline, "the lease never expired"
+con.close()
+print("took over", flush=True)
+sys.stdin.readline()
+"""
+
+LOCK = """
+import sys
+
+import duckdb
+
+con = duckdb.connect(sys.argv[1])
+print("locked", flush=True)
+sys.stdin.readline()
+con.close()
+print("released", flush=True)
+sys.stdin.readline()
+"""
+
+
+def _child(code: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+
+
+def _entry(batch_id: int) -> OutboxEntry:
+    return OutboxEntry(
+        "q1", "orders_per_minute", "orders_per_minute", batch_id, {"orders": {"0": [0, 10]}}, (), 1_000 + batch_id
+    )
+
+
+def _wait_until(condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.02)
+
+
+def test_a_stager_whose_expired_lease_was_taken_over_records_nothing(ledger: Ledger) -> None:
+    old = ledger.acquire_lease("orders_per_minute", "krishiv run", 0.3)
+    assert ledger.lease_held(old)
+    assert ledger.record_batch([_entry(0)], lease=old) == [True]
+    _wait_until(lambda: ledger.live_lease("orders_per_minute") is None)
+    assert not ledger.lease_held(old)  # expired, though nobody took it yet
+
+    second = _holder(Path(ledger.path))
+    try:
+        with pytest.raises(StagerLeaseLost) as info:
+            ledger.record_batch([_entry(1)], lease=old)
+        message = str(info.value)
+        assert "pipeline 'orders_per_minute'" in message
+        assert f"now held by krishiv run (pid {second.pid} on " in message
+        assert "nothing was written" in message
+        assert [e.batch_id for e in ledger.entries()] == [0]
+        assert not ledger.lease_held(old)
+        assert not ledger.renew_lease(old, 30)
+        ledger.release_lease(old)  # releasing a lease it lost leaves the new holder's alone
+        assert ledger.live_lease("orders_per_minute").pid == second.pid
+        # Without a lease, recording does not look at the lease (the relay and the tests record freely).
+        assert ledger.record_batch([_entry(1)]) == [True]
+    finally:
+        second.kill()
+        second.wait()
+
+
+def test_an_expired_lease_is_refused_even_before_anyone_takes_it(ledger: Ledger) -> None:
+    lease = ledger.acquire_lease("orders_per_minute", "krishiv run", 0.2)
+    _wait_until(lambda: not ledger.lease_held(lease))
+    with pytest.raises(StagerLeaseLost, match=r"expired at .* without a renewal"):
+        ledger.record_batch([_entry(0)], lease=lease)
+    assert ledger.entries() == []
+
+
+def test_renewals_after_a_takeover_mark_the_handle_lost(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "ledger.duckdb", lock_timeout_s=60.0)
+    ledger.migrate()
+    with stager_lease(ledger, "orders_per_minute", "krishiv run", ttl_s=0.6) as held:
+        assert isinstance(held, HeldLease) and not held.lost and held.lost_reason is None
+        assert held.pipeline == held.lease.pipeline == "orders_per_minute"  # usable as the lease
+        second = _child(TAKEOVER, ledger.path)
+        try:
+            assert second.stdout.readline().strip() == "locked"
+            assert second.stdout.readline().strip() == "took over"
+            assert held.wait_lost(timeout=60), "the renewer never noticed the takeover"
+            assert held.lost
+            assert f"taken over by krishiv run (second) (pid {second.pid} on " in (held.lost_reason or "")
+            with pytest.raises(StagerLeaseLost, match=r"taken over by krishiv run \(second\)"):
+                held.ensure_held()
+            with pytest.raises(StagerLeaseLost):
+                ledger.record_batch([_entry(0)], lease=held.lease)
+            assert ledger.entries() == []
+        finally:
+            second.stdin.close()
+            second.wait(timeout=60)
+    # A lost lease is not released on exit: the row is the second holder's.
+    assert ledger.current_lease("orders_per_minute").holder == "krishiv run (second)"
+
+
+def test_a_lease_that_expires_while_the_ledger_is_unreachable_is_lost(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "ledger.duckdb", lock_timeout_s=0.2)
+    ledger.migrate()
+    with stager_lease(ledger, "orders_per_minute", "krishiv run", ttl_s=0.6) as held:
+        holder = _child(LOCK, ledger.path)
+        try:
+            assert holder.stdout.readline().strip() == "locked"
+            assert held.wait_lost(timeout=30)
+            assert "expired while the ledger could not be written" in (held.lost_reason or "")
+            holder.stdin.write("release\n")
+            holder.stdin.flush()
+            assert holder.stdout.readline().strip() == "released"
+            with pytest.raises(StagerLeaseLost):
+                ledger.record_batch([_entry(0)], lease=held.lease)
+        finally:
+            holder.stdin.close()
+            holder.wait(timeout=60)
+
+
+def _dead_pid() -> int:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def test_the_pid_is_checked_only_in_this_pid_space() -> None:
+    now = datetime.now(UTC)
+    here = StagerLease(
+        "p", "krishiv run", socket.gethostname(), _dead_pid(), now, now + timedelta(minutes=1), "t", node_identity()
+    )
+    assert not here.alive()  # same host, same pid space: the dead pid means the holder is gone
+    # Another container with the same hostname (another pid namespace or boot): its pid says nothing here.
+    assert dataclasses.replace(here, node="another-boot/4026531836").alive()
+    assert dataclasses.replace(here, node=None).alive()  # a row from before the identity was recorded
+    assert not dataclasses.replace(here, expires_at=now).alive(now)
+
+
+def _report_token(results) -> None:
+    results.put(process_token())
+
+
+def test_a_forked_child_gets_its_own_token() -> None:
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    child = context.Process(target=_report_token, args=(results,))
+    child.start()
+    try:
+        assert results.get(timeout=60) != process_token()
+    finally:
+        child.join(timeout=60)
+    assert len(process_token()) == 32
+
+
+def test_this_process_may_take_its_own_lease_again(ledger: Ledger) -> None:
+    first = ledger.acquire_lease("orders_per_minute", "krishiv run", 30)
+    again = ledger.acquire_lease("orders_per_minute", "krishiv run", 30)
+    assert first.token == again.token == process_token()
+    assert ledger.lease_held(again) and ledger.lease_held(first)
