@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from outbox.ledger import COMMITTED, PENDING, Ledger, OutboxEntry
+from outbox.ledger import Ledger, OutboxEntry
 
 
 @dataclass
@@ -36,6 +36,7 @@ class PipelineStatus:
 
 
 def end_offsets(entries: list[OutboxEntry], topic: str) -> dict[str, int]:
+    """Per partition, the highest end offset among ``entries`` (see :meth:`Ledger.end_offsets` for the ledger's)."""
     ends: dict[str, int] = {}
     for e in entries:
         for p, (_start, end) in e.offsets.get(topic, {}).items():
@@ -51,25 +52,21 @@ def pipeline_status(
     latest: dict[str, int] | None,
     broker_error: str | None = None,
 ) -> PipelineStatus:
-    entries = [e for e in ledger.entries(table=table) if e.pipeline == pipeline]
-    status = PipelineStatus(pipeline, table, broker_error=broker_error)
-    committed = [e for e in entries if e.status == COMMITTED]
-    status.pending = sum(1 for e in entries if e.status == PENDING)
-    status.committed = len(committed)
-    for e in entries:
-        status.records_read += e.metrics.get("records_read", 0)
-        status.rejects += e.metrics.get("rejects", 0)
-        status.late_events += e.metrics.get("late_events", 0)
-    with_snapshot = [e for e in committed if e.committed_at is not None]
-    if with_snapshot:
-        last = max(with_snapshot, key=lambda e: e.committed_at)
-        status.last_commit_at = last.committed_at
-        status.last_snapshot_id = max(
-            (e for e in with_snapshot if e.committed_snapshot_id is not None),
-            key=lambda e: e.committed_at,
-            default=last,
-        ).committed_snapshot_id
-    staged, done = end_offsets(entries, topic), end_offsets(committed, topic)
+    """The pipeline's status from one aggregate read of the ledger (compacted entries included)."""
+    summary = ledger.table_summary(table, pipeline=pipeline, topic=topic)
+    status = PipelineStatus(
+        pipeline,
+        table,
+        pending=summary.pending,
+        committed=summary.committed,
+        records_read=summary.records_read,
+        rejects=summary.rejects,
+        late_events=summary.late_events,
+        last_commit_at=summary.last_commit_at,
+        last_snapshot_id=summary.last_snapshot_id,
+        broker_error=broker_error,
+    )
+    staged, done = summary.staged_offsets, summary.committed_offsets
     for p in sorted(set(staged) | set(latest or {}), key=int):
         status.partitions.append(PartitionLag(p, (latest or {}).get(p), staged.get(p, 0), done.get(p, 0)))
     return status

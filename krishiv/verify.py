@@ -16,7 +16,7 @@ from pyiceberg.table import Table
 
 from krishiv.lineage import lineage
 from krishiv.tables import WINDOW_START
-from outbox.ledger import COMMITTED, Ledger
+from outbox.ledger import Ledger
 
 
 @dataclass
@@ -96,28 +96,26 @@ def check_ledger_agreement(table: Table, table_name: str, ledger: Ledger) -> lis
     for r in rows:
         if r.query_id is not None and r.high_water_batch_id is not None:
             high_water[r.query_id] = max(high_water.get(r.query_id, -1), r.high_water_batch_id)
-    committed_records = 0
-    entries = ledger.entries(table=table_name, status=COMMITTED)
-    committed_keys = set()
-    for e in entries:
-        committed_keys.add((e.query_id, e.batch_id))
-        committed_records += e.record_count
-        if e.record_count == 0:
+    # Keys and record counts only, read in SQL; batches compacted out of the ledger count through the archive.
+    committed = ledger.committed_batches(table_name)
+    committed_records = committed.total_records
+    for (query_id, batch_id), record_count in committed.records.items():
+        if record_count == 0:
             continue
-        row = by_batch.get((e.query_id, e.batch_id))
+        row = by_batch.get((query_id, batch_id))
         if row is None:
-            if high_water.get(e.query_id, -1) < e.batch_id:
+            if high_water.get(query_id, -1) < batch_id:
                 problems.append(
-                    f"ledger says batch {e.batch_id} of query {e.query_id} is COMMITTED but {table_name} "
+                    f"ledger says batch {batch_id} of query {query_id} is COMMITTED but {table_name} "
                     "has no snapshot for it"
                 )
-        elif row.added_records != e.record_count:
+        elif row.added_records != record_count:
             problems.append(
-                f"batch {e.batch_id}: snapshot {row.snapshot_id} added {row.added_records} rows, "
-                f"the ledger staged {e.record_count}"
+                f"batch {batch_id}: snapshot {row.snapshot_id} added {row.added_records} rows, "
+                f"the ledger staged {record_count}"
             )
     for (query_id, batch_id), row in by_batch.items():
-        if (query_id, batch_id) not in committed_keys:
+        if not committed.includes(query_id, batch_id):
             problems.append(
                 f"snapshot {row.snapshot_id} holds batch {batch_id} of query {query_id}, which the "
                 "ledger does not list as COMMITTED"

@@ -21,7 +21,6 @@ import dagster as dg
 from krishiv.catalog import qualified
 from krishiv.errors import KrishivError
 from krishiv.spec import KrishivSpec, PipelineSpec
-from krishiv.status import end_offsets
 from krishiv_assets.resources import (
     IcebergCatalogResource,
     KafkaResource,
@@ -30,7 +29,6 @@ from krishiv_assets.resources import (
     effective_spec,
 )
 from outbox.errors import OutboxError
-from outbox.ledger import PENDING
 
 
 @dataclass(frozen=True)
@@ -109,7 +107,7 @@ def pipeline_assets(spec: KrishivSpec, pipeline: PipelineSpec) -> list[dg.Assets
             raise _failure(exc) from exc
         history = running[0].stager.history
         staged = [b for b in history if b.recorded]
-        entries = ledger.open(spec).entries(table=qualified(spec, pipeline.table))
+        summary = ledger.open(spec).table_summary(qualified(spec, pipeline.table), topic=pipeline.topic)
         context.log.info("staged %d of %d batches", len(staged), len(history))
         return dg.MaterializeResult(
             metadata={
@@ -119,8 +117,8 @@ def pipeline_assets(spec: KrishivSpec, pipeline: PipelineSpec) -> list[dg.Assets
                 "windows_closed": sum(b.windows for b in staged),
                 "rejects": sum(b.rejects for b in staged),
                 "late_events": sum(b.late_events for b in staged),
-                "pending_entries": sum(1 for e in entries if e.status == PENDING),
-                "staged_through_offsets": dg.MetadataValue.json(end_offsets(entries, pipeline.topic)),
+                "pending_entries": summary.pending,
+                "staged_through_offsets": dg.MetadataValue.json(summary.staged_offsets),
             }
         )
 
@@ -156,7 +154,7 @@ def pipeline_assets(spec: KrishivSpec, pipeline: PipelineSpec) -> list[dg.Assets
         try:
             reports = commit_pipelines(run_spec, [pipeline])
             catalog = load_catalog(run_spec)
-            pending = ledger.open(spec).entries(status=PENDING)
+            pending = ledger.open(spec).pending_batches([qualified(spec, name) for name in tables.values()])
         except (KrishivError, OutboxError) as exc:
             raise _failure(exc) from exc
         by_table = {r.table: r for r in reports}

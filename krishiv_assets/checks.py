@@ -18,7 +18,6 @@ from krishiv.catalog import qualified
 from krishiv.spec import KrishivSpec, PipelineSpec
 from krishiv_assets.assets import PipelineKeys
 from krishiv_assets.resources import IcebergCatalogResource, LedgerResource, effective_spec
-from outbox.ledger import PENDING
 
 
 @dataclass(frozen=True)
@@ -106,8 +105,8 @@ def pipeline_checks(
         book = ledger.open(spec)
         problems = check_ledger_agreement(table, table_name, book)
         now = datetime.now(UTC)
-        entries = book.entries(table=table_name)
-        pending = [e for e in entries if e.status == PENDING]
+        summary = book.table_summary(table_name)
+        pending = book.pending_batches([table_name])
         ages = [(now - e.created_at).total_seconds() for e in pending]
         stale = [e.batch_id for e, age in zip(pending, ages, strict=True) if age > thresholds.pending_max_age_s]
         if stale:
@@ -119,7 +118,7 @@ def pipeline_checks(
             passed=not problems,
             description=problems[0] if problems else "ledger and table agree",
             metadata={
-                "committed_entries": len(entries) - len(pending),
+                "committed_entries": summary.committed,
                 "pending_entries": len(pending),
                 "oldest_pending_age_s": float(max(ages, default=0.0)),
                 "problems": dg.MetadataValue.json(problems),
@@ -132,9 +131,8 @@ def pipeline_checks(
         description=f"Malformed events stay under {thresholds.rejects_rate_max:.1%} of the events read.",
     )
     def rejects_rate(ledger: LedgerResource) -> dg.AssetCheckResult:
-        entries = ledger.open(spec).entries(table=table_name)
-        read = sum(e.metrics.get("records_read", 0) for e in entries)
-        rejects = sum(e.metrics.get("rejects", 0) for e in entries)
+        summary = ledger.open(spec).table_summary(table_name)
+        read, rejects = summary.records_read, summary.rejects
         rate = rejects / read if read else 0.0
         return dg.AssetCheckResult(
             passed=rate <= thresholds.rejects_rate_max,

@@ -9,7 +9,9 @@
   staged, unless a staging run is in flight or ``krishiv run`` stages the pipeline continuously (it holds
   the pipeline's stager lease).
 
-Both skip with a reason that names what they saw, including an unreachable broker or a busy ledger.
+Both skip with a reason that names what they saw, including an unreachable broker, a busy ledger or a file
+that is not a ledger. Each tick reads only what it needs from the ledger (PENDING keys, or the staged end
+offsets per partition), so it stays short however many batches the ledger has recorded.
 """
 
 from __future__ import annotations
@@ -24,10 +26,8 @@ from dagster import SensorEvaluationContext
 
 from krishiv.catalog import qualified
 from krishiv.spec import KrishivSpec, PipelineSpec
-from krishiv.status import end_offsets
 from krishiv_assets.resources import KafkaResource, LedgerResource
-from outbox.errors import LedgerBusyError
-from outbox.ledger import PENDING
+from outbox.errors import LedgerBusyError, LedgerCorrupt
 
 OUTBOX_SENSOR_INTERVAL_S = 5  # the daemon evaluates sensors at most every 5 s anyway
 KAFKA_SENSOR_INTERVAL_S = 5
@@ -79,10 +79,8 @@ def outbox_sensor(
     )
     def sensor(context: SensorEvaluationContext, ledger: LedgerResource) -> dg.SensorResult | dg.SkipReason:
         try:
-            pending = [
-                e for e in ledger.open(spec, SENSOR_LEDGER_TIMEOUT_S).entries(status=PENDING) if e.table in tables
-            ]
-        except LedgerBusyError as exc:
+            pending = ledger.open(spec, SENSOR_LEDGER_TIMEOUT_S).pending_batches(sorted(tables))
+        except (LedgerBusyError, LedgerCorrupt) as exc:
             return dg.SkipReason(str(exc))
         if not pending:
             return dg.SkipReason(f"no pending outbox entries for {pipeline.table}")
@@ -144,8 +142,8 @@ def kafka_sensor(
             lease = book.live_lease(pipeline.name)
             if lease is not None:
                 return dg.SkipReason(f"{pipeline.name} is being staged by {lease.describe()}")
-            staged = end_offsets(book.entries(table=table), pipeline.topic)
-        except LedgerBusyError as exc:
+            staged = book.end_offsets(table, pipeline.topic)
+        except (LedgerBusyError, LedgerCorrupt) as exc:
             return dg.SkipReason(str(exc))
         try:
             latest = kafka.latest_offsets(pipeline.topic, dict(spec.kafka.consumer))

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 import pytest
@@ -151,3 +153,37 @@ def test_sensor_cursor_round_trips():
     assert SensorCursor.parse(cursor.dumps()) == cursor
     assert json.loads(cursor.dumps())["requested"] == {"q": 4}
     assert SensorCursor.parse(None) == SensorCursor()
+
+
+@pytest.mark.parametrize("name", ["orders_per_minute_outbox_sensor", "orders_per_minute_kafka_sensor"])
+def test_sensors_name_a_file_that_is_not_a_ledger(make_spec, instance, name):
+    spec = make_spec()
+    path = spec.resolve(spec.storage.ledger_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"")
+    past = time.time() - 3600
+    os.utime(path, (past, past))
+
+    tick = _tick(spec, name, None, instance)
+    assert not tick.run_requests
+    assert f"ledger {path} is not a DuckDB ledger (empty file)" in tick.skip_message
+    assert "locked" not in tick.skip_message
+    assert path.read_bytes() == b""
+
+
+def test_kafka_sensor_counts_compacted_batches_as_staged(make_spec, broker, instance):
+    spec = make_spec(partitions=2)
+    name = "orders_per_minute_kafka_sensor"
+    produce_orders(spec, 40)
+    latest = SensorCursor.parse(_tick(spec, name, None, instance).cursor).requested
+
+    # Batch 0 staged everything; batch 1 (the newest, which compaction keeps) read nothing.
+    _record(spec, 0, latest)
+    _record(spec, 1, {})
+    ledger = open_ledger(spec)
+    for e in ledger.entries():
+        ledger.mark_committed(e, None)
+    assert ledger.compact(0, now=datetime.now(UTC) + timedelta(seconds=1)).entries_archived == 2
+
+    done = _tick(spec, name, None, instance)
+    assert not done.run_requests and "nothing beyond the staged offsets" in done.skip_message
