@@ -1,4 +1,5 @@
-"""The ``krishiv`` command: broker, produce, run, commit, status, lineage, verify and demo."""
+"""The ``krishiv`` command: broker, produce, run, commit, status, lineage, verify, demo and the operator's tools
+(ledger-compact, skip-offsets, restage, clean-staging)."""
 
 from __future__ import annotations
 
@@ -152,6 +153,58 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
     return 0
 
 
+def cmd_ledger_compact(args: argparse.Namespace, spec: KrishivSpec) -> int:
+    ledger = open_ledger(spec)
+    report = ledger.compact(args.retention)
+    console.print(
+        f"ledger {ledger.path}: {report.entries_archived} committed entries older than "
+        f"{_format_duration(args.retention)} folded into the archive of {report.groups} query/table pairs; "
+        f"{report.entries_kept} entries kept"
+    )
+    return 0
+
+
+def cmd_skip_offsets(args: argparse.Namespace, spec: KrishivSpec) -> int:
+    from krishiv.offsets import skip_offsets
+
+    skip = skip_offsets(spec, spec.pipeline(args.pipeline), args.partition, args.to, args.reason)
+    console.print(
+        f"recorded in the ledger: {skip.topic} partition {skip.partition} of query {skip.query_id} moves from offset "
+        f"{skip.from_offset} to {skip.to_offset} ({skip.reason}; by {skip.operator}); the next batch reads from "
+        "there, and the snapshot that publishes it names the skip"
+    )
+    return 0
+
+
+def cmd_restage(args: argparse.Namespace, spec: KrishivSpec) -> int:
+    from krishiv.staging_files import restage
+
+    pipeline = spec.pipeline(args.pipeline)
+    result = restage(spec, pipeline)
+    if not result.batches:
+        console.print(f"{pipeline.name}: every pending batch still has its staged files; nothing to restage")
+    else:
+        console.print(
+            f"{pipeline.name}: staged batches {result.batches} again (Spark replayed from batch {result.rewound_to} "
+            "with the offsets the ledger recorded); `krishiv commit` publishes them"
+        )
+    return 0
+
+
+def cmd_clean_staging(args: argparse.Namespace, spec: KrishivSpec) -> int:
+    from krishiv.staging_files import clean_staging
+
+    grace = _format_duration(args.grace)
+    for p in _pipelines(spec, args.pipeline):
+        for c in clean_staging(spec, p, args.grace, dry_run=args.dry_run):
+            verb = "would remove" if args.dry_run else "removed"
+            console.print(
+                f"{c.table}: {verb} {len(c.removed)} staged files ({c.removed_bytes} bytes) no ledger entry or "
+                f"snapshot refers to; kept {c.kept} referenced and {c.young} younger than {grace}"
+            )
+    return 0
+
+
 def cmd_lineage(args: argparse.Namespace, spec: KrishivSpec) -> int:
     from krishiv.catalog import load_catalog, qualified
     from krishiv.lineage import lineage
@@ -253,6 +306,29 @@ def _int_list(text: str) -> tuple[int, ...]:
     return values
 
 
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def _duration(text: str) -> float:
+    """Seconds from ``7d``, ``12h``, ``30m``, ``45s`` or a plain number of seconds."""
+    raw = text.strip().lower()
+    unit = _DURATION_UNITS.get(raw[-1:])
+    try:
+        value = float(raw[:-1] if unit else raw) * (unit or 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a duration such as 7d, 12h, 30m or 3600, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite duration of at least 0, got {text!r}")
+    return value
+
+
+def _format_duration(seconds: float) -> str:
+    for unit in ("w", "d", "h", "m"):
+        if seconds >= _DURATION_UNITS[unit] and seconds % _DURATION_UNITS[unit] == 0:
+            return f"{int(seconds // _DURATION_UNITS[unit])}{unit}"
+    return f"{seconds:g}s"
+
+
 def cmd_bench(args: argparse.Namespace, spec: KrishivSpec) -> int:
     from krishiv.state_folder import BENCH_MARKER, check_folder
 
@@ -322,6 +398,32 @@ def build_parser() -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=text)
         c.add_argument("--pipeline")
 
+    lc = sub.add_parser(
+        "ledger-compact", help="fold committed ledger entries older than the retention into per-query totals"
+    )
+    lc.add_argument(
+        "--retention", type=_duration, default=_duration("7d"), help="keep entries committed within this (default 7d)"
+    )
+
+    so = sub.add_parser(
+        "skip-offsets",
+        help="move a stopped query past offsets it cannot read exactly (topic re-created, retention); recorded",
+    )
+    so.add_argument("--pipeline", help="the pipeline (default: the spec's first)")
+    so.add_argument("--partition", type=int, required=True, help="the partition the query is stuck on")
+    so.add_argument("--to", type=int, required=True, help="the offset to read on from (within the partition's log)")
+    so.add_argument("--reason", required=True, help="why; kept in the ledger and the next snapshot's summary")
+
+    rs = sub.add_parser("restage", help="stage again the pending batches whose staged files are gone")
+    rs.add_argument("--pipeline", help="the pipeline (default: the spec's first)")
+
+    cs = sub.add_parser("clean-staging", help="remove staged files no ledger entry or snapshot refers to")
+    cs.add_argument("--pipeline", help="the pipeline (default: all)")
+    cs.add_argument(
+        "--grace", type=_duration, default=_duration("1h"), help="keep files younger than this (default 1h)"
+    )
+    cs.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
+
     d = sub.add_parser("demo", help="broker + produce + run + commit + show, on embedded defaults")
     d.add_argument("--records", type=int, default=20_000)
     d.add_argument("--late", type=int, default=25)
@@ -367,6 +469,10 @@ COMMANDS = {
     "run": cmd_run,
     "commit": cmd_commit,
     "status": cmd_status,
+    "ledger-compact": cmd_ledger_compact,
+    "skip-offsets": cmd_skip_offsets,
+    "restage": cmd_restage,
+    "clean-staging": cmd_clean_staging,
     "lineage": cmd_lineage,
     "verify": cmd_verify,
     "demo": cmd_demo,
