@@ -3,13 +3,20 @@
 For each pending entry of a table, oldest first:
 
 1. If it staged no rows, mark it COMMITTED with no snapshot (nothing to publish).
-2. Load the table and look for the batch: the intended snapshot id among the snapshots, or a snapshot of
-   this query whose high-water batch id is at or past this batch (that survives snapshot expiry).
+2. Load the table and look for the batch: the intended snapshot id among the snapshots, or the query's
+   high-water batch id in the table's properties at or past this batch (``krishiv.high-water.<query>``,
+   set in the same metadata commit as each snapshot, so it survives snapshot expiry, compaction and
+   other writers' snapshots at the head), or, for a table written before that property, a snapshot of
+   this query among the current snapshot's ancestors whose high-water batch id is at or past it.
    Found: mark COMMITTED and move on. Nothing is committed twice.
-3. Check every staged file still exists; a missing one stops the relay (committing would lose rows).
-4. Commit one fast-append snapshot that registers the staged files in place, with the intended
-   snapshot id and a summary naming query, batch, high-water batch and Kafka offsets.
-5. Mark the entry COMMITTED.
+3. Fail closed: if the table shows no trace of the query at all while the ledger holds COMMITTED batches
+   of it with rows (the table was dropped and re-created, or restored from an older copy), stop with
+   :class:`CommittedBatchesMissing` instead of appending.
+4. Check every staged file still exists; a missing one stops the relay (committing would lose rows).
+5. Commit one fast-append snapshot that registers the staged files in place, with the intended
+   snapshot id, a summary naming query, batch, high-water batch and Kafka offsets, and the query's
+   high-water property moved to this batch.
+6. Mark the entry COMMITTED.
 
 A conflict with another writer (``CommitFailedException``) means the commit did not happen: back off,
 reload, go back to step 2. Any other failure of the catalog call has an unknown outcome: it is never
@@ -32,8 +39,8 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
 from krishiv.faults import fault_point
-from outbox.errors import CatalogUnavailable, CommitConflict, StagedFileMissing
-from outbox.ledger import Ledger, OutboxEntry
+from outbox.errors import CatalogUnavailable, CommitConflict, CommittedBatchesMissing, StagedFileMissing
+from outbox.ledger import Ledger, OffsetSkip, OutboxEntry
 from outbox.snapshot_producer import fast_append
 
 log = logging.getLogger(__name__)
@@ -43,6 +50,9 @@ SUMMARY_QUERY_ID = "krishiv.query-id"
 SUMMARY_BATCH_ID = "krishiv.batch-id"
 SUMMARY_HIGH_WATER = "krishiv.high-water-batch-id"
 SUMMARY_OFFSETS = "krishiv.kafka-offsets"
+SUMMARY_SKIPPED = "krishiv.skipped-offsets"  # operators' skips applied since the query's previous snapshot
+#: Table property holding, per query, the highest batch id committed to the table.
+HIGH_WATER_PROPERTY_PREFIX = "krishiv.high-water."
 
 MAX_CONFLICT_RETRIES = 8
 MAX_AMBIGUOUS_RECHECKS = 3
@@ -65,14 +75,43 @@ class TableCommitReport:
     records: int = 0
 
 
-def snapshot_summary(entry: OutboxEntry) -> dict[str, str]:
-    return {
+def snapshot_summary(entry: OutboxEntry, skipped: list[OffsetSkip] = ()) -> dict[str, str]:  # type: ignore[assignment]
+    summary = {
         SUMMARY_PIPELINE: entry.pipeline,
         SUMMARY_QUERY_ID: entry.query_id,
         SUMMARY_BATCH_ID: str(entry.batch_id),
         SUMMARY_HIGH_WATER: str(entry.batch_id),
         SUMMARY_OFFSETS: json.dumps(entry.offsets, sort_keys=True, separators=(",", ":")),
     }
+    if skipped:
+        summary[SUMMARY_SKIPPED] = json.dumps(
+            [
+                {
+                    "topic": s.topic,
+                    "partition": s.partition,
+                    "from": s.from_offset,
+                    "to": s.to_offset,
+                    "batch": s.applied_batch_id,
+                    "reason": s.reason,
+                    "by": s.operator,
+                    "at": s.created_at.isoformat(timespec="seconds"),
+                }
+                for s in skipped
+            ],
+            sort_keys=True,
+            separators=(",", ":"),
+        )
+    return summary
+
+
+def high_water_property(query_id: str) -> str:
+    return HIGH_WATER_PROPERTY_PREFIX + query_id
+
+
+def high_water_marks(table: Table) -> dict[str, int]:
+    """Per query, the highest batch id committed to ``table``, from its properties (survives expiry)."""
+    prefix = HIGH_WATER_PROPERTY_PREFIX
+    return {k[len(prefix) :]: int(v) for k, v in table.properties.items() if k.startswith(prefix)}
 
 
 def ancestors(table: Table) -> Iterator[Snapshot]:
@@ -85,28 +124,45 @@ def ancestors(table: Table) -> Iterator[Snapshot]:
         snapshot = table.metadata.snapshot_by_id(snapshot.parent_snapshot_id)
 
 
+def _snapshot_of(table: Table, entry: OutboxEntry) -> int | None:
+    for snapshot in table.snapshots():
+        summary = snapshot.summary
+        if (
+            summary is not None
+            and summary.get(SUMMARY_QUERY_ID) == entry.query_id
+            and summary.get(SUMMARY_BATCH_ID) == str(entry.batch_id)
+        ):
+            return snapshot.snapshot_id
+    return None
+
+
 def find_committed(table: Table, entry: OutboxEntry) -> int | None:
-    """The snapshot id that holds ``entry`` (``-1`` if it is recorded but expired), or None if absent."""
+    """The snapshot id that holds ``entry`` (``-1`` if it is committed but its snapshot expired), or None."""
     if table.metadata.snapshot_by_id(entry.intended_snapshot_id) is not None:
         return entry.intended_snapshot_id
+    mark = table.properties.get(high_water_property(entry.query_id))
+    if mark is not None:
+        if int(mark) < entry.batch_id:
+            return None
+        found = _snapshot_of(table, entry)
+        return _EXPIRED if found is None else found
+    # A table committed to before the property existed: the high-water mark in the summaries still reachable.
     for snapshot in ancestors(table):
         summary = snapshot.summary
         if summary is None or summary.get(SUMMARY_QUERY_ID) != entry.query_id:
             continue
-        high_water = int(summary.get(SUMMARY_HIGH_WATER) or -1)
-        if high_water < entry.batch_id:
+        if int(summary.get(SUMMARY_HIGH_WATER) or -1) < entry.batch_id:
             return None
-        if int(summary.get(SUMMARY_BATCH_ID) or -1) == entry.batch_id:
-            return snapshot.snapshot_id
-        for older in ancestors(table):
-            if (
-                older.summary is not None
-                and older.summary.get(SUMMARY_QUERY_ID) == entry.query_id
-                and older.summary.get(SUMMARY_BATCH_ID) == str(entry.batch_id)
-            ):
-                return older.snapshot_id
-        return _EXPIRED
+        found = _snapshot_of(table, entry)
+        return _EXPIRED if found is None else found
     return None
+
+
+def shows_query(table: Table, query_id: str) -> bool:
+    """Whether ``table`` holds any trace of ``query_id``: its high-water property or a snapshot of it."""
+    if high_water_property(query_id) in table.properties:
+        return True
+    return any(s.summary is not None and s.summary.get(SUMMARY_QUERY_ID) == query_id for s in table.snapshots())
 
 
 def _backoff(attempt: int) -> float:
@@ -122,6 +178,7 @@ class CommitRelay:
         self.ledger = ledger
         self._catalog = catalog
         self.catalog_address = catalog_address
+        self._skips: dict[str, list[OffsetSkip]] = {}
 
     @property
     def catalog(self) -> Catalog:
@@ -137,6 +194,7 @@ class CommitRelay:
         pending = self.ledger.pending(table_name)
         if not pending:
             return report
+        self._skips = {}
         table: Table | None = None
         for entry in pending:
             if not entry.files or entry.record_count == 0:
@@ -176,11 +234,18 @@ class CommitRelay:
                 self.ledger.mark_committed(entry, None if found == _EXPIRED else found)
                 report.recovered.append(entry.batch_id)
                 return table
+            self._fail_closed(table, entry)
             data_files = [self._data_file(table, f.path) for f in entry.files]
             started = time.perf_counter()
             try:
                 fault_point("relay.before_catalog_commit", entry.batch_id)
-                table = fast_append(table, data_files, entry.intended_snapshot_id, snapshot_summary(entry))
+                table = fast_append(
+                    table,
+                    data_files,
+                    entry.intended_snapshot_id,
+                    snapshot_summary(entry, self._skips_since(table, entry)),
+                    {high_water_property(entry.query_id): str(entry.batch_id)},
+                )
                 fault_point("relay.after_catalog_commit", entry.batch_id)
             except CommitFailedException as exc:
                 conflicts += 1
@@ -211,6 +276,32 @@ class CommitRelay:
             report.snapshot_ids.append(entry.intended_snapshot_id)
             report.records += entry.record_count
             return table
+
+    def _skips_since(self, table: Table, entry: OutboxEntry) -> list[OffsetSkip]:
+        """The operator's skips applied by batches of the query after its last snapshot in ``table``, up to this
+        one's: the snapshot that publishes them says so."""
+        if entry.query_id not in self._skips:
+            self._skips[entry.query_id] = self.ledger.skips(entry.query_id)
+        previous = int(table.properties.get(high_water_property(entry.query_id), -1))
+        return [
+            s
+            for s in self._skips[entry.query_id]
+            if s.applied_batch_id is not None and previous < s.applied_batch_id <= entry.batch_id
+        ]
+
+    def _fail_closed(self, table: Table, entry: OutboxEntry) -> None:
+        """Refuse to append a batch of a query the table has no trace of while the ledger says some of its
+        batches are in it: appending would duplicate them (or build on a table that lost them)."""
+        if shows_query(table, entry.query_id):
+            return
+        committed = self.ledger.last_committed_batch(entry.query_id, entry.table)
+        if committed is not None:
+            raise CommittedBatchesMissing(
+                f"{entry.table} shows no trace of query {entry.query_id} (no krishiv.high-water property, no "
+                f"snapshot), but ledger {self.ledger.path} holds its batches up to {committed} as COMMITTED; the "
+                "table was dropped, re-created or restored from an older copy. Refusing to append batch "
+                f"{entry.batch_id}; restore the table, or stage the pipeline into a new table"
+            )
 
     def _data_file(self, table: Table, path: str):
         try:

@@ -50,13 +50,22 @@ class MetadataCachingTransaction(Transaction):
         return cached[2]
 
 
-def fast_append(table: Table, data_files: Sequence[DataFile], snapshot_id: int, summary: Mapping[str, str]) -> Table:
-    """Commit one fast-append snapshot with the given id and summary; returns the table at the new snapshot.
+def fast_append(
+    table: Table,
+    data_files: Sequence[DataFile],
+    snapshot_id: int,
+    summary: Mapping[str, str],
+    properties: Mapping[str, str] | None = None,
+) -> Table:
+    """Commit one fast-append snapshot with the given id and summary, and set ``properties`` on the table in the
+    same metadata commit; returns the table at the new snapshot.
 
     A transaction commits only when the ``with`` block exits cleanly, so a failure anywhere above the
     catalog call leaves the table untouched.
     """
     with MetadataCachingTransaction(table) as tx:
+        if properties:
+            tx.set_properties(dict(properties))
         producer = tx.update_snapshot(snapshot_properties=dict(summary)).fast_append()
         if not hasattr(producer, _PRIVATE_SNAPSHOT_ID_ATTRIBUTE):
             raise RuntimeError(

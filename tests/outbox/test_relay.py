@@ -14,9 +14,9 @@ from pyiceberg.catalog.sql import SqlCatalog
 from krishiv.catalog import ensure_table, load_catalog
 from krishiv.spec import load_spec
 from krishiv.tables import aggregate_table_schema
-from outbox.errors import CatalogUnavailable, StagedFileMissing
+from outbox.errors import CatalogUnavailable, CommittedBatchesMissing, StagedFileMissing
 from outbox.ledger import COMMITTED, PENDING, Ledger, OutboxEntry
-from outbox.relay import CommitRelay, TableCommitReport
+from outbox.relay import CommitRelay, TableCommitReport, high_water_marks
 from outbox.snapshot_producer import new_snapshot_id
 from spark_jobs.staging import staging_folder, write_parquet
 
@@ -92,6 +92,51 @@ def test_concurrent_writer_conflict_is_rechecked_and_retried(catalog: Catalog, l
     assert head is not None and head.snapshot_id == entry.intended_snapshot_id
     assert head.parent_snapshot_id == foreign.snapshot_id, "the retry is the child of the winning commit"
     assert ledger.get("q1", TABLE, 1).status == COMMITTED
+
+
+class DiesBeforeMarking(Ledger):
+    """A ledger whose process dies between the catalog commit and the ledger update of one batch."""
+
+    def __init__(self, path: str, victim: int) -> None:
+        super().__init__(path)
+        self.victim = victim
+
+    def mark_committed(self, entry: OutboxEntry, snapshot_id: int | None) -> None:
+        if entry.batch_id == self.victim:
+            raise KeyboardInterrupt(f"killed after committing batch {entry.batch_id}")
+        super().mark_committed(entry, snapshot_id)
+
+
+def test_a_commit_whose_snapshot_expired_behind_another_writers_is_found(catalog: Catalog, ledger: Ledger) -> None:
+    """The relay dies after the catalog commit of batch 1; another writer appends; expiry removes every snapshot
+    of Krishiv's. On restart the batch is recognised from the table's high-water property: nothing twice."""
+    for b in range(2):
+        stage(catalog, ledger, b, b)
+    with pytest.raises(KeyboardInterrupt):
+        CommitRelay(DiesBeforeMarking(ledger.path, victim=1), catalog).commit_table(TABLE)
+    assert ledger.get("q1", TABLE, 1).status == PENDING
+    table = catalog.load_table(TABLE)
+    assert high_water_marks(table) == {"q1": 1}, "the mark moves in the same metadata commit as the snapshot"
+    table.append(table.scan().to_arrow().slice(0, 1))  # a user's backfill at the head
+    table = catalog.load_table(TABLE)
+    table.maintenance.expire_snapshots().by_ids([s.snapshot_id for s in table.snapshots()[:-1]]).commit()
+    assert [s.summary.get("krishiv.query-id") for s in catalog.load_table(TABLE).snapshots()] == [None]
+
+    report = CommitRelay(ledger, catalog).commit_table(TABLE)
+    assert (report.committed, report.recovered) == ([], [1])
+    assert ledger.get("q1", TABLE, 1).status == COMMITTED
+    assert catalog.load_table(TABLE).scan().to_arrow().num_rows == 3, "two batches and the backfill, once each"
+
+
+def test_a_table_with_no_trace_of_committed_batches_stops_the_relay(catalog: Catalog, ledger: Ledger) -> None:
+    stage(catalog, ledger, 0, 0)
+    CommitRelay(ledger, catalog).commit_table(TABLE)
+    catalog.drop_table(TABLE)  # dropped and re-created: batch 0 is gone from the table
+    entry = stage(catalog, ledger, 1, 1)
+    with pytest.raises(CommittedBatchesMissing, match=r"no trace of query q1 .* batches up to 0 as COMMITTED"):
+        CommitRelay(ledger, catalog).commit_table(TABLE)
+    assert ledger.get("q1", TABLE, 1).status == PENDING
+    assert catalog.load_table(TABLE).metadata.snapshot_by_id(entry.intended_snapshot_id) is None
 
 
 def test_missing_staged_file_stops_without_committing(catalog: Catalog, ledger: Ledger) -> None:
