@@ -73,13 +73,21 @@ def run_pipelines(
     from spark_jobs.session import build_session
 
     ledger = open_ledger(spec)
-    with ExitStack() as leases:
-        for p in pipelines:
-            leases.enter_context(stager_lease(ledger, p.name, holder))
+    with ExitStack() as stack:
+        leases = {p.name: stack.enter_context(stager_lease(ledger, p.name, holder)) for p in pipelines}
         spark = spark or build_session(spec)
         catalog = load_catalog(spec)
         running = [
-            start_pipeline(spark, spec, p, catalog, ledger, once=once, on_batch=reporter(p.name) if reporter else None)
+            start_pipeline(
+                spark,
+                spec,
+                p,
+                catalog,
+                ledger,
+                once=once,
+                on_batch=reporter(p.name) if reporter else None,
+                lease=leases[p.name],
+            )
             for p in pipelines
         ]
         if once:

@@ -569,9 +569,10 @@ class Ledger:
         if self._migrated:
             return SCHEMA_VERSION
         with self._connect() as con:
+            # Read before the transaction (see _version); this connection holds the file, so it cannot change.
+            found = self._version(con)
             con.execute("BEGIN TRANSACTION")
             try:
-                found = self._version(con)
                 if found > SCHEMA_VERSION:
                     raise LedgerSchemaError(
                         f"ledger {self.path} has schema version {found}, newer than this Krishiv's "
@@ -596,20 +597,26 @@ class Ledger:
             return self._version(con)
 
     def _version(self, con: duckdb.DuckDBPyConnection) -> int:
-        """The schema version recorded in the file; 0 for a database without tables; a foreign one raises."""
-        tables = [
-            r[0]
-            for r in con.execute(
-                "SELECT table_name FROM duckdb_tables() WHERE NOT temporary AND schema_name = 'main' "
-                "ORDER BY table_name"
-            ).fetchall()
-        ]
-        if "ledger_meta" not in tables:
+        """The schema version recorded in the file; 0 for a database without tables; a foreign one raises.
+
+        Runs outside a transaction: a missing ``ledger_meta`` is an error DuckDB would abort one for.
+        """
+        try:
+            row = con.execute("SELECT value FROM ledger_meta WHERE key = 'schema_version'").fetchone()
+        except duckdb.CatalogException:
+            tables = [
+                r[0]
+                for r in con.execute(
+                    "SELECT table_name FROM duckdb_tables() WHERE NOT temporary AND schema_name = 'main' "
+                    "ORDER BY table_name"
+                ).fetchall()
+            ]
             if tables:
                 shown = ", ".join(tables[:5]) + (", …" if len(tables) > 5 else "")
-                raise LedgerCorrupt(self.path, f"a DuckDB file without Krishiv's ledger tables; it holds {shown}")
+                raise LedgerCorrupt(
+                    self.path, f"a DuckDB file without Krishiv's ledger tables; it holds {shown}"
+                ) from None
             return 0
-        row = con.execute("SELECT value FROM ledger_meta WHERE key = 'schema_version'").fetchone()
         version = int(row[0]) if row else 0
         if version == SCHEMA_VERSION:
             self._migrated = True
@@ -939,6 +946,61 @@ class Ledger:
             archived_through={q: int(b) for q, b, _ in archive},
             archived_records=sum(int(n) for _, _, n in archive),
         )
+
+    def last_committed_batch(self, query_id: str, table: str) -> int | None:
+        """The highest COMMITTED batch of the query that gave ``table`` rows (archive included), None if none."""
+        rows = self._read(
+            "SELECT greatest((SELECT max(batch_id) FROM outbox WHERE query_id = ? AND table_name = ? "
+            "AND status = ? AND record_count > 0), (SELECT max(max_batch_id) FROM outbox_archive "
+            "WHERE query_id = ? AND table_name = ? AND record_count > 0))",
+            [query_id, table, COMMITTED, query_id, table],
+        )
+        return None if not rows or rows[0][0] is None else int(rows[0][0])
+
+    def missing_batches(self, query_id: str, table: str, batch_ids: Sequence[int]) -> list[int]:
+        """Those of ``batch_ids`` the ledger holds no entry of for the query and table (archived ones are held)."""
+        if not batch_ids:
+            return []
+        hot, archive = self._reads(
+            [
+                (
+                    "SELECT batch_id FROM outbox WHERE query_id = ? AND table_name = ? AND batch_id BETWEEN ? AND ?",
+                    [query_id, table, min(batch_ids), max(batch_ids)],
+                ),
+                ("SELECT max_batch_id FROM outbox_archive WHERE query_id = ? AND table_name = ?", [query_id, table]),
+            ]
+        )
+        held = {int(b) for (b,) in hot}
+        archived_through = int(archive[0][0]) if archive else -1
+        return sorted(b for b in set(batch_ids) if b not in held and b > archived_through)
+
+    def staged_paths(self, table: str) -> set[str]:
+        """Every staged file the entries of ``table`` still in the ledger refer to (PENDING or COMMITTED)."""
+        return {
+            f["path"]
+            for (files,) in self._read("SELECT files FROM outbox WHERE table_name = ?", [table])
+            for f in json.loads(files)
+        }
+
+    def replace_files(self, entry: OutboxEntry, files: Sequence[StagedFile]) -> bool:
+        """Give a PENDING entry new staged files (its old ones are gone); False if it is no longer PENDING.
+
+        Offsets, intended snapshot id and record count stay: the files hold the same rows again.
+        """
+        with self._transaction() as con:
+            changed = con.execute(
+                "UPDATE outbox SET files = ? WHERE query_id = ? AND table_name = ? AND batch_id = ? "
+                "AND status = ? AND record_count = ? RETURNING 1",
+                [
+                    json.dumps([f.to_json() for f in files]),
+                    entry.query_id,
+                    entry.table,
+                    entry.batch_id,
+                    PENDING,
+                    sum(f.records for f in files),
+                ],
+            ).fetchall()
+        return bool(changed)
 
     def tables(self) -> list[str]:
         return [

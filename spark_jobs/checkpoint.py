@@ -1,20 +1,23 @@
-"""Reads of Spark's streaming checkpoint: the query id and each batch's offsets and watermarks.
+"""Reads of Spark's streaming checkpoint: the query id, each batch's offsets, and what Krishiv pins in it.
 
-Spark writes ``offsets/<batch>`` before it runs a batch: a version line, a JSON line of batch metadata
-(including ``batchWatermarkMs``, the watermark the batch runs with) and one line per source with the end
-offsets. Since SPARK-40925 a stateful operator drops input rows as late with the watermark of the batch
-before (and evicts state with the batch's own), so both are read. The start of batch N is the end of
-batch N-1; batch 0 starts at the offsets Krishiv pins in ``krishiv/starting_offsets.json`` before the
-query first starts, so a batch id always means the same range.
+Spark writes ``offsets/<batch>`` before it runs a batch: a version line, a JSON line of batch metadata and
+one line per source with the end offsets; ``commits/<batch>`` once the batch's sink returned. The start of
+batch N is the end of batch N-1; batch 0 starts at the offsets Krishiv pins in
+``krishiv/starting_offsets.json`` before the query first starts, so a batch id always means the same
+range. Beside them Krishiv pins the identity of the Kafka cluster and topic the query began on
+(``krishiv/source_identity.json``), so a re-created topic or another cluster is noticed, not read as if it
+were the same log.
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 STARTING_OFFSETS_FILE = "krishiv/starting_offsets.json"
+SOURCE_IDENTITY_FILE = "krishiv/source_identity.json"
 
 
 @dataclass(frozen=True)
@@ -22,19 +25,11 @@ class BatchOffsets:
     batch_id: int
     start: dict[str, int]
     end: dict[str, int]
-    watermark_ms: int
-    late_watermark_ms: int  # the previous batch's watermark: rows at or behind it are dropped as late
 
     def ranges(self) -> dict[str, list[int]]:
         """``{partition: [start, end]}``. A partition missing from ``start`` is new in this batch: the source ends it
         at its low watermark and reads nothing from it, so its range is ``[end, end]``."""
         return {p: [self.start.get(p, end), end] for p, end in sorted(self.end.items(), key=lambda kv: int(kv[0]))}
-
-    @property
-    def records(self) -> int:
-        """The offsets the batch spans: an upper bound on its records, not their count (transaction markers,
-        aborted and compacted-away records take offsets and hold no record). Count rows for metrics."""
-        return sum(end - start for start, end in self.ranges().values())
 
 
 class Checkpoint:
@@ -52,6 +47,11 @@ class Checkpoint:
         offsets = self.path / "offsets"
         return max((int(p.name) for p in offsets.iterdir() if p.name.isdigit()), default=-1) if offsets.is_dir() else -1
 
+    def committed_batch_ids(self) -> list[int]:
+        """The batches Spark's commit log says finished (their sink returned), oldest first."""
+        commits = self.path / "commits"
+        return sorted(int(p.name) for p in commits.iterdir() if p.name.isdigit()) if commits.is_dir() else []
+
     def rewind(self, batches: int) -> int:
         """Forget the last ``batches`` batches' offsets and commits (with Spark's checksum files), as a restore
         of an older checkpoint would; Spark then plans and runs them again. Returns the last batch before."""
@@ -67,23 +67,27 @@ class Checkpoint:
         return {k: int(v) for k, v in json.loads(f.read_text()).items()} if f.exists() else None
 
     def pin_starting_offsets(self, offsets: dict[str, int]) -> None:
-        f = self.path / STARTING_OFFSETS_FILE
+        self._pin(STARTING_OFFSETS_FILE, offsets)
+
+    def source_identity(self) -> dict[str, str | None] | None:
+        f = self.path / SOURCE_IDENTITY_FILE
+        return json.loads(f.read_text()) if f.exists() else None
+
+    def pin_source_identity(self, identity: dict[str, str | None]) -> None:
+        self._pin(SOURCE_IDENTITY_FILE, identity)
+
+    def _pin(self, name: str, doc: dict) -> None:
+        f = self.path / name
         f.parent.mkdir(parents=True, exist_ok=True)
-        tmp = f.with_suffix(".tmp")
-        tmp.write_text(json.dumps(offsets, sort_keys=True))
+        tmp = f.with_name(f".{f.name}.{uuid.uuid4().hex}.tmp")
+        tmp.write_text(json.dumps(doc, sort_keys=True))
         tmp.replace(f)
 
-    def _offset_log(self, batch_id: int) -> tuple[dict, dict[str, int]]:
+    def _end_offsets(self, batch_id: int) -> dict[str, int]:
         lines = (self.path / "offsets" / str(batch_id)).read_text().splitlines()
-        metadata = json.loads(lines[1])
         source = lines[2] if len(lines) > 2 else "{}"
-        return metadata, {str(k): int(v) for k, v in json.loads(source).items()}
+        return {str(k): int(v) for k, v in json.loads(source).items()}
 
     def batch(self, batch_id: int) -> BatchOffsets:
-        metadata, end = self._offset_log(batch_id)
-        if batch_id == 0:
-            start, late_watermark = self.starting_offsets() or {}, 0
-        else:
-            previous, start = self._offset_log(batch_id - 1)
-            late_watermark = int(previous.get("batchWatermarkMs", 0))
-        return BatchOffsets(batch_id, start, end, int(metadata.get("batchWatermarkMs", 0)), late_watermark)
+        start = (self.starting_offsets() or {}) if batch_id == 0 else self._end_offsets(batch_id - 1)
+        return BatchOffsets(batch_id, start, self._end_offsets(batch_id))

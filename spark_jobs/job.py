@@ -13,6 +13,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from krishiv.catalog import ensure_pipeline_tables, qualified
 from krishiv.spec import KrishivSpec, PipelineSpec
+from outbox.lease import HeldLease
 from outbox.ledger import Ledger
 from spark_jobs.checkpoint import Checkpoint
 from spark_jobs.errors import CheckpointMismatch
@@ -27,14 +28,29 @@ class RunningPipeline:
     stager: BatchStager
 
 
-def _guard_checkpoint(checkpoint: Checkpoint, ledger: Ledger, pipeline: PipelineSpec) -> None:
-    """Refuse to start a fresh checkpoint over a ledger that already holds this pipeline's batches.
+def _guard_checkpoint(checkpoint: Checkpoint, ledger: Ledger, pipeline: PipelineSpec, table: str) -> None:
+    """Refuse to start a query whose checkpoint and ledger describe different histories.
 
-    A new checkpoint restarts batch ids and loses the open windows' state, so its output would repeat or
-    miss rows already committed. Restore the checkpoint instead (or point the pipeline at a new table).
+    - A fresh checkpoint over a ledger that already holds this pipeline's batches restarts batch ids and loses
+      the open windows, so its output would repeat or miss rows already committed: restore the checkpoint
+      (or point the pipeline at a new table).
+    - A checkpoint whose finished batches are not all in the ledger (a ledger restored from an older backup,
+      deleted, or a process given another ``KRISHIV_LEDGER_PATH``): those batches would never be committed,
+      and Spark would not run them again. Point every process at the ledger the checkpoint was staged into.
     """
+    if checkpoint.has_batches():
+        finished = checkpoint.committed_batch_ids()
+        missing = ledger.missing_batches(checkpoint.query_id(), table, finished) if finished else []
+        if missing:
+            shown = ", ".join(map(str, missing[:20])) + (f" and {len(missing) - 20} more" if len(missing) > 20 else "")
+            raise CheckpointMismatch(
+                f"checkpoint {checkpoint.path} has finished batches {shown} of pipeline {pipeline.name!r} that ledger "
+                f"{ledger.path} does not hold; they would never reach {table}. Point storage.ledger_path (or "
+                "KRISHIV_LEDGER_PATH) at the ledger this checkpoint staged into, for every process"
+            )
+        return
     known = ledger.query_ids(pipeline.name)
-    if not known or checkpoint.has_batches():
+    if not known:
         return
     if (checkpoint.path / "metadata").exists() and checkpoint.query_id() in known:
         return
@@ -42,6 +58,21 @@ def _guard_checkpoint(checkpoint: Checkpoint, ledger: Ledger, pipeline: Pipeline
         f"checkpoint {checkpoint.path} is empty, but ledger {ledger.path} already holds batches of pipeline "
         f"{pipeline.name!r} from query {known[-1]}; restore that checkpoint, or give the pipeline a new table"
     )
+
+
+def _pin_source(checkpoint: Checkpoint, spec: KrishivSpec, pipeline: PipelineSpec) -> tuple[dict[str, int], dict]:
+    """Batch 0's start offsets and the Kafka cluster and topic the query began on, pinned in the checkpoint the
+    first time (a checkpoint from before identities were pinned gets today's: the past cannot be checked)."""
+    starting, identity = checkpoint.starting_offsets(), checkpoint.source_identity()
+    if starting is None or identity is None:
+        with KafkaAdmin(spec.kafka.bootstrap_servers, pipeline.topic, spec.kafka.consumer) as admin:
+            if starting is None:
+                starting = admin.earliest()
+                checkpoint.pin_starting_offsets(starting)
+            if identity is None:
+                identity = admin.identity()
+                checkpoint.pin_source_identity(identity)
+    return starting, identity
 
 
 def stop_between_batches(query: StreamingQuery, timeout_s: float = 30.0) -> None:
@@ -79,21 +110,19 @@ def start_pipeline(
     *,
     once: bool,
     on_batch: Callable[[StagedBatch], None] | None = None,
+    lease: HeldLease | None = None,
 ) -> RunningPipeline:
     checkpoint = Checkpoint(spec.checkpoint_dir(pipeline))
-    _guard_checkpoint(checkpoint, ledger, pipeline)
+    _guard_checkpoint(checkpoint, ledger, pipeline, qualified(spec, pipeline.table))
     table, rejects = ensure_pipeline_tables(catalog, spec, pipeline)
-    starting = checkpoint.starting_offsets()
-    if starting is None:
-        with KafkaAdmin(spec.kafka.bootstrap_servers, pipeline.topic, spec.kafka.consumer) as admin:
-            starting = admin.earliest()
-        checkpoint.pin_starting_offsets(starting)
+    starting, identity = _pin_source(checkpoint, spec, pipeline)
 
     raw = kafka_stream(
         spark,
         spec,
         pipeline,
         startingOffsets=json.dumps(starting),
+        expectedIdentity=json.dumps(identity),
         ledgerPath=str(ledger.path),
         ledgerTable=qualified(spec, pipeline.table),
         checkpointPath=str(checkpoint.path),
@@ -108,6 +137,7 @@ def start_pipeline(
         qualified(spec, pipeline.table),
         qualified(spec, pipeline.rejects_table),
         on_batch,
+        lease,
     )
     writer = (
         output.writeStream.queryName(pipeline.name)

@@ -9,7 +9,9 @@ Spark's default read limit and is shared between partitions in proportion to the
 Offsets only move forward, checked when the driver plans a batch (``latestOffset``): a high watermark below the
 batch's start (topic re-created, a fail-over to a mirror) raises :class:`OffsetsMovedBackwards`, a start below the
 low watermark (retention) :class:`OffsetsDeleted`, a topic or cluster other than the one the checkpoint began on
-:class:`SourceChanged`. Each message ends with the ``krishiv skip-offsets`` command that moves past it on purpose.
+:class:`SourceChanged`. Each message ends with the ``krishiv skip-offsets`` command that moves past it on purpose:
+the skip is recorded in the ledger, and the batch that starts at the stuck offset reads from the operator's
+offset instead (the ledger names that batch, so a replay does the same).
 A partition that appears later starts at its low watermark: the batch that first sees it records that offset as
 its end and reads nothing from it; the next batch reads from there.
 
@@ -29,7 +31,7 @@ import json
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -43,6 +45,9 @@ from pyspark.sql.types import StructType
 
 from krishiv.spec import FORCED_CONSUMER_SETTINGS
 from spark_jobs.errors import KafkaSourceError, OffsetsDeleted, OffsetsMovedBackwards, SourceChanged
+
+if TYPE_CHECKING:
+    from outbox.ledger import OffsetSkip
 
 SOURCE_NAME = "krishiv-kafka"
 SCHEMA = "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp"
@@ -365,6 +370,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.checkpoint_path = options.get("checkpointPath")
         self._last_recorded: int | None = None
         self._past_recorded = False  # batch ids only grow: once past the ledger, never look again
+        self._skips: list[OffsetSkip] | None = None
 
     @staticmethod
     def _identity_option(text: str | None) -> Identity | None:
@@ -422,6 +428,30 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if entry is None:
             return None
         return {**start, **{p: end for p, (_start, end) in entry.offsets.get(self.topic, {}).items()}}
+
+    def _with_skips(self, start: Offsets, batch_id: int) -> Offsets:
+        """``start`` with the operator's recorded skips (``krishiv skip-offsets``) for batch ``batch_id`` applied.
+
+        A skip names the partition's offset the query is stuck at (``from_offset``) and where to go on from; the
+        first batch starting there applies it, and the ledger records which batch did, so a replay of that
+        batch reads from the same offset and no later batch applies it again. Skips are recorded only while no
+        query runs (the command holds the stager lease), so they are read once per query run.
+        """
+        if not (self.ledger_path and self.checkpoint_path):
+            return start
+        from outbox.ledger import Ledger
+        from spark_jobs.checkpoint import Checkpoint
+
+        ledger = Ledger(self.ledger_path)
+        if self._skips is None:
+            self._skips = ledger.skips(Checkpoint(self.checkpoint_path).query_id(), self.topic)
+        moved = dict(start)
+        for i, skip in enumerate(self._skips):
+            if skip.applied_batch_id is None and start.get(skip.partition) == skip.from_offset:
+                skip = self._skips[i] = ledger.mark_skip_applied(skip, batch_id)
+            if skip.applied_batch_id == batch_id:
+                moved[skip.partition] = skip.to_offset
+        return moved
 
     def _check_identity(self) -> None:
         """Once per reader: the topic and cluster are the ones the checkpoint began on (a None id is not compared)."""
@@ -481,10 +511,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         """The end offsets of the batch Spark plans next, after checking that offsets only move forward."""
-        begin: Offsets = {str(p): int(o) for p, o in start.items()}
         self._check_identity()
+        begin = self._with_skips({str(p): int(o) for p, o in start.items()}, self._planned_batch_id())
         marks = self.watermarks_moving_forward(begin)
-        recorded = self._recorded_end(start)
+        recorded = self._recorded_end(begin)
         if recorded is not None:
             return recorded
         latest = {p: high for p, (_low, high) in marks.items()}
@@ -503,7 +533,17 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def reportLatestOffset(self) -> dict | None:
         return self.admin.latest()
 
+    def _planned_batch_id(self) -> int:
+        """The id of the batch Spark plans next: the one after the last of its offset log."""
+        if not self.checkpoint_path:
+            return -1
+        from spark_jobs.checkpoint import Checkpoint
+
+        return Checkpoint(self.checkpoint_path).last_batch_id() + 1
+
     def partitions(self, start: dict, end: dict) -> list[KafkaRange]:
+        # Spark logs a batch's end offsets before it asks for its partitions: the batch is the log's last.
+        start = self._with_skips({str(p): int(o) for p, o in start.items()}, self._planned_batch_id() - 1)
         config = consumer_config(self.bootstrap, self.extra)
         ranges = []
         for p, stop in sorted(end.items(), key=lambda kv: int(kv[0])):

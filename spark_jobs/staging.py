@@ -10,7 +10,8 @@ For batch N of a query (``foreachBatch``):
    the state after N (``spark_jobs.window_state``). This runs even on replay, so the state after N is
    always there for N+1.
 3. If the ledger already has N for both tables, stop: a replay changes nothing.
-4. Write windows and rejects as Parquet under a per-query, per-batch folder of each table, with fresh
+4. Write windows and rejects as Parquet under a per-query, per-batch folder of each table's staging root,
+   beside the table's location and outside it (where no standard orphan-file removal looks), with fresh
    file names (a retry never overwrites a file an earlier attempt may have published).
 5. Record one entry per table, with the intended snapshot id, in one ledger transaction. If another
    attempt recorded N first, its entry wins and this attempt's files are removed (nothing references them).
@@ -21,7 +22,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -35,7 +36,9 @@ from pyspark.sql import functions as F
 from krishiv.faults import fault_point
 from krishiv.spec import PipelineSpec
 from krishiv.tables import REJECT_COLUMNS, WINDOW_END, WINDOW_START
-from outbox.ledger import Ledger, OutboxEntry, StagedFile
+from outbox.errors import BatchReplayMismatch, StagerLeaseLost
+from outbox.lease import HeldLease
+from outbox.ledger import PENDING, Ledger, OffsetSkip, OutboxEntry, StagedFile
 from outbox.snapshot_producer import new_snapshot_id
 from spark_jobs.checkpoint import BatchOffsets, Checkpoint
 from spark_jobs.transform import EVENT_TIME, tumbling_window
@@ -51,7 +54,10 @@ from spark_jobs.window_state import (
 
 log = logging.getLogger(__name__)
 
-STAGING_DIR = "data/krishiv-staging"
+#: Staged files live beside the table's location, never inside it: Iceberg's standard orphan-file removal
+#: (``RemoveOrphanFiles``, Spark's ``remove_orphan_files``) lists the table location and deletes what no snapshot
+#: references, which is every file of a PENDING entry. The relay registers the files where they are.
+STAGING_DIR = "_krishiv_staging"
 QUERY_REJECT_COLUMNS = tuple(c for c in REJECT_COLUMNS if c != "batch_id")  # the sink adds the batch id
 
 
@@ -84,8 +90,14 @@ class StagedBatch:
     recorded: bool
 
 
+def staging_root(table: Table) -> str:
+    """Where a table's batches are staged: ``<parent of the table location>/_krishiv_staging/<table folder>``."""
+    parent, _, name = table.location().rstrip("/").rpartition("/")
+    return f"{parent}/{STAGING_DIR}/{name}"
+
+
 def staging_folder(table: Table, query_id: str, batch_id: int) -> str:
-    return f"{table.location().rstrip('/')}/{STAGING_DIR}/query={query_id}/batch={batch_id:012d}"
+    return f"{staging_root(table)}/query={query_id}/batch={batch_id:012d}"
 
 
 def write_parquet(table: Table, rows: pa.Table, folder: str) -> StagedFile:
@@ -112,6 +124,7 @@ class BatchStager:
         table_name: str,
         rejects_table_name: str,
         on_batch: Callable[[StagedBatch], None] | None = None,
+        lease: HeldLease | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.ledger = ledger
@@ -121,7 +134,9 @@ class BatchStager:
         self.history: list[StagedBatch] = []
         self.on_batch = on_batch
         self.window_state = WindowStateStore(checkpoint.path)
+        self.lease = lease
         self._query_id: str | None = None
+        self._skips: list[OffsetSkip] | None = None
 
     @property
     def query_id(self) -> str:
@@ -131,7 +146,9 @@ class BatchStager:
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         fault_point("stage.begin", batch_id)
-        offsets = self.checkpoint.batch(batch_id)
+        if self.lease is not None:
+            self.lease.ensure_held()  # a stager that lost its lease stops before staging another batch
+        offsets = self._offsets(batch_id)
         out = self._compute(batch, offsets)
         fault_point("stage.after_compute", batch_id)
         rejects = out.rejects
@@ -139,6 +156,7 @@ class BatchStager:
         recorded = self.ledger.batch(self.query_id, batch_id)
         if self.table_name in recorded and self.rejects_table_name in recorded:
             self._check_same_offsets(list(recorded.values()), offsets)
+            self._restage_missing(recorded, out, batch_id)
             self._done(out.staged(batch_id, False))
             return
 
@@ -152,8 +170,7 @@ class BatchStager:
             "late_watermark_ms": out.late_watermark_ms,
         }
         window_files = self._stage(self.table, out.windows, batch_id)
-        rejects = rejects.append_column("batch_id", pa.array([batch_id] * rejects.num_rows, pa.int64()))
-        reject_files = self._stage(self.rejects_table, rejects.select(list(REJECT_COLUMNS)), batch_id)
+        reject_files = self._stage(self.rejects_table, self._reject_rows(rejects, batch_id), batch_id)
         fault_point("stage.after_files", batch_id)
 
         entries = [
@@ -178,16 +195,64 @@ class BatchStager:
                 {"rejects": rejects.num_rows},
             ),
         ]
-        inserted = self.ledger.record_batch(entries)
+        try:
+            inserted = self.ledger.record_batch(entries, lease=self.lease.lease if self.lease else None)
+        except StagerLeaseLost:
+            inserted = [False] * len(entries)  # another stager owns the query now: nothing refers to these files
+            self._remove_files(entries, inserted)
+            raise
+        self._remove_files(entries, inserted)
+        fault_point("stage.after_ledger", batch_id)
+        self._done(out.staged(batch_id, any(inserted)))
+
+    # ------------------------------------------------------------------------------------ steps
+
+    def _offsets(self, batch_id: int) -> BatchOffsets:
+        """The batch's offsets from the checkpoint, with the operator's skips the source applied to it.
+
+        Skips are recorded only while no query runs, and the source marks the batch that applies one while it
+        plans it, before this sink runs; so they are re-read only while one is still unapplied.
+        """
+        offsets = self.checkpoint.batch(batch_id)
+        if self._skips is None or any(s.applied_batch_id is None for s in self._skips):
+            self._skips = self.ledger.skips(self.query_id, self.pipeline.topic)
+        moved = {s.partition: s.to_offset for s in self._skips if s.applied_batch_id == batch_id}
+        return replace(offsets, start={**offsets.start, **moved}) if moved else offsets
+
+    def _reject_rows(self, rejects: pa.Table, batch_id: int) -> pa.Table:
+        rejects = rejects.append_column("batch_id", pa.array([batch_id] * rejects.num_rows, pa.int64()))
+        return rejects.select(list(REJECT_COLUMNS))
+
+    def _restage_missing(self, recorded: dict[str, OutboxEntry], out: BatchOutput, batch_id: int) -> None:
+        """Write again the files of a replayed batch's PENDING entries that are gone (``krishiv restage``).
+
+        The replay computes the same rows from the same offsets and state, so the entry keeps its offsets and
+        intended snapshot id and only its file list changes; a COMMITTED entry is never touched.
+        """
+        for name, entry in recorded.items():
+            table = self.table if name == self.table_name else self.rejects_table
+            if entry.status != PENDING or all(table.io.new_input(f.path).exists() for f in entry.files):
+                continue
+            rows = out.windows if name == self.table_name else self._reject_rows(out.rejects, batch_id)
+            files = self._stage(table, rows, batch_id)
+            if sum(f.records for f in files) != entry.record_count:
+                raise BatchReplayMismatch(
+                    f"batch {batch_id} of query {self.query_id} staged {entry.record_count} rows for {name}, but its "
+                    f"replay computes {sum(f.records for f in files)}; the checkpoint's window state does not match"
+                )
+            if not self.ledger.replace_files(entry, files):
+                for f in files:
+                    table.io.delete(f.path)
+            else:
+                log.warning("batch %s: staged %s again for %s (its files were gone)", batch_id, len(files), name)
+
+    def _remove_files(self, entries: list[OutboxEntry], inserted: list[bool]) -> None:
+        """Delete the files of entries that were not recorded: another attempt's entry, or none, won."""
         for entry, new in zip(entries, inserted, strict=True):
             if not new:
                 table = self.table if entry.table == self.table_name else self.rejects_table
                 for f in entry.files:
                     table.io.delete(f.path)
-        fault_point("stage.after_ledger", batch_id)
-        self._done(out.staged(batch_id, any(inserted)))
-
-    # ------------------------------------------------------------------------------------ steps
 
     def _compute(self, batch: DataFrame, offsets: BatchOffsets) -> BatchOutput:
         """One batch's closed windows, rejects and late events, saving the windows it leaves open."""
@@ -240,8 +305,6 @@ class BatchStager:
         return (write_parquet(table, rows, staging_folder(table, self.query_id, batch_id)),)
 
     def _check_same_offsets(self, existing: list[Any], offsets: BatchOffsets) -> None:
-        from outbox.errors import BatchReplayMismatch
-
         ranges = {self.pipeline.topic: offsets.ranges()}
         for entry in existing:
             if entry.offsets != ranges:

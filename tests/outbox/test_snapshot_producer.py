@@ -32,7 +32,7 @@ from outbox.relay import (
     snapshot_summary,
 )
 from outbox.snapshot_producer import MetadataCachingTransaction, fast_append, new_snapshot_id
-from spark_jobs.staging import staging_folder, write_parquet
+from spark_jobs.staging import staging_folder, staging_root, write_parquet
 
 REPO_SPEC = Path(__file__).resolve().parents[2] / "krishiv.toml"
 IDENTIFIER = ("krishiv", "orders_per_minute")
@@ -136,7 +136,10 @@ def test_fast_append_commits_the_chosen_id(catalog: SqlCatalog, table: Table) ->
 
     staged, data_file = _stage(table, 0)
     assert staged.records == 3 and staged.bytes > 0
-    assert staged.path.startswith(table.location())
+    assert not staged.path.startswith(table.location() + "/"), (
+        "staged beside the table, where orphan removal never looks"
+    )
+    assert staged.path.startswith(staging_root(table) + "/")
     snapshot_id = new_snapshot_id()
     entry = _entry(0, staged, snapshot_id)
     summary = snapshot_summary(entry)

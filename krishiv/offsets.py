@@ -1,0 +1,83 @@
+"""``krishiv skip-offsets``: an operator's explicit move past offsets the query cannot read exactly.
+
+The Kafka source stops a query when offsets would move backwards (a topic deleted and re-created, a
+fail-over to a mirror), when a batch's start was deleted by retention, or when the topic or cluster is not
+the one the checkpoint began on. Nothing moves past that by itself. This command records, in the ledger,
+that partition P of the query moves from the offset it is stuck at to the offset the operator names, with
+the reason and who decided; the next batch starting there reads from the new offset (the ledger names
+that batch, so a replay reads the same), and the snapshot that publishes that batch lists the skip in its
+summary (``krishiv.skipped-offsets``). It holds the pipeline's stager lease while it records, so no query
+runs meanwhile, and it re-pins the checkpoint's source identity when the topic was re-created.
+"""
+
+from __future__ import annotations
+
+import getpass
+import socket
+
+from krishiv.errors import ConfigError, KrishivError
+from krishiv.spec import KrishivSpec, PipelineSpec
+
+
+def _operator() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def stuck_offsets(spec: KrishivSpec, pipeline: PipelineSpec) -> dict[str, int]:
+    """Where each partition of the query stands: the start of the first batch Spark has not finished."""
+    from spark_jobs.checkpoint import Checkpoint
+
+    checkpoint = Checkpoint(spec.checkpoint_dir(pipeline))
+    last = checkpoint.last_batch_id()
+    if last < 0:
+        return checkpoint.starting_offsets() or {}
+    finished = checkpoint.committed_batch_ids()
+    planned_unfinished = not finished or finished[-1] < last
+    return checkpoint.batch(last).start if planned_unfinished else checkpoint.batch(last).end
+
+
+def skip_offsets(spec: KrishivSpec, pipeline: PipelineSpec, partition: int, to_offset: int, reason: str):
+    """Record the skip of ``partition`` to ``to_offset``; returns the ledger's :class:`OffsetSkip`."""
+    from krishiv.operations import open_ledger
+    from outbox.lease import stager_lease
+    from spark_jobs.checkpoint import Checkpoint
+    from spark_jobs.kafka_source import KafkaAdmin
+
+    if not reason.strip():
+        raise ConfigError("--reason", "say why the offsets are skipped; it is kept in the ledger and the snapshot")
+    checkpoint = Checkpoint(spec.checkpoint_dir(pipeline))
+    if not (checkpoint.path / "metadata").exists():
+        raise KrishivError(f"pipeline {pipeline.name!r} has no checkpoint at {checkpoint.path}: nothing to skip")
+    ledger = open_ledger(spec)
+    with stager_lease(ledger, pipeline.name, "krishiv skip-offsets"):
+        stuck = stuck_offsets(spec, pipeline)
+        key = str(partition)
+        if key not in stuck:
+            raise ConfigError("--partition", f"the query reads partitions {sorted(stuck, key=int)}, not {partition}")
+        with KafkaAdmin(spec.kafka.bootstrap_servers, pipeline.topic, spec.kafka.consumer) as admin:
+            low, high = admin.watermarks(partition)
+            identity = admin.identity()
+        if not low <= to_offset <= high:
+            raise ConfigError(
+                "--to", f"{pipeline.topic}/{partition} holds offsets [{low}, {high}) now; expected an offset in it"
+            )
+        if to_offset == stuck[key]:
+            raise ConfigError("--to", f"{pipeline.topic}/{partition} already stands at {to_offset}; nothing to skip")
+        pinned = checkpoint.source_identity()
+        if pinned is not None and pinned != identity:
+            reason = f"{reason} (source identity {pinned} -> {identity})"
+            checkpoint.pin_source_identity(identity)
+        return ledger.record_skip(
+            pipeline.name,
+            checkpoint.query_id(),
+            pipeline.topic,
+            key,
+            stuck[key],
+            to_offset,
+            reason,
+            _operator(),
+        )
