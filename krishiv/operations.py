@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from krishiv.errors import ConfigError, KrishivError
 from krishiv.spec import KrishivSpec, PipelineSpec
-from outbox.ledger import Ledger
+from outbox.ledger import DEFAULT_LOCK_TIMEOUT_S, Ledger
 
 if TYPE_CHECKING:  # Spark and pyiceberg load only when an operation runs, keeping `krishiv status` quick
     from pyspark.sql import SparkSession
@@ -31,15 +31,27 @@ BatchReporter = Callable[[str], Callable[["StagedBatch"], None]]
 LEDGER_LOCK_TIMEOUT_ENV = "KRISHIV_LEDGER_LOCK_TIMEOUT_S"
 
 
-def open_ledger(spec: KrishivSpec) -> Ledger:
-    raw = os.environ.get(LEDGER_LOCK_TIMEOUT_ENV)
+#: How long a stager's lease lasts unless renewed (seconds; default 30): how soon a paused stager is fenced off.
+STAGER_LEASE_TTL_ENV = "KRISHIV_STAGER_LEASE_TTL_S"
+
+
+def _seconds_from_env(variable: str, default: float) -> float:
+    raw = os.environ.get(variable)
     if not raw:
-        return Ledger(spec.resolve(spec.storage.ledger_path))
+        return default
     try:
-        timeout_s = float(raw)
+        seconds = float(raw)
     except ValueError:
-        raise ConfigError(LEDGER_LOCK_TIMEOUT_ENV, f"expected a number of seconds, got {raw!r}") from None
-    return Ledger(spec.resolve(spec.storage.ledger_path), timeout_s)
+        raise ConfigError(variable, f"expected a number of seconds, got {raw!r}") from None
+    if not seconds > 0:
+        raise ConfigError(variable, f"expected a positive number of seconds, got {raw!r}")
+    return seconds
+
+
+def open_ledger(spec: KrishivSpec) -> Ledger:
+    return Ledger(
+        spec.resolve(spec.storage.ledger_path), _seconds_from_env(LEDGER_LOCK_TIMEOUT_ENV, DEFAULT_LOCK_TIMEOUT_S)
+    )
 
 
 def _root_cause(exc: BaseException) -> str:
@@ -68,13 +80,14 @@ def run_pipelines(
     from pyspark.errors import StreamingQueryException
 
     from krishiv.catalog import load_catalog
-    from outbox.lease import stager_lease
+    from outbox.lease import LEASE_TTL_S, stager_lease
     from spark_jobs.job import start_pipeline, stop_between_batches
     from spark_jobs.session import build_session
 
     ledger = open_ledger(spec)
     with ExitStack() as stack:
-        leases = {p.name: stack.enter_context(stager_lease(ledger, p.name, holder)) for p in pipelines}
+        ttl_s = _seconds_from_env(STAGER_LEASE_TTL_ENV, LEASE_TTL_S)
+        leases = {p.name: stack.enter_context(stager_lease(ledger, p.name, holder, ttl_s)) for p in pipelines}
         spark = spark or build_session(spec)
         catalog = load_catalog(spec)
         running = [
