@@ -7,6 +7,7 @@ Dagster assets' from their resources), so every entry point runs the same code.
 from __future__ import annotations
 
 import os
+import re
 import signal
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -54,12 +55,17 @@ def open_ledger(spec: KrishivSpec) -> Ledger:
     )
 
 
+#: A Krishiv exception as Python prints it at the end of a traceback Spark carries: ``spark_jobs.errors.X: message``.
+_KRISHIV_ERROR_LINE = re.compile(r"^(?:spark_jobs|outbox|krishiv)(?:\.\w+)*\.(\w+): (.+)$")
+
+
 def _root_cause(exc: BaseException) -> str:
-    """The first line naming a Krishiv error in a Spark failure, else Spark's first line."""
+    """``Class: message`` of the Krishiv error in a Spark failure, else Spark's first line."""
     text = str(exc)
     for line in text.splitlines():
-        if "Error:" in line and ("spark_jobs" in line or "outbox" in line or "krishiv" in line):
-            return line.strip()
+        found = _KRISHIV_ERROR_LINE.match(line.strip())
+        if found:
+            return f"{found.group(1)}: {found.group(2)}"
     return text.splitlines()[0] if text else repr(exc)
 
 
