@@ -18,6 +18,9 @@ test: setup
 bench: setup
 	.venv/bin/krishiv bench
 
+bench-ledger: setup
+	.venv/bin/python -m krishiv.bench.ledger_scale
+
 lint: setup
 	.venv/bin/ruff check . && .venv/bin/ruff format --check .
 

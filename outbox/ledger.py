@@ -29,7 +29,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -419,19 +419,45 @@ def _row_to_entry(row: Sequence[Any]) -> OutboxEntry:
     )
 
 
+def _rows(cursor: duckdb.DuckDBPyConnection) -> list[tuple[Any, ...]]:
+    return cursor.fetchall()
+
+
+def _columns(cursor: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+    """A result as NumPy columns: several times quicker to take off the connection than tuples."""
+    return cursor.fetchnumpy()
+
+
+def _column_rows(columns: dict[str, Any] | list[Any]) -> list[tuple[Any, ...]]:
+    """Tuples from :func:`_columns`' result (an empty list if the file was missing)."""
+    if not columns:
+        return []
+    assert isinstance(columns, dict)
+    return list(zip(*(values.tolist() for values in columns.values()), strict=True))
+
+
 def _end_offsets_query(
     table: str, topic: str, status: str | None = None, pipeline: str | None = None
 ) -> tuple[str, list[Any]]:
-    """Per partition, the highest end offset of the table's entries (and archive) for a topic."""
-    join = " JOIN outbox o USING (query_id, table_name, batch_id)" if status or pipeline else ""
+    """Per partition, the highest end offset of the table's entries (and archive) for a topic.
+
+    The filters avoid joining every entry: a pipeline is its few query ids, and COMMITTED (nearly every
+    entry) is everything but the few entries in another status.
+    """
     where, params = ["f.table_name = ?", "f.topic = ?"], [table, topic]
-    if status is not None:
-        where.append("o.status = ?")
-        params.append(status)
     if pipeline is not None:
-        where.append("o.pipeline = ?")
-        params.append(pipeline)
-    parts = [f"SELECT f.partition, f.end_offset FROM outbox_offsets f{join} WHERE {' AND '.join(where)}"]
+        where.append("f.query_id IN (SELECT DISTINCT query_id FROM outbox WHERE table_name = ? AND pipeline = ?)")
+        params += [table, pipeline]
+    if status is not None:
+        entry = (
+            "SELECT 1 FROM outbox o "
+            "WHERE o.table_name = f.table_name AND o.query_id = f.query_id AND o.batch_id = f.batch_id"
+        )
+        where.append(
+            f"NOT EXISTS ({entry} AND o.status <> ?)" if status == COMMITTED else f"EXISTS ({entry} AND o.status = ?)"
+        )
+        params.append(status)
+    parts = [f"SELECT f.partition, f.end_offset FROM outbox_offsets f WHERE {' AND '.join(where)}"]
     if status in (None, COMMITTED):  # the archive holds COMMITTED entries only
         archive_join = " JOIN outbox_archive s USING (query_id, table_name)" if pipeline else ""
         archive_where = "a.table_name = ? AND a.topic = ?" + (" AND s.pipeline = ?" if pipeline else "")
@@ -547,18 +573,24 @@ class Ledger:
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return self._reads([(sql, params)])[0]
 
-    def _reads(self, queries: Sequence[tuple[str, Sequence[Any]]]) -> list[list[tuple[Any, ...]]]:
-        """Several reads on one read-only connection, so the file is opened once for all of them."""
+    def _reads(
+        self, queries: Sequence[tuple[str, Sequence[Any]]], fetch: Callable[[duckdb.DuckDBPyConnection], Any] = _rows
+    ) -> list[Any]:
+        """Several reads on one read-only connection, so the file is opened once for all of them.
+
+        ``fetch`` takes each result off the connection (tuples by default; :func:`_columns` for large results,
+        which leave as NumPy arrays and become Python values after the file is closed).
+        """
         if not Path(self.path).exists():
             return [[] for _ in queries]
         if not self._migrated:
             # The first read checks the schema on the same read-only connection; only an old file is migrated.
             with self._connect(read_only=True) as con:
                 if self._version(con) == SCHEMA_VERSION:
-                    return [con.execute(sql, list(params)).fetchall() for sql, params in queries]
+                    return [fetch(con.execute(sql, list(params))) for sql, params in queries]
             self.migrate()
         with self._connect(read_only=True) as con:
-            return [con.execute(sql, list(params)).fetchall() for sql, params in queries]
+            return [fetch(con.execute(sql, list(params))) for sql, params in queries]
 
     def migrate(self) -> int:
         """Bring the file's schema up to :data:`SCHEMA_VERSION`; returns the version found before.
@@ -939,8 +971,10 @@ class Ledger:
                     [table, COMMITTED],
                 ),
                 ("SELECT query_id, max_batch_id, record_count FROM outbox_archive WHERE table_name = ?", [table]),
-            ]
+            ],
+            fetch=_columns,
         )
+        hot, archive = _column_rows(hot), _column_rows(archive)
         return CommittedBatches(
             records={(q, b): int(n) for q, b, n in hot},
             archived_through={q: int(b) for q, b, _ in archive},
