@@ -19,8 +19,8 @@ from krishiv.operations import commit_pipelines, open_ledger, run_pipelines, ver
 from krishiv.spec import KrishivSpec, PipelineSpec, load_spec
 from outbox.errors import OutboxError
 
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+console = Console(highlight=False, soft_wrap=True)  # a line per message, whatever the width
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 # ------------------------------------------------------------------------------------------ helpers
