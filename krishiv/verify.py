@@ -2,8 +2,9 @@
 
 - no window appears twice in the aggregate table;
 - lineage is linear: each snapshot's parent is the one before it, one snapshot per batch, batch ids rising;
-- ledger and table agree: every COMMITTED entry's snapshot is in the table (or expired behind a later
-  snapshot of its query), every Krishiv snapshot has a COMMITTED entry, and row counts match.
+- ledger and table agree: every COMMITTED entry's snapshot is in the table (or expired, at or below the
+  query's high-water mark in the table's properties), every Krishiv snapshot has a COMMITTED entry, and row
+  counts match.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pyiceberg.table import Table
 from krishiv.lineage import lineage
 from krishiv.tables import WINDOW_START
 from outbox.ledger import Ledger
+from outbox.relay import high_water_marks
 
 
 @dataclass
@@ -92,7 +94,7 @@ def check_ledger_agreement(table: Table, table_name: str, ledger: Ledger) -> lis
     problems = []
     rows = lineage(table)
     by_batch = {(r.query_id, r.batch_id): r for r in rows if r.query_id is not None}
-    high_water: dict[str, int] = {}
+    high_water = high_water_marks(table)  # survives expiry and other writers' snapshots
     for r in rows:
         if r.query_id is not None and r.high_water_batch_id is not None:
             high_water[r.query_id] = max(high_water.get(r.query_id, -1), r.high_water_batch_id)

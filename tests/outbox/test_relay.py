@@ -14,6 +14,7 @@ from pyiceberg.catalog.sql import SqlCatalog
 from krishiv.catalog import ensure_table, load_catalog
 from krishiv.spec import load_spec
 from krishiv.tables import aggregate_table_schema
+from krishiv.verify import check_ledger_agreement
 from outbox.errors import CatalogUnavailable, CommittedBatchesMissing, StagedFileMissing
 from outbox.ledger import COMMITTED, PENDING, Ledger, OutboxEntry
 from outbox.relay import CommitRelay, TableCommitReport, high_water_marks
@@ -126,6 +127,7 @@ def test_a_commit_whose_snapshot_expired_behind_another_writers_is_found(catalog
     assert (report.committed, report.recovered) == ([], [1])
     assert ledger.get("q1", TABLE, 1).status == COMMITTED
     assert catalog.load_table(TABLE).scan().to_arrow().num_rows == 3, "two batches and the backfill, once each"
+    assert check_ledger_agreement(catalog.load_table(TABLE), TABLE, ledger) == [], "verify reads the mark too"
 
 
 def test_a_table_with_no_trace_of_committed_batches_stops_the_relay(catalog: Catalog, ledger: Ledger) -> None:
