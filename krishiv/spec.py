@@ -422,7 +422,8 @@ def parse_spec(
     if scheme not in ("sqlite", "postgresql+psycopg", "postgresql", "http", "https"):
         raise ConfigError(
             "iceberg.catalog_uri",
-            f"expected sqlite:///PATH, postgresql+psycopg://… or http(s)://… (REST), got {iceberg.catalog_uri!r}",
+            # The scheme only: the rest of a URI may carry a password.
+            f"expected sqlite:///PATH, postgresql+psycopg://… or http(s)://… (REST), got a {scheme!r} URI",
         )
 
     s = _section(doc, "storage", {"ledger_path", "checkpoint_location"})

@@ -14,6 +14,7 @@ from krishiv.bench import percentile
 from krishiv.bench.relay_latency import RelayResult
 from krishiv.bench.runner import BenchResults, machine
 from krishiv.bench.throughput import PipelineRun
+from krishiv.catalog import redact
 
 SQLITE_P99_TARGET_MS = 250.0
 
@@ -53,7 +54,7 @@ def to_json(res: BenchResults) -> dict[str, Any]:
     }
     return {
         "machine": machine(),
-        "options": asdict(res.options),
+        "options": {**asdict(res.options), "postgres_uri": redact(res.options.postgres_uri or "")},
         "seconds": round(res.seconds, 1),
         "produce_s": round(res.produce_s, 2),
         "limit": {**asdict(res.limit), "events_per_s": round(res.limit.events_per_s)},
