@@ -218,7 +218,7 @@ def test_bad_override_is_reported_against_its_field() -> None:
     _assert_names_field(error, "kafka.bootstrap_servers", "nohostport")
 
     error = _config_error(_doc(), env={"KRISHIV_ICEBERG_CATALOG_URI": "mysql://db/cat"})
-    _assert_names_field(error, "iceberg.catalog_uri", "mysql://db/cat")
+    _assert_names_field(error, "iceberg.catalog_uri", "a 'mysql' URI")
 
 
 # ------------------------------------------------------------------------------------------- relative paths
