@@ -5,14 +5,17 @@ read-only opens as well. The Spark driver, the commit relay and the Dagster daem
 every operation opens the file, runs one short transaction and closes it again. A lock held by another
 process is retried with backoff up to ``lock_timeout_s``; then :class:`LedgerBusyError` names the file
 and the holder, and nothing has been written. A file that is not a ledger at all (empty, not a DuckDB
-file, or a DuckDB database without the ledger's tables) raises :class:`LedgerCorrupt` at once: only a file
-another process is creating this instant is given a fraction of a second to get its header.
+file, or a DuckDB database without the ledger's tables) raises :class:`LedgerCorrupt` at once, and is
+never migrated into a ledger; only a file modified in the last few seconds, which another process may be
+creating, is given half a second to get its header.
 
 What the hot paths read (sensors, ``krishiv status``, the asset checks) is answered in SQL, never by
 loading every entry: each entry's offset ranges are kept one row per partition in ``outbox_offsets`` and
 the metrics they sum are columns of ``outbox`` (the JSON stays the record). :meth:`Ledger.compact` folds
 COMMITTED entries older than a retention into one archive row per (query, table), keeping the newest entry
-of each so the replay checks still find it, and every total read includes the archive.
+of each so the replay checks still find it; every total read includes the archive, and a replay of a
+compacted batch is recognised from the offsets the archive covers. :meth:`Ledger.entries` lists only the
+entries still in the ledger.
 
 The table ``stager_lease`` fences the stager: a lease names the process (a token drawn once per process
 start) and :meth:`Ledger.record_batch` refuses, in its own transaction, to record under a lease that is
@@ -494,17 +497,26 @@ def _is_invalid_file(exc: duckdb.Error) -> bool:
     return "not a valid DuckDB database file" in str(exc)
 
 
-def _describe_invalid(path: str) -> str:
+#: What DuckDB says of a file whose header is there but whose contents are not: truncated or overwritten.
+_DAMAGE = ("Corrupt database file", "Could not read enough bytes from file")
+
+
+def _is_damaged(exc: duckdb.Error) -> bool:
+    return any(marker in str(exc) for marker in _DAMAGE)
+
+
+def _describe_invalid(path: str, exc: duckdb.Error) -> str:
     try:
         with open(path, "rb") as stream:
             head = stream.read(16)
-    except OSError as exc:
-        return f"unreadable: {exc.strerror}"
+    except OSError as error:
+        return f"unreadable: {error.strerror}"
     if not head:
         return "empty file"
     if head[8:12] != _DUCKDB_MAGIC:
         return "not a DuckDB file"
-    return "a damaged DuckDB file"
+    detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return f"a damaged DuckDB file: {detail}"
 
 
 def _recently_modified(path: str) -> bool:
@@ -543,10 +555,10 @@ class Ledger:
                     break
                 except duckdb.Error as exc:
                     now = time.monotonic()
-                    if _is_invalid_file(exc):
+                    if _is_invalid_file(exc) or _is_damaged(exc):
                         invalid_since = now if invalid_since is None else invalid_since
                         if now - invalid_since >= _CREATION_GRACE_S or not _recently_modified(self.path):
-                            raise LedgerCorrupt(self.path, _describe_invalid(self.path)) from exc
+                            raise LedgerCorrupt(self.path, _describe_invalid(self.path, exc)) from exc
                     elif not _is_lock_conflict(exc):
                         raise
                     if now >= deadline:
@@ -555,6 +567,10 @@ class Ledger:
                     delay = min(delay * 2, _BACKOFF_MAX_S)
             try:
                 yield con
+            except duckdb.Error as exc:
+                if _is_damaged(exc):  # a damaged block DuckDB only read now, for a query
+                    raise LedgerCorrupt(self.path, _describe_invalid(self.path, exc)) from exc
+                raise
             finally:
                 con.close()
 
@@ -764,6 +780,8 @@ class Ledger:
         snapshot, and per partition the offsets covered. Each ``chunk`` of entries is its own transaction,
         so a first compaction of a large ledger does not hold the file for long.
         """
+        if not Path(self.path).exists():
+            return CompactionReport(0, 0, 0)  # nothing to compact, and no reason to create a ledger
         cutoff = (now or datetime.now(UTC)) - timedelta(seconds=retention_s)
         archived, groups = 0, set()
         while True:

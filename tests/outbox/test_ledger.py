@@ -589,6 +589,15 @@ def test_a_file_that_is_not_duckdb_is_named_at_once(ledger_path: Path, content: 
     assert ledger_path.read_bytes() == content
 
 
+def test_a_truncated_ledger_is_named_damaged(ledger_path: Path) -> None:
+    Ledger(ledger_path).record_batch([_entry("q", 0)])
+    os.truncate(ledger_path, 5000)
+    _age(ledger_path)
+    with pytest.raises(LedgerCorrupt) as info:
+        Ledger(ledger_path, lock_timeout_s=30.0).entries()
+    assert f"ledger {ledger_path} is not a DuckDB ledger (a damaged DuckDB file: " in str(info.value)
+
+
 def test_a_fresh_empty_file_gets_a_moment_then_the_same_error(ledger_path: Path) -> None:
     """A file modified a moment ago may be another process's ledger being created: a short grace, not 30 s."""
     ledger_path.parent.mkdir(parents=True)
@@ -707,6 +716,7 @@ def test_aggregate_reads_of_a_missing_file_create_nothing(ledger: Ledger, ledger
     assert ledger.pending_batches() == []
     assert ledger.committed_batches(TABLE).total_records == 0
     assert ledger.skips("q") == []
+    assert ledger.compact(0).entries_archived == 0
     assert not ledger_path.exists()
 
 
