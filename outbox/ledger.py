@@ -729,8 +729,11 @@ class Ledger:
                     for topic, parts in e.offsets.items()
                     for p, (start, end) in parts.items()
                 ]
-                if ranges:
-                    con.executemany("INSERT INTO outbox_offsets VALUES (?, ?, ?, ?, ?, ?, ?)", ranges)
+                if ranges:  # one statement: DuckDB's executemany runs one per row
+                    con.execute(
+                        "INSERT INTO outbox_offsets VALUES " + ", ".join(["(?, ?, ?, ?, ?, ?, ?)"] * len(ranges)),
+                        [value for r in ranges for value in r],
+                    )
                 inserted.append(True)
         return inserted
 

@@ -15,6 +15,7 @@ day ago and times the same reads again.
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import tempfile
@@ -30,7 +31,7 @@ from rich.console import Console
 from rich.table import Table as RichTable
 
 from krishiv.status import pipeline_status
-from outbox.ledger import Ledger
+from outbox.ledger import Ledger, OutboxEntry
 
 PIPELINE = "orders_per_minute"
 TABLE = "krishiv.orders_per_minute"
@@ -208,6 +209,22 @@ def hot_paths(path: Path, partitions: int) -> dict[str, Callable[[list[float]], 
     def rejects_rate(holds: list[float]) -> object:
         return TimedLedger(path, 30.0, holds).table_summary(TABLE)
 
+    batch_ids = itertools.count(10**9)
+
+    def stage_and_commit(holds: list[float]) -> object:
+        """The write path: the stager records a batch of both tables, the relay marks both COMMITTED."""
+        book = TimedLedger(path, 30.0, holds)
+        batch_id = next(batch_ids)
+        offsets = {TOPIC: {str(p): [batch_id, batch_id + 1] for p in range(partitions)}}
+        entries = [
+            OutboxEntry("bench-writes", PIPELINE, table, batch_id, offsets, (), batch_id, {"records_read": 1})
+            for table in (TABLE, REJECTS)
+        ]
+        assert book.record_batch(entries) == [True, True]
+        for e in entries:
+            book.mark_committed(e, e.intended_snapshot_id)
+        return entries
+
     return {
         "Kafka sensor tick": kafka_sensor,
         "outbox sensor tick": outbox_sensor,
@@ -215,6 +232,7 @@ def hot_paths(path: Path, partitions: int) -> dict[str, Callable[[list[float]], 
         "staging asset metadata": staging_asset,
         "ledger_agreement check (ledger reads)": ledger_agreement,
         "rejects_rate check": rejects_rate,
+        "record_batch + 2 x mark_committed (writes)": stage_and_commit,
     }
 
 
