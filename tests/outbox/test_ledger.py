@@ -934,3 +934,48 @@ def test_offset_skips_are_recorded_once_and_applied_by_one_batch(ledger: Ledger)
         ledger.mark_skip_applied(dataclasses.replace(skip, from_offset=1), 7)
     with pytest.raises(ValueError):
         ledger.record_skip("orders_per_minute", "q1", "orders", 1, -1, 5, "x", "ana")
+
+
+def test_aggregate_reads_on_thousands_of_entries_agree_with_the_entries(tmp_path: Path) -> None:
+    """The benchmark's bulk-built ledger (4,000 entries, 4 partitions, two queries), before and after compaction."""
+    from krishiv.bench.ledger_scale import REJECTS as BENCH_REJECTS
+    from krishiv.bench.ledger_scale import TABLE as BENCH_TABLE
+    from krishiv.bench.ledger_scale import TOPIC, build
+
+    path = tmp_path / "ledger.duckdb"
+    build(path, 4_000, 4)
+    ledger = Ledger(path)
+
+    def expected(table: str) -> dict[str, object]:
+        everything = ledger.entries(table=table)
+        committed = [e for e in everything if e.status == COMMITTED]
+        with_snapshot = [e for e in committed if e.committed_snapshot_id is not None]
+        return {
+            "pending": len(everything) - len(committed),
+            "committed": len(committed),
+            "records_read": sum(e.metrics.get("records_read", 0) for e in everything),
+            "rejects": sum(e.metrics.get("rejects", 0) for e in everything),
+            "late_events": sum(e.metrics.get("late_events", 0) for e in everything),
+            "committed_records": sum(e.record_count for e in committed),
+            "last_commit_at": max(e.committed_at for e in committed),  # type: ignore[type-var]
+            "last_snapshot_id": max(with_snapshot, key=lambda e: e.committed_at).committed_snapshot_id,  # type: ignore[arg-type,return-value]
+            "staged_offsets": _expected_ends(everything),
+            "committed_offsets": _expected_ends(committed),
+        }
+
+    def actual(table: str) -> dict[str, object]:
+        summary = ledger.table_summary(table, pipeline="orders_per_minute", topic=TOPIC)
+        return {key: getattr(summary, key) for key in expected_before[table]}
+
+    tables = (BENCH_TABLE, BENCH_REJECTS)
+    expected_before = {t: expected(t) for t in tables}
+    assert {t: actual(t) for t in tables} == expected_before
+    assert expected_before[BENCH_TABLE]["committed"] == 1_995
+    assert len(ledger.pending_batches(tables)) == 10
+    assert ledger.committed_batches(BENCH_TABLE).total_records == expected_before[BENCH_TABLE]["committed_records"]
+
+    report = ledger.compact(retention_s=1_000)
+    assert 2_900 < report.entries_archived < 3_100  # a 1,000 s retention over 4,000 s of 2 s batches
+    assert {t: actual(t) for t in tables} == expected_before
+    assert ledger.end_offsets(BENCH_TABLE, TOPIC) == expected_before[BENCH_TABLE]["staged_offsets"]
+    assert ledger.committed_batches(BENCH_TABLE).total_records == expected_before[BENCH_TABLE]["committed_records"]
