@@ -445,22 +445,23 @@ def _end_offsets_query(
     """Per partition, the highest end offset of the table's entries (and archive) for a topic.
 
     The filters avoid joining every entry: a pipeline is its few query ids, and COMMITTED (nearly every
-    entry) is everything but the few entries in another status.
+    entry) is everything but the few entries in another status (an anti-join; DuckDB plans a correlated
+    NOT EXISTS as a join over every offset row, several times slower).
     """
-    where, params = ["f.table_name = ?", "f.topic = ?"], [table, topic]
-    if pipeline is not None:
-        where.append("f.query_id IN (SELECT DISTINCT query_id FROM outbox WHERE table_name = ? AND pipeline = ?)")
-        params += [table, pipeline]
+    join, params = "", []
     if status is not None:
-        entry = (
-            "SELECT 1 FROM outbox o "
-            "WHERE o.table_name = f.table_name AND o.query_id = f.query_id AND o.batch_id = f.batch_id"
+        kind, op = ("ANTI", "<>") if status == COMMITTED else ("SEMI", "=")
+        join = (
+            f" {kind} JOIN (SELECT query_id, batch_id FROM outbox WHERE table_name = ? AND status {op} ?) o "
+            "USING (query_id, batch_id)"
         )
-        where.append(
-            f"NOT EXISTS ({entry} AND o.status <> ?)" if status == COMMITTED else f"EXISTS ({entry} AND o.status = ?)"
-        )
-        params.append(status)
-    parts = [f"SELECT f.partition, f.end_offset FROM outbox_offsets f WHERE {' AND '.join(where)}"]
+        params += [table, status]
+    where = "f.table_name = ? AND f.topic = ?"
+    params += [table, topic]
+    if pipeline is not None:
+        where += " AND f.query_id IN (SELECT DISTINCT query_id FROM outbox WHERE table_name = ? AND pipeline = ?)"
+        params += [table, pipeline]
+    parts = [f"SELECT f.partition, f.end_offset FROM outbox_offsets f{join} WHERE {where}"]
     if status in (None, COMMITTED):  # the archive holds COMMITTED entries only
         archive_join = " JOIN outbox_archive s USING (query_id, table_name)" if pipeline else ""
         archive_where = "a.table_name = ? AND a.topic = ?" + (" AND s.pipeline = ?" if pipeline else "")
