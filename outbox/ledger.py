@@ -476,6 +476,26 @@ def _end_offsets_query(
     return sql, params
 
 
+def _staged_and_committed_query(table: str, topic: str, pipeline: str | None = None) -> tuple[str, list[Any]]:
+    """Per partition, the highest end offset of all the table's entries and of its COMMITTED ones, in one pass."""
+    where, params = "f.table_name = ? AND f.topic = ?", [table, table, topic]
+    if pipeline is not None:
+        where += " AND f.query_id IN (SELECT DISTINCT query_id FROM outbox WHERE table_name = ? AND pipeline = ?)"
+        params += [table, pipeline]
+    archive_join = " JOIN outbox_archive s USING (query_id, table_name)" if pipeline else ""
+    archive_where = "a.table_name = ? AND a.topic = ?" + (" AND s.pipeline = ?" if pipeline else "")
+    params += [table, topic] + ([pipeline] if pipeline else [])
+    sql = (
+        "SELECT partition, max(end_offset), max(end_offset) FILTER (WHERE committed) FROM ("
+        "SELECT f.partition, f.end_offset, o.batch_id IS NULL AS committed FROM outbox_offsets f "
+        f"LEFT JOIN (SELECT query_id, batch_id FROM outbox WHERE table_name = ? AND status <> '{COMMITTED}') o "
+        f"USING (query_id, batch_id) WHERE {where} "
+        f"UNION ALL SELECT a.partition, a.end_offset, true FROM outbox_archive_offsets a{archive_join} "
+        f"WHERE {archive_where}) GROUP BY partition ORDER BY {_PARTITION_ORDER}"
+    )
+    return sql, params
+
+
 #: One connection at a time per ledger file within a process: DuckDB refuses a read-only open of a file that
 #: another thread of the same process has open for writing (the stager lease renews from a thread).
 _PROCESS_LOCKS: dict[str, threading.RLock] = {}
@@ -957,8 +977,7 @@ class Ledger:
             ),
         ]
         if topic is not None:
-            queries.append(_end_offsets_query(table, topic, None, pipeline))
-            queries.append(_end_offsets_query(table, topic, COMMITTED, pipeline))
+            queries.append(_staged_and_committed_query(table, topic, pipeline))
         results = self._reads(queries)
         if not results[0]:
             return TableSummary(table)
@@ -979,8 +998,8 @@ class Ledger:
             last_commit_at=max(last, default=None),
             last_snapshot_id=snap,
             oldest_pending_at=oldest,
-            staged_offsets={p: int(e) for p, e in results[2]} if topic is not None else {},
-            committed_offsets={p: int(e) for p, e in results[3]} if topic is not None else {},
+            staged_offsets={p: int(e) for p, e, _ in results[2]} if topic is not None else {},
+            committed_offsets={p: int(c) for p, _, c in results[2] if c is not None} if topic is not None else {},
         )
 
     def committed_batches(self, table: str) -> CommittedBatches:

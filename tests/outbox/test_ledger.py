@@ -695,7 +695,9 @@ def test_aggregate_reads_agree_with_the_entries(ledger: Ledger) -> None:
     assert summary.oldest_pending_at == min(e.created_at for e in pending)  # type: ignore[type-var]
     assert summary.staged_offsets == _expected_ends(everything)
     assert summary.committed_offsets == _expected_ends(committed)
-    assert ledger.table_summary(TABLE, pipeline="another").committed == 0
+    other = ledger.table_summary(TABLE, pipeline="another", topic="orders")
+    assert (other.committed, other.staged_offsets, other.committed_offsets) == (0, {}, {})
+    assert ledger.table_summary(TABLE, topic="orders").committed_offsets == _expected_ends(committed)
 
     keys = [(p.query_id, p.table, p.batch_id) for p in ledger.pending_batches([TABLE])]
     assert keys == [e.key for e in ledger.pending(TABLE)]
