@@ -429,22 +429,27 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return None
         return {**start, **{p: end for p, (_start, end) in entry.offsets.get(self.topic, {}).items()}}
 
-    def _with_skips(self, start: Offsets, batch_id: int) -> Offsets:
-        """``start`` with the operator's recorded skips (``krishiv skip-offsets``) for batch ``batch_id`` applied.
+    def _with_skips(self, start: Offsets, *, planning: bool) -> Offsets:
+        """``start`` with the operator's recorded skips (``krishiv skip-offsets``) for this batch applied.
 
         A skip names the partition's offset the query is stuck at (``from_offset``) and where to go on from; the
         first batch starting there applies it, and the ledger records which batch did, so a replay of that
         batch reads from the same offset and no later batch applies it again. Skips are recorded only while no
-        query runs (the command holds the stager lease), so they are read once per query run.
+        query runs (the command holds the stager lease), so they are read once per query run. The batch is
+        the one Spark plans next (``planning``, in ``latestOffset``) or the last of its offset log (Spark logs
+        a batch's end offsets before it asks for its partitions).
         """
         if not (self.ledger_path and self.checkpoint_path):
             return start
         from outbox.ledger import Ledger
         from spark_jobs.checkpoint import Checkpoint
 
-        ledger = Ledger(self.ledger_path)
+        checkpoint, ledger = Checkpoint(self.checkpoint_path), Ledger(self.ledger_path)
         if self._skips is None:
-            self._skips = ledger.skips(Checkpoint(self.checkpoint_path).query_id(), self.topic)
+            self._skips = ledger.skips(checkpoint.query_id(), self.topic)
+        if not self._skips:
+            return start
+        batch_id = checkpoint.last_batch_id() + (1 if planning else 0)
         moved = dict(start)
         for i, skip in enumerate(self._skips):
             if skip.applied_batch_id is None and start.get(skip.partition) == skip.from_offset:
@@ -512,7 +517,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         """The end offsets of the batch Spark plans next, after checking that offsets only move forward."""
         self._check_identity()
-        begin = self._with_skips({str(p): int(o) for p, o in start.items()}, self._planned_batch_id())
+        begin = self._with_skips({str(p): int(o) for p, o in start.items()}, planning=True)
         marks = self.watermarks_moving_forward(begin)
         recorded = self._recorded_end(begin)
         if recorded is not None:
@@ -542,8 +547,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return Checkpoint(self.checkpoint_path).last_batch_id() + 1
 
     def partitions(self, start: dict, end: dict) -> list[KafkaRange]:
-        # Spark logs a batch's end offsets before it asks for its partitions: the batch is the log's last.
-        start = self._with_skips({str(p): int(o) for p, o in start.items()}, self._planned_batch_id() - 1)
+        start = self._with_skips({str(p): int(o) for p, o in start.items()}, planning=False)
         config = consumer_config(self.bootstrap, self.extra)
         ranges = []
         for p, stop in sorted(end.items(), key=lambda kv: int(kv[0])):
