@@ -135,12 +135,15 @@ def run_pipelines(
 
 
 def commit_pipelines(spec: KrishivSpec, pipelines: list[PipelineSpec]) -> list[TableCommitReport]:
-    """Phase 2 for the pipelines' tables: promote their pending entries, in order."""
+    """Phase 2 for the pipelines' tables: promote their pending entries, in order; then keep the ledger small."""
     from krishiv.catalog import load_catalog, qualified, redact
     from outbox.relay import CommitRelay
 
-    relay = CommitRelay(open_ledger(spec), lambda: load_catalog(spec), redact(spec.catalog_uri()))
-    return relay.run([qualified(spec, t) for p in pipelines for t in (p.table, p.rejects_table)])
+    ledger = open_ledger(spec)
+    relay = CommitRelay(ledger, lambda: load_catalog(spec), redact(spec.catalog_uri()))
+    reports = relay.run([qualified(spec, t) for p in pipelines for t in (p.table, p.rejects_table)])
+    ledger.compact_if_due()  # committed entries past the retention fold into per-query totals, hourly at most
+    return reports
 
 
 def verify_pipelines(spec: KrishivSpec, pipelines: list[PipelineSpec]) -> list:

@@ -68,6 +68,8 @@ _DUCKDB_MAGIC = b"DUCK"
 DEFAULT_RETENTION_S = 7 * 24 * 3600.0
 #: Entries folded per compaction transaction, so no transaction holds the file for long.
 COMPACT_CHUNK = 20_000
+#: How often the commit path folds old entries (``compact_if_due``): a steady ledger has little to fold.
+COMPACT_EVERY_S = 3600.0
 
 #: Offsets of one batch: topic -> partition -> [start, end).
 OffsetRanges = dict[str, dict[str, list[int]]]
@@ -830,6 +832,24 @@ class Ledger:
                 break
         kept = self._read("SELECT count(*) FROM outbox")
         return CompactionReport(archived, len(groups), int(kept[0][0]) if kept else 0)
+
+    def compact_if_due(
+        self, retention_s: float = DEFAULT_RETENTION_S, every_s: float = COMPACT_EVERY_S, now: datetime | None = None
+    ) -> CompactionReport | None:
+        """:meth:`compact`, unless the ledger was compacted less than ``every_s`` ago; None when not due.
+
+        Cheap enough to call after every commit run (one read when not due), so a ledger never grows past
+        its retention for want of someone running ``krishiv ledger-compact``.
+        """
+        now = now or datetime.now(UTC)
+        last = self._read("SELECT value FROM ledger_meta WHERE key = 'compacted_at'")
+        if last and (now - datetime.fromisoformat(last[0][0])).total_seconds() < every_s:
+            return None
+        report = self.compact(retention_s, now)
+        if Path(self.path).exists():
+            with self._transaction() as con:
+                con.execute("INSERT OR REPLACE INTO ledger_meta VALUES ('compacted_at', ?)", [now.isoformat()])
+        return report
 
     @staticmethod
     def _fold(con: duckdb.DuckDBPyConnection) -> None:

@@ -817,6 +817,19 @@ def test_compaction_keeps_every_total_and_the_newest_entry(ledger: Ledger) -> No
     assert ledger.compact(retention_s=0, now=datetime.now(UTC) + timedelta(seconds=1)).entries_archived == 0
 
 
+def test_compaction_runs_from_the_commit_path_at_most_once_per_interval(ledger: Ledger) -> None:
+    _fill(ledger, 12)
+    later = datetime.now(UTC) + timedelta(days=8)
+    first = ledger.compact_if_due(now=later)
+    assert first is not None and first.entries_archived == 2 * 2 * 8, "entries past the 7-day retention fold"
+    for e in ledger.entries(status=PENDING):
+        if e.batch_id < 11:
+            ledger.mark_committed(e, None)
+    assert ledger.compact_if_due(now=later + timedelta(minutes=30)) is None, "not due again within the hour"
+    again = ledger.compact_if_due(now=later + timedelta(days=9))
+    assert again is not None and again.entries_archived == 2 * 2 * 3, "batches 8 to 10; the newest, 11, stays"
+
+
 def test_compaction_keeps_the_newest_entry_even_when_committed_and_old(ledger: Ledger) -> None:
     for b in range(3):
         e = _committed_entry("q1", b)
