@@ -538,14 +538,6 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def reportLatestOffset(self) -> dict | None:
         return self.admin.latest()
 
-    def _planned_batch_id(self) -> int:
-        """The id of the batch Spark plans next: the one after the last of its offset log."""
-        if not self.checkpoint_path:
-            return -1
-        from spark_jobs.checkpoint import Checkpoint
-
-        return Checkpoint(self.checkpoint_path).last_batch_id() + 1
-
     def partitions(self, start: dict, end: dict) -> list[KafkaRange]:
         start = self._with_skips({str(p): int(o) for p, o in start.items()}, planning=False)
         config = consumer_config(self.bootstrap, self.extra)
