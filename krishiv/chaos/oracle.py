@@ -6,12 +6,16 @@ W(N) = max(W(N-1), max event time of batch N - delay) (W(-1) = 0); an event of b
 at or before W(N-1), the watermark the batch before left, is dropped as late (its window was written
 already); a window is written by the batch whose W(N) first reaches its end, so after the last batch
 every window ending at or before the final watermark is in the table and no other.
+
+A topic deleted and re-created starts its offsets at 0 again: the batches before the operator's skip onto the
+new topic read the old one, so their records come from a copy taken before the deletion (``earlier``).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Decimal
 
@@ -21,22 +25,23 @@ from outbox.ledger import OutboxEntry
 
 AMOUNT = re.compile(r"^-?[0-9]{1,10}(\.[0-9]{1,2})?$")
 
+#: A topic's records by (partition, offset).
+Records = dict[tuple[int, int], bytes | None]
+
 
 @dataclass
 class Expected:
     windows: dict[int, dict[str, object]] = field(default_factory=dict)  # window start ms -> aggregates
-    rejects: set[tuple[int, int]] = field(default_factory=set)  # (partition, offset)
+    rejects: set[tuple[int, int, int]] = field(default_factory=set)  # (batch id, partition, offset)
     late_by_batch: dict[int, int] = field(default_factory=dict)
     watermark_by_batch: dict[int, int] = field(default_factory=dict)  # the watermark each batch starts from
     final_watermark: int = 0
     valid_events: int = 0
 
 
-def read_topic(
-    bootstrap: str, topic: str, partitions: int, ends: dict[int, int]
-) -> dict[tuple[int, int], bytes | None]:
+def read_topic(bootstrap: str, topic: str, partitions: int, ends: dict[int, int]) -> Records:
     """Every record below ``ends`` of every partition, keyed by (partition, offset)."""
-    out: dict[tuple[int, int], bytes | None] = {}
+    out: Records = {}
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "oracle", "enable.auto.commit": False})
     try:
         for p in range(partitions):
@@ -80,12 +85,15 @@ def parse(value: bytes | None) -> tuple[int, Decimal] | None:
 
 
 def expected_output(
-    records: dict[tuple[int, int], bytes | None],
+    records: Records,
     batches: list[OutboxEntry],
     topic: str,
     window_ms: int = 60_000,
     delay_ms: int = 5_000,
+    earlier: Sequence[tuple[int, Records]] = (),
 ) -> Expected:
+    """What the tables must hold after ``batches``. ``earlier`` lists the topic's former generations, oldest first,
+    as (first batch id that read the next generation, that generation's records); later batches read ``records``."""
     exp = Expected()
     state: dict[int, list[Decimal | int]] = {}
     watermark = 0
@@ -93,11 +101,12 @@ def expected_output(
         exp.watermark_by_batch[entry.batch_id] = watermark
         late = 0
         batch_max = None
+        source = next((recs for until, recs in earlier if entry.batch_id < until), records)
         for p, (start, end) in entry.offsets[topic].items():
             for offset in range(start, end):
-                parsed = parse(records[(int(p), offset)])
+                parsed = parse(source[(int(p), offset)])
                 if parsed is None:
-                    exp.rejects.add((int(p), offset))
+                    exp.rejects.add((entry.batch_id, int(p), offset))
                     continue
                 event_time, amount = parsed
                 exp.valid_events += 1
