@@ -260,6 +260,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     import signal
 
     from krishiv.chaos.runner import run_chaos
+    from krishiv.chaos.scenarios import SIZES
 
     def interrupt(*_: object) -> None:
         raise KeyboardInterrupt  # stops the harness through its cleanup: broker, PostgreSQL, running step
@@ -279,9 +280,11 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         args.scenario or None,
         on_scenario=show,
         report_path=Path(args.report),
+        size=SIZES[args.size],
+        keep=args.keep,
     )
     summary = report.summary()
-    out = RichTable(title=f"fault injection, seed {args.seed}")
+    out = RichTable(title=f"fault injection, seed {args.seed}, {args.size} size")
     for col in ("scenarios", "faults injected", "events checked", "violations", "time"):
         out.add_column(col)
     out.add_row(
@@ -439,7 +442,14 @@ def build_parser() -> argparse.ArgumentParser:
     ch.add_argument("--seed", type=int, default=1)
     ch.add_argument("--duration", type=float, default=0, help="seconds of random scenarios after the matrix")
     ch.add_argument("--scenario", action="append", help="run only this scenario (repeatable)")
+    ch.add_argument(
+        "--size",
+        choices=("full", "ci"),
+        default="full",
+        help="full (default, for soaks) or ci: fewer events, batches and repeated kills, every fault point still fired",
+    )
     ch.add_argument("--state", default="state/chaos", help="working folder; failing scenarios are kept there")
+    ch.add_argument("--keep", action="store_true", help="keep every scenario's folder, not only the failing ones")
     ch.add_argument("--report", default="state/chaos/report.json")
 
     be = sub.add_parser("bench", help="throughput, commit latency, freshness and memory beside the raw Kafka limit")

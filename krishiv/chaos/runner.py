@@ -14,7 +14,7 @@ from pathlib import Path
 from krishiv.broker import start_broker
 from krishiv.chaos.checks import check_contract
 from krishiv.chaos.postgres import PrivatePostgres
-from krishiv.chaos.scenarios import MATRIX, Context, Scenario, ScenarioError, fired
+from krishiv.chaos.scenarios import FULL, MATRIX, Context, Scenario, ScenarioError, Size, fired
 from krishiv.chaos.workspace import Workspace
 from spark_jobs.kafka_source import latest_offsets
 
@@ -48,6 +48,7 @@ class ScenarioReport:
 class ChaosReport:
     seed: int
     duration_s: float
+    size: str = FULL.name
     seconds: float = 0.0
     scenarios: list[ScenarioReport] = field(default_factory=list)
 
@@ -62,6 +63,7 @@ class ChaosReport:
     def summary(self) -> dict:
         return {
             "seed": self.seed,
+            "size": self.size,
             "duration_s": self.duration_s,
             "seconds": round(self.seconds, 1),
             "scenarios_run": len(self.scenarios),
@@ -88,15 +90,28 @@ def _postgres_database(pg: PrivatePostgres, name: str) -> str:
 
 
 def run_scenario(
-    scenario: Scenario, seed: int, index: int, folder: Path, broker, pg: PrivatePostgres | None
+    scenario: Scenario,
+    seed: int,
+    index: int,
+    folder: Path,
+    broker,
+    pg: PrivatePostgres | None,
+    size: Size = FULL,
+    keep: bool = False,
 ) -> ScenarioReport:
     started = time.monotonic()
     name = f"s{index:04d}"
     catalog_uri = _postgres_database(pg, name) if scenario.needs_postgres and pg else "sqlite:///catalog.db"
     ws = Workspace(
-        folder / f"{name}-{scenario.name}", broker.bootstrap, f"chaos-{name}-{uuid.uuid4().hex[:8]}", catalog_uri
+        folder / f"{name}-{scenario.name}",
+        broker.bootstrap,
+        f"chaos-{name}-{uuid.uuid4().hex[:8]}",
+        catalog_uri,
+        max_records=scenario.max_records or size.max_records,
+        spacing_ms=size.spacing_ms,
+        env=size.env(),
     )
-    ctx = Context(ws, random.Random(seed), broker)
+    ctx = Context(ws, random.Random(seed), broker, size)
     if scenario.needs_postgres and pg:
         ctx.catalog_pause, ctx.catalog_resume = pg.pause, pg.resume
     violations: list[str] = []
@@ -108,15 +123,15 @@ def run_scenario(
     except Exception as exc:  # the harness must report, not stop, whatever a scenario hits
         violations.append(f"scenario failed: {exc!r}")
     try:
-        check = check_contract(ws.spec, latest_offsets(broker.bootstrap, ws.topic))
+        check = check_contract(ws.spec, latest_offsets(broker.bootstrap, ws.topic), ctx.earlier_topics)
         violations += check.violations
         events = check.events_checked
     except Exception as exc:
         violations.append(f"the contract could not be checked: {exc!r}")
     faults = fired(ws)
     reached = {f["point"] for f in faults}
-    violations += [f"fault point {p} was never reached" for p in scenario.points if p not in reached]
-    if not violations:
+    violations += [f"fault point {p} was never reached" for p in scenario.reaches(size) if p not in reached]
+    if not violations and not keep:
         shutil.rmtree(ws.folder, ignore_errors=True)  # kept only when something is wrong, for the post-mortem
     return ScenarioReport(
         scenario.name, seed, round(time.monotonic() - started, 1), faults, ctx.external_faults, events, violations
@@ -130,8 +145,11 @@ def run_chaos(
     only: list[str] | None = None,
     on_scenario=None,
     report_path: Path | None = None,
+    size: Size = FULL,
+    keep: bool = False,
 ) -> ChaosReport:
-    """The whole matrix once (or the ``only`` scenarios), then random scenarios until ``duration_s`` is spent.
+    """The whole matrix once (or the ``only`` scenarios), then random scenarios until ``duration_s`` is spent,
+    each scenario at ``size``; with ``keep``, every scenario's folder stays (else only failed ones).
 
     With ``report_path``, the report is rewritten after every scenario, so a long soak that is stopped
     still leaves its figures.
@@ -141,10 +159,10 @@ def run_chaos(
     if unknown:
         raise ValueError(f"unknown scenarios {sorted(unknown)}; have {[s.name for s in MATRIX]}")
     rng = random.Random(seed)
-    report = ChaosReport(seed, duration_s)
+    report = ChaosReport(seed, duration_s, size.name)
     started = time.monotonic()
     # A folder of this run's own: nothing left by an earlier run (or its stray processes) can leak in.
-    folder = folder / time.strftime(f"run-%Y%m%d-%H%M%S-seed{seed}")
+    folder = folder / time.strftime(f"run-%Y%m%d-%H%M%S-seed{seed}-{size.name}")
     folder.mkdir(parents=True)
     pg = PrivatePostgres().start() if any(s.needs_postgres for s in selected) else None
     try:
@@ -152,7 +170,8 @@ def run_chaos(
             queue = list(selected)
             while queue or time.monotonic() - started < duration_s:
                 scenario = queue.pop(0) if queue else rng.choices(selected, [s.weight for s in selected])[0]
-                result = run_scenario(scenario, rng.randrange(1 << 30), len(report.scenarios), folder, broker, pg)
+                seed_of_scenario = rng.randrange(1 << 30)
+                result = run_scenario(scenario, seed_of_scenario, len(report.scenarios), folder, broker, pg, size, keep)
                 report.scenarios.append(result)
                 report.seconds = time.monotonic() - started
                 if report_path:

@@ -3,7 +3,11 @@
 Every scenario produces seeded orders (late and malformed ones mixed in), drives ``krishiv run --once``
 and ``krishiv commit`` as separate processes with faults armed at named points, or acts on the processes
 and files around them (broker and catalog paused, ledger held, checkpoint rewound or restored from an old
-copy, snapshots expired), then finishes the pipeline cleanly so the contract can be checked.
+copy, snapshots expired, a topic re-created, a ledger restored from a backup, standard orphan-file removal,
+a stager paused past its lease), then finishes the pipeline cleanly so the contract can be checked.
+
+A :class:`Size` says how much each scenario does: ``full`` (the default, for soaks) or ``ci`` (fewer events,
+batches and repeated kills, every fault point and every scenario kind still reached; ``make test`` runs it).
 """
 
 from __future__ import annotations
@@ -17,16 +21,29 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
+from urllib.parse import urlparse
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.table import Table
 
 from krishiv.broker import LocalBroker
 from krishiv.catalog import load_catalog, qualified
+from krishiv.chaos.oracle import Records, read_topic
 from krishiv.chaos.workspace import Workspace
-from krishiv.operations import LEDGER_LOCK_TIMEOUT_ENV
-from outbox.ledger import PENDING
+from krishiv.operations import LEDGER_LOCK_TIMEOUT_ENV, STAGER_LEASE_TTL_ENV
+from outbox.errors import LedgerBusyError
+from outbox.ledger import PENDING, Ledger
+from outbox.relay import SUMMARY_SKIPPED
 from spark_jobs.checkpoint import Checkpoint
+from spark_jobs.kafka_source import latest_offsets
+from spark_jobs.staging import staging_root
+from spark_jobs.window_state import WindowStateStore
 
 KILLED = -signal.SIGKILL
 FAILED = 2  # a Krishiv error, reported by the command
@@ -39,18 +56,77 @@ class ScenarioError(RuntimeError):
     """A step did not behave as the scenario expects (this is a violation too)."""
 
 
+STAGE_POINTS = ("stage.begin", "stage.after_compute", "stage.after_files", "stage.after_ledger")
+
+
+@dataclass(frozen=True)
+class Size:
+    """How much each scenario does. Every size reaches every fault point and runs every scenario kind."""
+
+    name: str
+    scale: float  # a scenario's order counts are multiplied by this
+    max_records: int  # records per micro-batch
+    spacing_ms: int  # event time between orders: fewer orders still span several one-minute windows
+    relay_records: int  # orders of the relay scenario: at least four batches with rows
+    driver_batches: tuple[int, ...]  # the batches the driver is killed in
+    driver_points: tuple[str, ...]  # the steps it is killed at in each of them
+    relay_walk: int | None  # batches after the fourth the relay is killed around (None: every one)
+    quick: bool = False  # skip set-up steps that only give a scenario more history (see the scenarios)
+    java_options: str = ""  # for each Spark driver's JVM: start-up speed only, never what Spark computes
+
+    def env(self) -> dict[str, str]:
+        """Environment for every process of a workspace of this size."""
+        if not self.java_options:
+            return {}
+        return {"PYSPARK_SUBMIT_ARGS": f"--driver-java-options '{self.java_options}' pyspark-shell"}
+
+
+#: The default, for soaks and the README's figures.
+FULL = Size(
+    "full",
+    scale=1.0,
+    max_records=1_000,
+    spacing_ms=50,
+    relay_records=10_000,
+    driver_batches=(1, 2),
+    driver_points=STAGE_POINTS,
+    relay_walk=None,
+)
+#: ``make test``'s: a third of the events, three batches a scenario, the driver killed in one batch at the two
+#: steps the one-shot scenario does not kill at, the relay's kills over the minimum of batches, and a JVM that
+#: compiles less (C1 only) since every step is a fresh, short-lived Spark driver.
+CI = Size(
+    "ci",
+    scale=0.4,
+    max_records=500,
+    spacing_ms=150,
+    relay_records=2_200,
+    driver_batches=(1,),
+    driver_points=("stage.begin", "stage.after_files"),
+    relay_walk=1,
+    quick=True,
+    java_options="-XX:TieredStopAtLevel=1",
+)
+SIZES = {size.name: size for size in (FULL, CI)}
+
+
 @dataclass
 class Context:
     ws: Workspace
     rng: random.Random
     broker: LocalBroker
+    size: Size = FULL
     catalog_pause: Callable[[], object] | None = None
     catalog_resume: Callable[[], object] | None = None
     external_faults: list[str] = field(default_factory=list)
+    earlier_topics: list[Records] = field(default_factory=list)  # the topic's records before each re-creation
 
     # ----------------------------------------------------------------------------------- steps
 
-    def produce(self, records: int = 3_000) -> None:
+    def produce(self, records: int = 3_000, *, scaled: bool = True) -> None:
+        """``records`` orders (times the size's scale unless ``scaled`` is False), some late and malformed."""
+        if scaled:
+            records = max(100, round(records * self.size.scale))
         self.ws.produce(records, seed=self.rng.randrange(1 << 30), late=records // 200, malformed=records // 400)
 
     def stage(self, faults: str | None = None, expect: int | None = 0, env: dict[str, str] | None = None) -> int:
@@ -66,23 +142,50 @@ class Context:
         return rc
 
     def finish(self) -> None:
-        """Stage and commit until both succeed (a fault may have left a step to redo)."""
+        """Stage and commit until both succeed (a fault may have left a step to redo). Staging is skipped when it
+        has nothing to do (see :meth:`staged_to_the_end`): a Spark start-up saved, nothing left unchecked."""
         for step in (self.stage, self.commit):
+            if step == self.stage and self.staged_to_the_end():
+                continue
             for attempt in range(ATTEMPTS):
                 if step(expect=None) == 0:
                     break
                 if attempt == ATTEMPTS - 1:
                     raise ScenarioError(f"{step.__name__} kept failing after the faults; see commands.log")
 
-    def batches_with_rows(self) -> list[int]:
-        """Pending batch ids whose entries publish rows, so the relay's fault points are reached for them."""
-        return sorted({e.batch_id for e in self.ws.ledger().entries(status=PENDING) if e.record_count})
+    def staged_to_the_end(self) -> bool:
+        """Whether ``krishiv run --once`` would plan no batch: Spark finished the last batch of its offset log, that
+        batch ends at the topic's end, and no operator's skip waits to be applied. (The contract still checks that
+        every offset was staged once.)"""
+        checkpoint = Checkpoint(self.checkpoint())
+        last = checkpoint.last_batch_id()
+        if last < 0 or last not in checkpoint.committed_batch_ids():
+            return False
+        if any(s.applied_batch_id is None for s in self.ws.ledger().skips(checkpoint.query_id())):
+            return False
+        return checkpoint.batch(last).end == latest_offsets(self.ws.bootstrap, self.ws.topic)
 
-    def batch_with_rows(self, *, first: bool = False, last: bool = False) -> int:
-        candidates = self.batches_with_rows()
+    def batches_with_rows(self, table: str | None = None) -> list[int]:
+        """Pending batch ids whose entries (of ``table``, or of any table) publish rows, so the relay's fault
+        points are reached for them."""
+        name = qualified(self.ws.spec, table) if table else None
+        pending = self.ws.ledger().entries(table=name, status=PENDING)
+        return sorted({e.batch_id for e in pending if e.record_count})
+
+    def batch_with_rows(self, *, first: bool = False, last: bool = False, table: str | None = None) -> int:
+        candidates = self.batches_with_rows(table)
         if not candidates:
-            raise ScenarioError("no pending batch has rows")
+            raise ScenarioError(f"no pending batch has rows{f' for {table}' if table else ''}")
         return candidates[0] if first else candidates[-1] if last else self.rng.choice(candidates)
+
+    def output_of_last(self, command: str) -> str:
+        """What the last ``krishiv <command>`` step wrote to commands.log."""
+        log = (self.ws.folder / "commands.log").read_text()
+        start = log.rfind(f" krishiv {command}")
+        return log[start:] if start >= 0 else ""
+
+    def main_table(self) -> Table:
+        return load_catalog(self.ws.spec).load_table(qualified(self.ws.spec, self.ws.spec.pipeline().table))
 
     def wait_reached(self, point: str, batch: int, process: subprocess.Popen, timeout_s: float = 300) -> None:
         marker = self.ws.sync_dir / f"{point}@{batch}.reached"
@@ -93,6 +196,18 @@ class Context:
             if time.monotonic() > deadline:
                 raise ScenarioError(f"{point}@{batch} was not reached within {timeout_s:.0f}s")
             time.sleep(0.05)
+
+    def wait(self, process: subprocess.Popen, what: str) -> int:
+        """Wait for a step started with ``ws.start`` (killing it after :data:`STEP_TIMEOUT_S`); log its exit code."""
+        try:
+            rc = process.wait(timeout=STEP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            raise ScenarioError(f"{what} did not finish within {STEP_TIMEOUT_S:.0f}s") from None
+        with (self.ws.folder / "commands.log").open("a") as log:
+            log.write(f"\n= {what} exited {rc}\n")
+        return rc
 
     def release(self, point: str, batch: int) -> None:
         (self.ws.sync_dir / f"{point}@{batch}.go").write_text("go")
@@ -109,26 +224,26 @@ class Context:
 # --------------------------------------------------------------------------------------- scenarios
 
 
-STAGE_POINTS = ("stage.begin", "stage.after_compute", "stage.after_files", "stage.after_ledger")
-
-
 def driver_killed_at_every_step(ctx: Context) -> None:
     """SIGKILL the Spark driver before, during and after staging a batch, and between the ledger write and
     Spark's commit log, one run per step, for two batches; each restart replays the batch. The steps before
-    the ledger write come in a random order; the last kill is after it (a recorded batch is not restaged)."""
+    the ledger write come in a random order; the last kill is after it (a recorded batch is not restaged).
+    The CI size kills in one batch, at the two steps the one-shot scenario does not kill at."""
     ctx.produce()
     *before_ledger, after_ledger = STAGE_POINTS
-    for batch in (1, 2):
+    for batch in ctx.size.driver_batches:
         for point in [*ctx.rng.sample(before_ledger, len(before_ledger)), after_ledger]:
-            ctx.stage(faults=f"{point}@{batch}", expect=KILLED)
+            if point in ctx.size.driver_points:
+                ctx.stage(faults=f"{point}@{batch}", expect=KILLED)
     ctx.finish()
 
 
 def relay_faults_at_every_step(ctx: Context) -> None:
     """In the first commit run: a catalog commit that raises after succeeding, one that times out before
     committing and one after, then SIGKILL before a catalog commit. Then, batch after batch, SIGKILL after
-    the catalog commit (before the ledger update) and before the next batch's catalog commit."""
-    ctx.produce(10_000)
+    the catalog commit (before the ledger update) and before the next batch's catalog commit (the CI size: one
+    batch, after its catalog commit)."""
+    ctx.produce(ctx.size.relay_records, scaled=False)
     ctx.stage()
     batches = ctx.batches_with_rows()
     if len(batches) < 4:
@@ -138,7 +253,8 @@ def relay_faults_at_every_step(ctx: Context) -> None:
         f"relay.after_catalog_commit@{batches[2]}:timeout,relay.before_catalog_commit@{batches[3]}",
         expect=KILLED,
     )
-    for position, batch in enumerate(batches[3:]):
+    walk = batches[3:] if ctx.size.relay_walk is None else batches[3 : 3 + ctx.size.relay_walk]
+    for position, batch in enumerate(walk):
         if position:
             ctx.commit(faults=f"relay.before_catalog_commit@{batch}", expect=KILLED)
         ctx.commit(faults=f"relay.after_catalog_commit@{batch}", expect=KILLED)
@@ -158,7 +274,7 @@ def concurrent_writer(ctx: Context) -> None:
         ctx.external_faults.append(f"a second relay committed while the first was between check and commit of {batch}")
     finally:
         ctx.release(point, batch)
-    if slow.wait(timeout=STEP_TIMEOUT_S) != 0:
+    if ctx.wait(slow, "the paused relay") != 0:
         raise ScenarioError(f"the paused relay exited {slow.returncode} after losing the race")
     ctx.finish()
 
@@ -170,10 +286,14 @@ HOLD_LEDGER = (
 
 
 def ledger_held(ctx: Context) -> None:
-    """Another process holds the ledger longer than the retry budget: both steps fail cleanly, then recover."""
+    """Another process holds the ledger longer than the retry budget: both steps fail cleanly, then recover.
+    (The CI size holds a ledger nothing was staged into yet, saving a Spark start-up.)"""
     ctx.produce()
-    ctx.stage()
-    path = ctx.ws.spec.resolve(ctx.ws.spec.storage.ledger_path)
+    if ctx.size.quick:
+        ctx.ws.ledger().migrate()
+    else:
+        ctx.stage()
+    path = ctx.ws.ledger_path
     holder = subprocess.Popen([sys.executable, "-c", HOLD_LEDGER, str(path), "60"], stdout=subprocess.PIPE, text=True)
     try:
         if holder.stdout is None or holder.stdout.readline().strip() != "held":
@@ -208,7 +328,7 @@ def broker_paused(ctx: Context) -> None:
     finally:
         ctx.broker.process.send_signal(signal.SIGCONT)
     ctx.external_faults.append(f"broker paused {PAUSE_S:.0f}s during batch {batch}")
-    staging.wait(timeout=STEP_TIMEOUT_S)
+    ctx.wait(staging, "the staging run under the paused broker")
     ctx.finish()
 
 
@@ -228,7 +348,7 @@ def catalog_paused(ctx: Context) -> None:
     finally:
         ctx.catalog_resume()
     ctx.external_faults.append(f"catalog paused {PAUSE_S:.0f}s during the commit of batch {batch}")
-    relay.wait(timeout=STEP_TIMEOUT_S)
+    ctx.wait(relay, "the relay under the paused catalog")
     ctx.finish()
 
 
@@ -313,11 +433,8 @@ def old_checkpoint_restored(ctx: Context) -> None:
     ctx.finish()
 
 
-def snapshots_expired(ctx: Context) -> None:
-    """The relay dies after a commit; all snapshots but the current one expire; then everything restarts."""
-    ctx.produce()
-    ctx.stage()
-    ctx.commit(faults=f"relay.after_catalog_commit@{ctx.batch_with_rows(last=True)}", expect=KILLED)
+def _expire_all_but_current(ctx: Context) -> None:
+    """Expire every snapshot of the pipeline's two tables except each one's current snapshot."""
     catalog = load_catalog(ctx.ws.spec)
     pipeline = ctx.ws.spec.pipeline()
     for name in (pipeline.table, pipeline.rejects_table):
@@ -326,23 +443,303 @@ def snapshots_expired(ctx: Context) -> None:
         old = [s.snapshot_id for s in table.snapshots() if current is None or s.snapshot_id != current.snapshot_id]
         if old:
             table.maintenance.expire_snapshots().by_ids(old).commit()
+
+
+def snapshots_expired(ctx: Context) -> None:
+    """The relay dies after a commit; all snapshots but the current one expire; then everything restarts."""
+    ctx.produce()
+    ctx.stage()
+    ctx.commit(faults=f"relay.after_catalog_commit@{ctx.batch_with_rows(last=True)}", expect=KILLED)
+    _expire_all_but_current(ctx)
     ctx.external_faults.append("snapshots expired, keeping the current one")
     ctx.rewind(1)
     ctx.produce(1_500)
     ctx.finish()
 
 
+# ------------------------------------------------------------------ the paths issue 12 closed, one scenario each
+
+#: Records per batch of the one-shot scenario: the whole topic fits in one batch.
+ONE_BATCH = 1_000_000
+
+
+def one_shot_in_one_batch(ctx: Context) -> None:
+    """The whole topic read by ``krishiv run --once`` in ONE batch, the driver SIGKILLed after computing it and,
+    on the restart, after its ledger write (before Spark's commit log); the next restart replays it. Every window
+    the final watermark passed is written, once: that batch closes them (the oracle checks each)."""
+    ctx.produce()
+    for point in ("stage.after_compute", "stage.after_ledger"):
+        ctx.stage(faults=f"{point}@0", expect=KILLED)
+    ctx.finish()
+    entries = ctx.ws.ledger().entries(table=qualified(ctx.ws.spec, ctx.ws.spec.pipeline().table))
+    if [e.batch_id for e in entries] != [0]:
+        raise ScenarioError(
+            f"expected the whole topic in batch 0; the ledger holds batches {[e.batch_id for e in entries]}"
+        )
+    if not entries[0].record_count:
+        raise ScenarioError("the one batch closed no window, though its watermark passed some")
+
+
+def foreign_rewrite_after_relay_kill(ctx: Context) -> None:
+    """The relay SIGKILLed after the catalog commit of a batch, before the ledger update; another writer rewrites the
+    table at its head (a compaction's overwrite with the same rows); every snapshot but that foreign one expires.
+    The restarted relay must find the batch in the table's high-water property and never append it again."""
+    ctx.produce()
+    ctx.stage()
+    batch = ctx.batch_with_rows(first=True, table=ctx.ws.spec.pipeline().table)
+    ctx.commit(faults=f"relay.after_catalog_commit@{batch}", expect=KILLED)
+    table = ctx.main_table()
+    rows = table.scan().to_arrow()
+    table.overwrite(rows.cast(pa.schema(list(rows.schema))))
+    _expire_all_but_current(ctx)
+    head = ctx.main_table().current_snapshot()
+    if head is None or (head.summary and head.summary.get("krishiv.batch-id") is not None):
+        raise ScenarioError(f"the head after the rewrite should be the foreign snapshot, it is {head}")
+    ctx.external_faults.append(
+        f"relay killed after committing batch {batch}; the table rewritten at the head by another writer "
+        f"({rows.num_rows} rows, snapshot {head.snapshot_id}); every other snapshot expired"
+    )
+    ctx.finish()
+
+
+def topic_recreated(ctx: Context) -> None:
+    """Offsets move backwards: after a batch was staged and committed, the topic is deleted and re-created (a new
+    topic id, offsets from 0 again) and written to. ``krishiv run --once`` must stop naming the topic; the operator
+    skips every partition to 0 (``krishiv skip-offsets``); the batch that applies it reads the new topic, the
+    relay is SIGKILLed after committing the snapshot that publishes the skip, and that snapshot's summary names it.
+    The contract checks both generations: batches before the skip against a copy of the old topic's records."""
+    ctx.produce()
+    ctx.stage()
+    ctx.commit()
+    ws, pipeline = ctx.ws, ctx.ws.spec.pipeline()
+    before = latest_offsets(ws.bootstrap, ws.topic)
+    ctx.earlier_topics.append(
+        read_topic(ws.bootstrap, ws.topic, ws.spec.kafka.partitions, {int(p): o for p, o in before.items()})
+    )
+    ws.recreate_topic()
+    ctx.external_faults.append(f"topic {ws.topic} deleted and re-created (it ended at {before})")
+    ctx.produce(1_500)
+    ctx.stage(expect=FAILED)
+    failure = ctx.output_of_last("run")
+    named = any(f"{ws.topic}/{p}" in failure for p in before) or ("re-created" in failure and ws.topic in failure)
+    if not named:
+        raise ScenarioError(f"`krishiv run --once` on the re-created topic did not name it: {failure[-600:]!r}")
+    for partition in sorted(before, key=int):
+        args = ("skip-offsets", "--partition", partition, "--to", "0", "--reason", "topic re-created (chaos)")
+        if ws.run(*args, timeout_s=STEP_TIMEOUT_S) != 0:
+            raise ScenarioError(f"`krishiv skip-offsets --partition {partition} --to 0` failed; see commands.log")
+    ctx.stage()
+    applied = {s.applied_batch_id for s in ws.ledger().skips(Checkpoint(ctx.checkpoint()).query_id())}
+    if len(applied) != 1 or None in applied:
+        raise ScenarioError(f"the skips were applied by batches {applied}, expected one batch")
+    (skip_batch,) = applied
+    later = [b for b in ctx.batches_with_rows(pipeline.table) if b >= skip_batch]
+    if not later:
+        raise ScenarioError(f"no batch from {skip_batch} on has rows to publish the skip with")
+    ctx.commit(faults=f"relay.after_catalog_commit@{later[0]}", expect=KILLED)
+    ctx.finish()
+    summaries = [s.summary.get(SUMMARY_SKIPPED) for s in ctx.main_table().snapshots() if s.summary is not None]
+    named_skips = [json.loads(text) for text in summaries if text]
+    moved = {(x["partition"], x["from"], x["to"]) for skips in named_skips for x in skips}
+    if moved != {(p, o, 0) for p, o in before.items()}:
+        raise ScenarioError(f"the snapshot summaries name the skips {sorted(moved)}, expected every partition to 0")
+
+
+def _copy_ledger(source: Path, target: Path) -> None:
+    """Copy a DuckDB file with its write-ahead log (or the absence of one)."""
+    shutil.copy2(source, target)
+    wal, target_wal = source.with_name(source.name + ".wal"), target.with_name(target.name + ".wal")
+    if wal.exists():
+        shutil.copy2(wal, target_wal)
+    else:
+        target_wal.unlink(missing_ok=True)
+
+
+def ledger_behind_checkpoint(ctx: Context) -> None:
+    """The ledger restored from a backup taken before the last batches were staged: the checkpoint is ahead of it.
+    ``krishiv run --once`` must refuse to start, naming the checkpoint, the ledger and the missing batches; with the
+    right ledger back, everything completes."""
+    ctx.produce()
+    ctx.stage()
+    ctx.commit()
+    path, table = ctx.ws.ledger_path, qualified(ctx.ws.spec, ctx.ws.spec.pipeline().table)
+    backup, current = ctx.ws.folder / "ledger-backup.duckdb", ctx.ws.folder / "ledger-current.duckdb"
+    _copy_ledger(path, backup)
+    backed_up = {e.batch_id for e in ctx.ws.ledger().entries(table=table)}
+    ctx.produce(1_500)
+    ctx.stage()
+    missing = sorted({e.batch_id for e in ctx.ws.ledger().entries(table=table)} - backed_up)
+    _copy_ledger(path, current)
+    _copy_ledger(backup, path)
+    ctx.external_faults.append(f"ledger restored from a backup without batches {missing}")
+    ctx.stage(expect=FAILED)
+    failure = ctx.output_of_last("run")
+    for what in (str(ctx.checkpoint()), str(path), ", ".join(map(str, missing))):
+        if what not in failure:
+            raise ScenarioError(f"`krishiv run --once` did not name {what!r}: {failure[-800:]!r}")
+    _copy_ledger(current, path)
+    ctx.finish()
+
+
+def _local(path: str) -> str:
+    return urlparse(path).path if path.startswith("file:") else path
+
+
+def remove_orphan_files(table: Table) -> list[str]:
+    """Iceberg's standard orphan-file removal (``RemoveOrphanFiles``, grace period 0): every file under the table's
+    location that no metadata file, snapshot, manifest list or manifest of the table references is deleted."""
+    from pyarrow import fs
+
+    metadata = table.metadata
+    keep = {table.metadata_location, f"{table.location()}/metadata/version-hint.text"}
+    keep |= {m.metadata_file for m in metadata.metadata_log}
+    keep |= {s.statistics_path for s in metadata.statistics}
+    for snapshot in table.snapshots():
+        keep.add(snapshot.manifest_list)
+        for manifest in snapshot.manifests(table.io):
+            keep.add(manifest.manifest_path)
+            keep |= {e.data_file.file_path for e in manifest.fetch_manifest_entry(table.io, discard_deleted=False)}
+    keep = {_local(k) for k in keep}
+    filesystem, root = fs.FileSystem.from_uri(table.location())
+    listing = filesystem.get_file_info(fs.FileSelector(root, recursive=True, allow_not_found=True))
+    removed = [i.path for i in listing if i.type == fs.FileType.File and _local(i.path) not in keep]
+    for path in removed:
+        filesystem.delete_file(path)
+    return removed
+
+
+def orphan_removal_beside_the_relay(ctx: Context) -> None:
+    """Standard orphan-file removal (grace 0) runs over the tables while the relay is paused between its check and
+    its catalog commit: the planted orphan goes, no staged file of a PENDING entry does, and the commit succeeds.
+    Then a PENDING batch's staged files are deleted by hand: ``krishiv commit`` stops naming the missing file,
+    ``krishiv restage`` stages it again from the ledger's offsets, and everything completes."""
+    ctx.produce()
+    ctx.stage()
+    catalog, pipeline = load_catalog(ctx.ws.spec), ctx.ws.spec.pipeline()
+    tables = [catalog.load_table(qualified(ctx.ws.spec, name)) for name in (pipeline.table, pipeline.rejects_table)]
+    planted = f"{_local(tables[0].location())}/data/orphan-{uuid.uuid4().hex}.parquet"
+    Path(planted).parent.mkdir(parents=True, exist_ok=True)
+    Path(planted).write_bytes(b"not referenced by any snapshot")
+    staged = {_local(f.path) for e in ctx.ws.ledger().entries() for f in e.files}
+    batch, point = ctx.batch_with_rows(first=True, table=pipeline.table), "relay.before_catalog_commit"
+    relay = ctx.ws.start("commit", faults=f"{point}@{batch}:pause")
+    try:
+        ctx.wait_reached(point, batch, relay)
+        removed = [_local(path) for table in tables for path in remove_orphan_files(table)]
+    finally:
+        ctx.release(point, batch)
+    if ctx.wait(relay, "the relay paused during the orphan-file removal") != 0:
+        raise ScenarioError(f"the relay exited {relay.returncode} after the orphan-file removal; see commands.log")
+    ctx.external_faults.append(
+        f"orphan-file removal deleted {len(removed)} files under the table locations during the commit of {batch}"
+    )
+    if planted not in removed:
+        raise ScenarioError(f"the orphan-file removal did not remove the planted orphan {planted}: {removed}")
+    if staged & set(removed):
+        raise ScenarioError(f"the orphan-file removal deleted staged files {sorted(staged & set(removed))}")
+
+    ctx.produce(1_000)
+    ctx.stage()
+    victim = ctx.batch_with_rows(last=True, table=pipeline.table)
+    table = ctx.main_table()
+    (entry,) = [
+        e for e in ctx.ws.ledger().entries(table=qualified(ctx.ws.spec, pipeline.table)) if e.batch_id == victim
+    ]
+    for f in entry.files:
+        table.io.delete(f.path)
+    ctx.external_faults.append(f"the staged files of pending batch {victim} deleted by hand")
+    ctx.commit(expect=FAILED)
+    failure = ctx.output_of_last("commit")
+    if not any(f.path in failure for f in entry.files):
+        raise ScenarioError(f"`krishiv commit` did not name the missing staged file: {failure[-600:]!r}")
+    if ctx.ws.run("restage", timeout_s=STEP_TIMEOUT_S) != 0:
+        raise ScenarioError("`krishiv restage` failed; see commands.log")
+    ctx.finish()
+
+
+#: The stager lease of the lease scenario (seconds), and how long past it the harness waits for it to expire.
+SHORT_LEASE_TTL_S = 3.0
+LEASE_EXPIRY_MARGIN_S = 10.0
+
+
+def _stop_outside_the_ledger(ctx: Context, process: subprocess.Popen) -> None:
+    """SIGSTOP ``process`` at a moment it holds no ledger transaction (its lease renewer may be in one), so the
+    stager that takes over is not kept waiting on the file instead of on the lease."""
+    for _ in range(ATTEMPTS):
+        process.send_signal(signal.SIGSTOP)
+        try:
+            Ledger(ctx.ws.ledger_path, lock_timeout_s=1.0).current_lease(ctx.ws.spec.pipeline().name)
+            return
+        except LedgerBusyError:
+            process.send_signal(signal.SIGCONT)
+            time.sleep(0.1)
+    raise ScenarioError("the paused stager kept the ledger locked")
+
+
+def _wait_lease_expired(ctx: Context, timeout_s: float) -> None:
+    pipeline = ctx.ws.spec.pipeline().name
+    deadline = time.monotonic() + timeout_s
+    while True:
+        lease = ctx.ws.ledger().current_lease(pipeline)
+        if lease is not None and lease.expires_at < datetime.now(UTC):
+            return
+        if time.monotonic() > deadline:
+            raise ScenarioError(f"the stager lease {lease} did not expire within {timeout_s:.0f}s")
+        time.sleep(0.2)
+
+
+def stager_lost_its_lease(ctx: Context) -> None:
+    """A stager paused (SIGSTOP) after writing a batch's files, past its lease: a second ``krishiv run --once`` takes
+    the expired lease over and stages everything; resumed, the first must stop with StagerLeaseLost without
+    recording its batch (and remove its files); no state file is left half-written or interleaved."""
+    ctx.produce()
+    env = {STAGER_LEASE_TTL_ENV: f"{SHORT_LEASE_TTL_S:g}"}
+    batch, point = 0, "stage.after_files"
+    first = ctx.ws.start("run", "--once", faults=f"{point}@{batch}:pause", env=env)
+    try:
+        ctx.wait_reached(point, batch, first)
+        _stop_outside_the_ledger(ctx, first)
+        _wait_lease_expired(ctx, SHORT_LEASE_TTL_S + LEASE_EXPIRY_MARGIN_S)
+        ctx.external_faults.append(f"stager SIGSTOPped after writing the files of batch {batch}, past its lease")
+        ctx.stage(env=env)
+    finally:
+        first.send_signal(signal.SIGCONT)
+        ctx.release(point, batch)
+    rc = ctx.wait(first, "the stager that lost its lease")
+    if rc != FAILED:
+        raise ScenarioError(f"the stager that lost its lease exited {rc}, expected {FAILED} (StagerLeaseLost)")
+    if "is no longer held by this process" not in (ctx.ws.folder / "commands.log").read_text():
+        raise ScenarioError("the stager that lost its lease did not say so")
+    ctx.finish()
+    state = WindowStateStore(ctx.checkpoint())
+    leftovers = [p.name for p in state.folder.iterdir() if not p.name.endswith(".parquet") or p.name.startswith(".")]
+    if leftovers:
+        raise ScenarioError(f"window state files left behind: {leftovers}")
+    for path in state.folder.glob("*.parquet"):
+        pq.read_table(path)  # a torn or interleaved file does not read
+    recorded = {_local(f.path) for e in ctx.ws.ledger().entries() for f in e.files}
+    folder = Path(_local(staging_root(ctx.main_table())))
+    written = {str(p) for p in folder.rglob("*.parquet") if f"batch={batch:012d}" in str(p)}
+    if written - recorded:
+        raise ScenarioError(f"staged files of batch {batch} that no entry records: {sorted(written - recorded)}")
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
     run: Callable[[Context], None]
-    points: tuple[str, ...] = ()  # the fault points it must reach
+    points: tuple[str, ...] | Callable[[Size], tuple[str, ...]] = ()  # the fault points it must reach
     needs_postgres: bool = False
     weight: int = 1  # how often the soak picks it (fault-dense scenarios more often)
+    max_records: int | None = None  # records per batch, if not the size's
+
+    def reaches(self, size: Size) -> tuple[str, ...]:
+        """The fault points a run of this scenario at ``size`` must reach."""
+        return self.points(size) if callable(self.points) else self.points
 
 
 MATRIX: tuple[Scenario, ...] = (
-    Scenario("driver-killed-at-every-step", driver_killed_at_every_step, STAGE_POINTS, weight=2),
+    Scenario("driver-killed-at-every-step", driver_killed_at_every_step, lambda size: size.driver_points, weight=2),
     Scenario(
         "relay-faults-at-every-step",
         relay_faults_at_every_step,
@@ -357,6 +754,21 @@ MATRIX: tuple[Scenario, ...] = (
     Scenario("restart-from-an-old-checkpoint-copy", old_checkpoint_restored),
     Scenario("snapshots-expired-before-a-restart", snapshots_expired, ("relay.after_catalog_commit",)),
     Scenario("dagster-killed-mid-commit", dagster_killed_mid_commit, ("relay.before_catalog_commit",)),
+    Scenario(
+        "one-shot-run-in-one-batch",
+        one_shot_in_one_batch,
+        ("stage.after_compute", "stage.after_ledger"),
+        max_records=ONE_BATCH,
+    ),
+    Scenario(
+        "relay-killed-then-foreign-rewrite-and-expiry",
+        foreign_rewrite_after_relay_kill,
+        ("relay.after_catalog_commit",),
+    ),
+    Scenario("topic-re-created-offsets-backwards", topic_recreated, ("relay.after_catalog_commit",)),
+    Scenario("ledger-restored-behind-the-checkpoint", ledger_behind_checkpoint),
+    Scenario("orphan-file-removal-beside-the-relay", orphan_removal_beside_the_relay, ("relay.before_catalog_commit",)),
+    Scenario("stager-lost-its-lease", stager_lost_its_lease, ("stage.after_files",)),
 )
 
 

@@ -11,12 +11,12 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from krishiv.faults import FAULTS_ENV, FAULTS_LOG_ENV, FAULTS_SYNC_ENV
 from krishiv.operations import open_ledger
-from krishiv.produce import demo_orders, ensure_topic, produce
+from krishiv.produce import DEFAULT_SPACING_MS, demo_orders, ensure_topic, produce
 from krishiv.spec import KrishivSpec, load_spec
 from outbox.ledger import Ledger
 
@@ -90,6 +90,8 @@ class Workspace:
     topic: str
     catalog_uri: str = "sqlite:///catalog.db"
     max_records: int = 1_000
+    spacing_ms: int = DEFAULT_SPACING_MS  # event-time distance between orders: fewer orders span as many windows
+    env: dict[str, str] = field(default_factory=dict)  # set for every process the workspace starts
 
     def __post_init__(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -113,11 +115,16 @@ class Workspace:
     def ledger(self) -> Ledger:
         return open_ledger(self.spec)
 
+    @property
+    def ledger_path(self) -> Path:
+        return self.spec.resolve(self.spec.storage.ledger_path)
+
     def _env(self, faults: str | None, extra: dict[str, str] | None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("KRISHIV_")}
         env[FAULTS_LOG_ENV] = str(self.faults_log)
         env[FAULTS_SYNC_ENV] = str(self.sync_dir)
         env["COLUMNS"] = "1000"  # one message per line in commands.log
+        env.update(self.env)
         if faults:
             env[FAULTS_ENV] = faults
         env.update(extra or {})
@@ -180,7 +187,31 @@ class Workspace:
         """Seeded orders after everything produced so far (so earlier windows close), late and malformed mixed in."""
         partitions = ensure_topic(self.bootstrap, self.topic, self.spec.kafka.partitions)
         extra = {"start_ms": self.next_start_ms} if self.next_start_ms is not None else {}
-        events = demo_orders(records, seed=seed, partitions=partitions, late=late, malformed=malformed, **extra)
+        events = demo_orders(
+            records,
+            seed=seed,
+            partitions=partitions,
+            late=late,
+            malformed=malformed,
+            spacing_ms=self.spacing_ms,
+            **extra,
+        )
         produce(self.bootstrap, self.topic, events)
         last = max(e.event_time_ms for e in events if e.event_time_ms is not None)
         self.next_start_ms = last + 90_000
+
+    def recreate_topic(self, timeout_s: float = 30.0) -> None:
+        """Delete the topic and create it again with as many partitions: a new topic id, offsets from 0 again."""
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        for future in admin.delete_topics([self.topic], operation_timeout=timeout_s).values():
+            future.result(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while self.topic in admin.list_topics(timeout=timeout_s).topics:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"topic {self.topic} was still listed {timeout_s:.0f}s after its deletion")
+            time.sleep(0.1)
+        topic = NewTopic(self.topic, num_partitions=self.spec.kafka.partitions, replication_factor=1)
+        for future in admin.create_topics([topic]).values():
+            future.result(timeout_s)
