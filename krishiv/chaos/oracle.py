@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Decimal
@@ -24,6 +25,10 @@ from confluent_kafka import Consumer, TopicPartition
 from outbox.ledger import OutboxEntry
 
 AMOUNT = re.compile(r"^-?[0-9]{1,10}(\.[0-9]{1,2})?$")
+
+CONSUME_BATCH = 10_000
+POLL_TIMEOUT_S = 0.5
+READ_TIMEOUT_S = 30.0  # without a record, for one partition
 
 #: A topic's records by (partition, offset).
 Records = dict[tuple[int, int], bytes | None]
@@ -40,25 +45,35 @@ class Expected:
 
 
 def read_topic(bootstrap: str, topic: str, partitions: int, ends: dict[int, int]) -> Records:
-    """Every record below ``ends`` of every partition, keyed by (partition, offset)."""
+    """Every record below ``ends`` of every partition, keyed by (partition, offset).
+
+    Asks for no more records than are left below the end, so ``consume`` returns as soon as they are there rather
+    than after its timeout; offsets that hold no record (gaps) end the read once the consumer's position passes them.
+    """
     out: Records = {}
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "oracle", "enable.auto.commit": False})
     try:
         for p in range(partitions):
-            if ends.get(p, 0) == 0:
+            end = ends.get(p, 0)
+            if end == 0:
                 continue
             consumer.assign([TopicPartition(topic, p, 0)])
-            while True:
-                msgs = consumer.consume(10_000, timeout=5)
-                if not msgs:
-                    raise RuntimeError(f"oracle could not read {topic}/{p} up to {ends[p]} from {bootstrap}")
+            next_offset, deadline = 0, time.monotonic() + READ_TIMEOUT_S
+            while next_offset < end:
+                msgs = consumer.consume(min(CONSUME_BATCH, end - next_offset), timeout=POLL_TIMEOUT_S)
                 for m in msgs:
                     if m.error() is not None:
                         raise RuntimeError(f"oracle read of {topic}/{p} failed: {m.error()}")
-                    if m.offset() < ends[p]:
+                    if m.offset() < end:
                         out[(p, m.offset())] = m.value()
-                if msgs[-1].offset() >= ends[p] - 1:
+                    next_offset = max(next_offset, m.offset() + 1)
+                if msgs:
+                    deadline = time.monotonic() + READ_TIMEOUT_S
+                    continue
+                if consumer.position([TopicPartition(topic, p)])[0].offset >= end:
                     break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"oracle could not read {topic}/{p} up to {end} from {bootstrap}")
     finally:
         consumer.close()
     return out
