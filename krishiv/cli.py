@@ -282,9 +282,10 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         report_path=Path(args.report),
         size=SIZES[args.size],
         keep=args.keep,
+        lanes=args.lanes,
     )
     summary = report.summary()
-    out = RichTable(title=f"fault injection, seed {args.seed}, {args.size} size")
+    out = RichTable(title=f"fault injection, seed {args.seed}, {args.size} size, {args.lanes} lane(s)")
     for col in ("scenarios", "faults injected", "events checked", "violations", "time"):
         out.add_column(col)
     out.add_row(
@@ -450,6 +451,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ch.add_argument("--state", default="state/chaos", help="working folder; failing scenarios are kept there")
     ch.add_argument("--keep", action="store_true", help="keep every scenario's folder, not only the failing ones")
+    ch.add_argument(
+        "--lanes", type=int, default=1, help="matrix scenarios run side by side (exclusive ones alone; default 1)"
+    )
     ch.add_argument("--report", default="state/chaos/report.json")
 
     be = sub.add_parser("bench", help="throughput, commit latency, freshness and memory beside the raw Kafka limit")

@@ -1,4 +1,10 @@
-"""Runs the matrix (then random scenarios until the duration is spent) and writes the report."""
+"""Runs the matrix (then random scenarios until the duration is spent) and writes the report.
+
+The matrix may run in several lanes at once (``lanes``): each scenario has its own topic, catalog, ledger and
+processes, so two of them share only the broker and the cores. A scenario marked ``exclusive`` (it pauses the
+shared broker, depends on a short lease, or changes the harness's working directory) runs alone, before the
+others. The soak after the matrix runs one scenario at a time.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,8 @@ import shutil
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -15,7 +23,7 @@ from krishiv.broker import start_broker
 from krishiv.chaos.checks import check_contract
 from krishiv.chaos.postgres import PrivatePostgres
 from krishiv.chaos.scenarios import FULL, MATRIX, Context, Scenario, ScenarioError, Size, fired
-from krishiv.chaos.workspace import Workspace
+from krishiv.chaos.workspace import Workspace, stop_all_steps
 from spark_jobs.kafka_source import latest_offsets
 
 #: Every named fault point of the product; a run of the whole matrix must reach each of them.
@@ -32,6 +40,7 @@ FAULT_POINTS = (
 @dataclass
 class ScenarioReport:
     name: str
+    index: int  # its place in the run (the folder s<index>-<name>)
     seed: int
     seconds: float
     faults_fired: list[dict]
@@ -49,6 +58,7 @@ class ChaosReport:
     seed: int
     duration_s: float
     size: str = FULL.name
+    lanes: int = 1
     seconds: float = 0.0
     scenarios: list[ScenarioReport] = field(default_factory=list)
 
@@ -64,6 +74,7 @@ class ChaosReport:
         return {
             "seed": self.seed,
             "size": self.size,
+            "lanes": self.lanes,
             "duration_s": self.duration_s,
             "seconds": round(self.seconds, 1),
             "scenarios_run": len(self.scenarios),
@@ -134,8 +145,42 @@ def run_scenario(
     if not violations and not keep:
         shutil.rmtree(ws.folder, ignore_errors=True)  # kept only when something is wrong, for the post-mortem
     return ScenarioReport(
-        scenario.name, seed, round(time.monotonic() - started, 1), faults, ctx.external_faults, events, violations
+        scenario.name,
+        index,
+        seed,
+        round(time.monotonic() - started, 1),
+        faults,
+        ctx.external_faults,
+        events,
+        violations,
     )
+
+
+#: One scenario to run: its index in the run, the scenario and its seed.
+Job = tuple[int, Scenario, int]
+
+
+def _run_in_lanes(jobs: list[Job], lanes: int, run: Callable[[Job], ScenarioReport], record) -> None:
+    """Run ``jobs``: the exclusive ones alone, first; then the others ``lanes`` at a time. ``record`` gets each
+    report in this (the calling) thread, as the scenarios finish. Interrupted, it stops every running step."""
+    alone = [j for j in jobs if j[1].exclusive or lanes <= 1]
+    for job in alone:
+        record(run(job))
+    rest = [j for j in jobs if j not in alone]
+    if not rest:
+        return
+    with ThreadPoolExecutor(lanes, thread_name_prefix="chaos-lane") as pool:
+        running: set[Future[ScenarioReport]] = set()
+        try:
+            while rest or running:
+                while rest and len(running) < lanes:
+                    running.add(pool.submit(run, rest.pop(0)))
+                done, running = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    record(future.result())
+        except BaseException:  # Ctrl-C or SIGTERM: no lane may go on starting steps
+            stop_all_steps()
+            raise
 
 
 def run_chaos(
@@ -147,9 +192,11 @@ def run_chaos(
     report_path: Path | None = None,
     size: Size = FULL,
     keep: bool = False,
+    lanes: int = 1,
 ) -> ChaosReport:
-    """The whole matrix once (or the ``only`` scenarios), then random scenarios until ``duration_s`` is spent,
-    each scenario at ``size``; with ``keep``, every scenario's folder stays (else only failed ones).
+    """The whole matrix once (or the ``only`` scenarios), ``lanes`` scenarios at a time, then random scenarios one
+    at a time until ``duration_s`` is spent, each scenario at ``size``; with ``keep``, every scenario's folder stays
+    (else only failed ones).
 
     With ``report_path``, the report is rewritten after every scenario, so a long soak that is stopped
     still leaves its figures.
@@ -158,27 +205,38 @@ def run_chaos(
     unknown = set(only or ()) - {s.name for s in MATRIX}
     if unknown:
         raise ValueError(f"unknown scenarios {sorted(unknown)}; have {[s.name for s in MATRIX]}")
+    if lanes < 1:
+        raise ValueError(f"lanes must be at least 1, got {lanes}")
     rng = random.Random(seed)
-    report = ChaosReport(seed, duration_s, size.name)
+    report = ChaosReport(seed, duration_s, size.name, lanes)
     started = time.monotonic()
     # A folder of this run's own: nothing left by an earlier run (or its stray processes) can leak in.
     folder = folder / time.strftime(f"run-%Y%m%d-%H%M%S-seed{seed}-{size.name}")
     folder.mkdir(parents=True)
+
+    def record(result: ScenarioReport) -> None:
+        report.scenarios.append(result)
+        report.scenarios.sort(key=lambda r: r.index)
+        report.seconds = time.monotonic() - started
+        if report_path:
+            report_path.parent.mkdir(parents=True, exist_ok=True)
+            report_path.write_text(report.to_json() + "\n")
+        if on_scenario:
+            on_scenario(result)
+
     pg = PrivatePostgres().start() if any(s.needs_postgres for s in selected) else None
     try:
         with start_broker(log_path=folder / "broker.log") as broker:
-            queue = list(selected)
-            while queue or time.monotonic() - started < duration_s:
-                scenario = queue.pop(0) if queue else rng.choices(selected, [s.weight for s in selected])[0]
-                seed_of_scenario = rng.randrange(1 << 30)
-                result = run_scenario(scenario, seed_of_scenario, len(report.scenarios), folder, broker, pg, size, keep)
-                report.scenarios.append(result)
-                report.seconds = time.monotonic() - started
-                if report_path:
-                    report_path.parent.mkdir(parents=True, exist_ok=True)
-                    report_path.write_text(report.to_json() + "\n")
-                if on_scenario:
-                    on_scenario(result)
+
+            def run(job: Job) -> ScenarioReport:
+                index, scenario, scenario_seed = job
+                return run_scenario(scenario, scenario_seed, index, folder, broker, pg, size, keep)
+
+            matrix = [(index, scenario, rng.randrange(1 << 30)) for index, scenario in enumerate(selected)]
+            _run_in_lanes(matrix, lanes, run, record)
+            while time.monotonic() - started < duration_s:
+                scenario = rng.choices(selected, [s.weight for s in selected])[0]
+                record(run((len(report.scenarios), scenario, rng.randrange(1 << 30))))
     finally:
         if pg:
             pg.stop()

@@ -736,6 +736,9 @@ class Scenario:
     needs_postgres: bool = False
     weight: int = 1  # how often the soak picks it (fault-dense scenarios more often)
     max_records: int | None = None  # records per batch, if not the size's
+    # Runs alone, never beside another scenario: it pauses the broker every scenario shares, relies on a lease of
+    # a few seconds, or changes the harness's working directory (Dagster's instance paths are relative).
+    exclusive: bool = False
 
     def reaches(self, size: Size) -> tuple[str, ...]:
         """The fault points a run of this scenario at ``size`` must reach."""
@@ -752,12 +755,12 @@ MATRIX: tuple[Scenario, ...] = (
     ),
     Scenario("concurrent-writer-between-check-and-commit", concurrent_writer, ("relay.before_catalog_commit",)),
     Scenario("ledger-held-past-the-retry-budget", ledger_held),
-    Scenario("broker-paused-mid-batch", broker_paused, ("stage.begin",)),
+    Scenario("broker-paused-mid-batch", broker_paused, ("stage.begin",), exclusive=True),
     Scenario("catalog-paused-mid-commit", catalog_paused, ("relay.before_catalog_commit",), needs_postgres=True),
     Scenario("checkpoint-rewound", checkpoint_rewound),
     Scenario("restart-from-an-old-checkpoint-copy", old_checkpoint_restored),
     Scenario("snapshots-expired-before-a-restart", snapshots_expired, ("relay.after_catalog_commit",)),
-    Scenario("dagster-killed-mid-commit", dagster_killed_mid_commit, ("relay.before_catalog_commit",)),
+    Scenario("dagster-killed-mid-commit", dagster_killed_mid_commit, ("relay.before_catalog_commit",), exclusive=True),
     Scenario(
         "one-shot-run-in-one-batch",
         one_shot_in_one_batch,
@@ -772,7 +775,7 @@ MATRIX: tuple[Scenario, ...] = (
     Scenario("topic-re-created-offsets-backwards", topic_recreated, ("relay.after_catalog_commit",)),
     Scenario("ledger-restored-behind-the-checkpoint", ledger_behind_checkpoint),
     Scenario("orphan-file-removal-beside-the-relay", orphan_removal_beside_the_relay, ("relay.before_catalog_commit",)),
-    Scenario("stager-lost-its-lease", stager_lost_its_lease, ("stage.after_files",)),
+    Scenario("stager-lost-its-lease", stager_lost_its_lease, ("stage.after_files",), exclusive=True),
 )
 
 

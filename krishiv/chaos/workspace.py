@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,6 +85,41 @@ field = "amount"
 """
 
 
+class HarnessStopping(RuntimeError):
+    """The harness is being stopped: no step starts any more."""
+
+
+_steps: set[subprocess.Popen] = set()
+_steps_lock = threading.Lock()
+_stopping = threading.Event()
+
+
+def _started(process: subprocess.Popen) -> subprocess.Popen:
+    with _steps_lock:
+        if _stopping.is_set():
+            process.kill()
+            raise HarnessStopping("the harness is stopping; no step starts")
+        _steps.difference_update({p for p in _steps if p.poll() is not None})
+        _steps.add(process)
+    return process
+
+
+def stop_all_steps() -> None:
+    """SIGKILL every step any workspace started that still runs (a Dagster daemon with its whole session), and
+    refuse new ones: how the harness stops while scenarios run in several threads."""
+    with _steps_lock:
+        _stopping.set()
+        for process in _steps:
+            if process.poll() is None:
+                try:
+                    if getattr(process, "own_session", False):
+                        os.killpg(process.pid, signal.SIGKILL)
+                    else:
+                        process.kill()
+                except ProcessLookupError:
+                    pass
+
+
 @dataclass
 class Workspace:
     folder: Path
@@ -137,13 +174,15 @@ class Workspace:
         log = (self.folder / "commands.log").open("a")
         log.write(f"\n$ {time.strftime('%H:%M:%S')} krishiv {' '.join(args)} faults={faults}\n")
         log.flush()
-        return subprocess.Popen(
-            self.command(*args),
-            env=self._env(faults, env),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
+        return _started(
+            subprocess.Popen(
+                self.command(*args),
+                env=self._env(faults, env),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                text=True,
+            )
         )
 
     def start_dagster(self, faults: str | None = None) -> subprocess.Popen:
@@ -158,7 +197,7 @@ class Workspace:
         log.write(f"\n$ {time.strftime('%H:%M:%S')} dagster-daemon run faults={faults}\n")
         log.flush()
         env = self._env(faults, {"DAGSTER_HOME": str(self.folder), "KRISHIV_SPEC": str(self.spec_file)})
-        return subprocess.Popen(
+        daemon = subprocess.Popen(
             [str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", "workspace.yaml"],
             cwd=self.folder,
             env={k: v for k, v in env.items() if not k.startswith("DAGSTER_") or k == "DAGSTER_HOME"},
@@ -167,6 +206,8 @@ class Workspace:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
+        daemon.own_session = True  # type: ignore[attr-defined]  # stop_all_steps kills its whole session
+        return _started(daemon)
 
     def run(
         self, *args: str, faults: str | None = None, env: dict[str, str] | None = None, timeout_s: float = 600
