@@ -93,7 +93,7 @@ FULL = Size(
     driver_points=STAGE_POINTS,
     relay_walk=None,
 )
-#: ``make test``'s: a third of the events, three batches a scenario, the driver killed in one batch at the two
+#: ``make test``'s: two fifths of the events, three batches a scenario, the driver killed in one batch at the two
 #: steps the one-shot scenario does not kill at, the relay's kills over the minimum of batches, and a JVM that
 #: compiles less (C1 only, one compiler thread, serial GC), since every step is a fresh, short-lived Spark driver
 #: (about 3.5 s less of the 24 s a one-shot run takes on 2 cores).

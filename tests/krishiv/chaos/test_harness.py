@@ -5,17 +5,23 @@ table (the harness can fail)."""
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
 from krishiv.catalog import load_catalog, qualified
-from krishiv.chaos.checks import check_contract
+from krishiv.chaos.checks import _coverage, check_contract
+from krishiv.chaos.oracle import expected_output
 from krishiv.chaos.runner import FAULT_POINTS
 from krishiv.chaos.scenarios import MATRIX
-from krishiv.chaos.workspace import Workspace
+from krishiv.chaos.workspace import SPEC_TEMPLATE, Workspace
 from krishiv.cli import main
+from krishiv.operations import open_ledger
+from krishiv.spec import load_spec
+from outbox.ledger import OutboxEntry
+from spark_jobs.checkpoint import Checkpoint
 from spark_jobs.kafka_source import latest_offsets
 
 ARTIFACTS = Path(__file__).resolve().parents[3] / "test-artifacts"
@@ -58,3 +64,40 @@ def test_the_contract_check_catches_a_duplicate_and_a_deleted_staged_file(tmp_pa
     text = "\n".join(check_contract(ws.spec, latest_offsets(ws.bootstrap, ws.topic)).violations)
     assert f"staged file {entry.files[0].path} of {entry.table} batch {entry.batch_id} (COMMITTED) was deleted" in text
     assert "could not be read back" in text
+
+
+def _entry(batch_id: int, ranges: dict[str, list[int]], topic: str = "orders") -> OutboxEntry:
+    return OutboxEntry("q", "orders_per_minute", "krishiv.orders_per_minute", batch_id, {topic: ranges}, (), batch_id)
+
+
+def test_the_coverage_check_follows_a_recorded_skip_and_still_catches_gaps_and_repeats(tmp_path: Path):
+    """A topic re-created after batch 1: the skip batch 2 applied moves partition 0 from 20 back to 0; without the
+    skip the same ranges would read as staged twice, and a range that does not start where the skip went is named."""
+    spec_file = tmp_path / "krishiv.toml"
+    values = {"bootstrap": "127.0.0.1:1", "partitions": 1, "catalog_uri": "sqlite:///catalog.db"}
+    spec_file.write_text(SPEC_TEMPLATE.format(**values, warehouse="warehouse", topic="orders", max_records=10))
+    spec = load_spec(spec_file, env={})
+    Checkpoint(spec.checkpoint_dir(spec.pipeline())).pin_starting_offsets({"0": 0})
+    ledger = open_ledger(spec)
+    ledger.record_batch([_entry(0, {"0": [0, 10]}), _entry(1, {"0": [10, 20]}), _entry(2, {"0": [0, 5]})])
+    assert _coverage(spec, ledger, {"0": 5}) == [
+        "partition 0: offsets [0, 20) staged twice",
+        "partition 0: staged up to 20, the topic ends at 5",
+    ]
+    skip = ledger.record_skip("orders_per_minute", "q", "orders", "0", 20, 0, "re-created", "test")
+    ledger.mark_skip_applied(skip, 2)
+    assert _coverage(spec, ledger, {"0": 5}) == []
+    ledger.record_batch([_entry(3, {"0": [6, 9]})])
+    assert _coverage(spec, ledger, {"0": 9}) == ["partition 0: offsets [5, 6) never staged"]
+
+
+def test_the_oracle_reads_each_batch_from_its_topic_generation():
+    order = b'{"order_id": "o", "customer_id": "c", "amount": "%s", "event_time": %d}'
+    old = {(0, 0): order % (b"1.00", 60_000), (0, 1): b"not json"}
+    new = {(0, 0): order % (b"2.00", 200_000)}
+    entries = [_entry(0, {"0": [0, 2]}), _entry(1, {"0": [0, 1]})]
+    expected = expected_output(new, entries, "orders", earlier=[(1, old)])
+    assert expected.rejects == {(0, 0, 1)}
+    assert expected.valid_events == 2
+    assert expected.windows[60_000]["amount_total"] == Decimal("1.00")  # closed by batch 1's watermark (195 s)
+    assert 180_000 not in expected.windows  # batch 1's own window is still open
