@@ -16,10 +16,10 @@ test: setup
 	.venv/bin/pytest
 
 bench: setup
-	.venv/bin/krishiv bench
+	.venv/bin/python -m benchmarks
 
 bench-ledger: setup
-	.venv/bin/python -m krishiv.bench.ledger_scale
+	.venv/bin/python -m benchmarks.ledger_scale
 
 lint: setup
 	.venv/bin/ruff check . && .venv/bin/ruff format --check .

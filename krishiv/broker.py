@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from krishiv.errors import BrokerUnavailable, EnvironmentProblem
+from krishiv_core.errors import BrokerUnavailable, EnvironmentProblem
 
 READY_TIMEOUT_S = 20.0
 

@@ -13,11 +13,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table as RichTable
 
-from krishiv.bench import DEFAULT_POSTGRES_URI
-from krishiv.errors import ConfigError, KrishivError
 from krishiv.operations import commit_pipelines, open_ledger, run_pipelines, verify_pipelines
-from krishiv.spec import KrishivSpec, PipelineSpec, load_spec
-from outbox.errors import OutboxError
+from krishiv_core.errors import KrishivError
+from krishiv_core.spec import KrishivSpec, PipelineSpec, load_spec
 
 console = Console(highlight=False, soft_wrap=True)  # a line per message, whatever the width
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -118,8 +116,8 @@ def cmd_commit(args: argparse.Namespace, spec: KrishivSpec) -> int:
 
 
 def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
-    from krishiv.catalog import qualified
     from krishiv.status import pipeline_status
+    from krishiv_core.catalog import qualified
     from spark_jobs.errors import KafkaSourceError
     from spark_jobs.kafka_source import latest_offsets
 
@@ -206,8 +204,8 @@ def cmd_clean_staging(args: argparse.Namespace, spec: KrishivSpec) -> int:
 
 
 def cmd_lineage(args: argparse.Namespace, spec: KrishivSpec) -> int:
-    from krishiv.catalog import load_catalog, qualified
     from krishiv.lineage import lineage
+    from krishiv_core.catalog import load_catalog, qualified
 
     catalog = load_catalog(spec)
     for p in _pipelines(spec, args.pipeline):
@@ -256,60 +254,6 @@ def cmd_demo(args: argparse.Namespace, spec: KrishivSpec) -> int:
     )
 
 
-def cmd_chaos(args: argparse.Namespace) -> int:
-    import signal
-
-    from krishiv.chaos.runner import run_chaos
-    from krishiv.chaos.scenarios import SIZES
-
-    def interrupt(*_: object) -> None:
-        raise KeyboardInterrupt  # stops the harness through its cleanup: broker, PostgreSQL, running step
-
-    signal.signal(signal.SIGTERM, interrupt)
-
-    def show(s) -> None:
-        mark = "[green]ok[/]" if not s.violations else f"[red]{len(s.violations)} violations[/]"
-        console.print(f"{s.name}: {mark}, {s.faults} faults, {s.events_checked} events checked, {s.seconds:.0f}s")
-        for v in s.violations:
-            console.print(f"  - {v}")
-
-    report = run_chaos(
-        args.seed,
-        args.duration,
-        Path(args.state),
-        args.scenario or None,
-        on_scenario=show,
-        report_path=Path(args.report),
-        size=SIZES[args.size],
-        keep=args.keep,
-        lanes=args.lanes,
-    )
-    summary = report.summary()
-    out = RichTable(title=f"fault injection, seed {args.seed}, {args.size} size, {args.lanes} lane(s)")
-    for col in ("scenarios", "faults injected", "events checked", "violations", "time"):
-        out.add_column(col)
-    out.add_row(
-        str(summary["scenarios_run"]),
-        str(summary["faults_injected"]),
-        str(summary["events_checked"]),
-        str(summary["violations"]),
-        f"{summary['seconds']:.0f}s",
-    )
-    console.print(out)
-    console.print(f"fault points fired: {summary['fault_points_fired']}; report written to {args.report}")
-    return 0 if not report.violations else 1
-
-
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected numbers of at least 1, got {text!r}")
-    return values
-
-
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
@@ -331,41 +275,6 @@ def _format_duration(seconds: float) -> str:
         if seconds >= _DURATION_UNITS[unit] and seconds % _DURATION_UNITS[unit] == 0:
             return f"{int(seconds // _DURATION_UNITS[unit])}{unit}"
     return f"{seconds:g}s"
-
-
-def cmd_bench(args: argparse.Namespace, spec: KrishivSpec) -> int:
-    from krishiv.state_folder import BENCH_MARKER, check_folder
-
-    out = Path(args.out)
-    work = out / "work"
-    check_folder(work, BENCH_MARKER, command="krishiv bench", label=f"--out {args.out}", what=f"its work folder {work}")
-
-    from krishiv.bench.report import print_tables, to_json, write_chart, write_json
-    from krishiv.bench.runner import BenchOptions, run_bench
-
-    if max(args.relay_depths) >= args.relay_snapshots:
-        raise ConfigError("--relay-depths", f"every depth must be below --relay-snapshots ({args.relay_snapshots})")
-    options = BenchOptions(
-        events=args.events,
-        partitions=args.partitions,
-        batch_records=args.batch_records,
-        seed=args.seed,
-        scaling=args.scaling,
-        relay_snapshots=args.relay_snapshots,
-        relay_depths=args.relay_depths,
-        postgres_uri=args.postgres_uri or None,
-        freshness_seconds=args.freshness_seconds,
-        rate=args.rate,
-        sensor_interval_s=args.sensor_interval,
-        warmup_events=args.warmup_events,
-    )
-    results = run_bench(spec, options, work, console)
-    doc = to_json(results)
-    write_json(doc, out / "bench.json")
-    write_chart(doc, out / "bench.png")
-    print_tables(doc, console)
-    console.print(f"written: {out / 'bench.json'}, {out / 'bench.png'}")
-    return 0 if doc["results_agree"] else 1
 
 
 # ------------------------------------------------------------------------------------------ parser
@@ -439,42 +348,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="folder for the demo's catalog, warehouse and ledger; emptied first, so it must be new, empty or "
         "one an earlier demo made (it holds .krishiv-demo-state)",
     )
-    ch = sub.add_parser("chaos", help="the fault-injection harness: the crash-point matrix, then a soak")
-    ch.add_argument("--seed", type=int, default=1)
-    ch.add_argument("--duration", type=float, default=0, help="seconds of random scenarios after the matrix")
-    ch.add_argument("--scenario", action="append", help="run only this scenario (repeatable)")
-    ch.add_argument(
-        "--size",
-        choices=("full", "ci"),
-        default="full",
-        help="full (default, for soaks) or ci: fewer events, batches and repeated kills, every fault point still fired",
-    )
-    ch.add_argument("--state", default="state/chaos", help="working folder; failing scenarios are kept there")
-    ch.add_argument("--keep", action="store_true", help="keep every scenario's folder, not only the failing ones")
-    ch.add_argument(
-        "--lanes", type=int, default=1, help="matrix scenarios run side by side (exclusive ones alone; default 1)"
-    )
-    ch.add_argument("--report", default="state/chaos/report.json")
-
-    be = sub.add_parser("bench", help="throughput, commit latency, freshness and memory beside the raw Kafka limit")
-    be.add_argument("--events", type=int, default=1_000_000)
-    be.add_argument("--partitions", type=int, default=4)
-    be.add_argument("--batch-records", type=int, default=200_000, help="records per micro-batch")
-    be.add_argument("--seed", type=int, default=7)
-    be.add_argument("--scaling", type=_int_list, default=(1, 2, 4), help="event-count factors (default 1,2,4)")
-    be.add_argument("--relay-snapshots", type=int, default=1_010, help="snapshots the relay benchmark commits")
-    be.add_argument("--relay-depths", type=_int_list, default=(100, 1_000), help="table sizes to report commit time at")
-    be.add_argument("--postgres-uri", default=DEFAULT_POSTGRES_URI, help="PostgreSQL catalog for the relay ('' skips)")
-    be.add_argument("--freshness-seconds", type=float, default=60.0)
-    be.add_argument("--rate", type=float, default=1_000.0, help="events/s of the freshness producer")
-    be.add_argument("--sensor-interval", type=float, default=5.0, help="seconds between relay runs (Dagster's sensor)")
-    be.add_argument("--warmup-events", type=int, default=20_000)
-    be.add_argument(
-        "--out",
-        default="state/bench",
-        help="folder for bench.json, bench.png and the working state in OUT/work, which is emptied first, so it "
-        "must be new, empty or one an earlier bench made (it holds .krishiv-bench-state)",
-    )
     return parser
 
 
@@ -490,7 +363,6 @@ COMMANDS = {
     "lineage": cmd_lineage,
     "verify": cmd_verify,
     "demo": cmd_demo,
-    "bench": cmd_bench,
 }
 
 
@@ -503,10 +375,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "broker":
             return cmd_broker(args)
-        if args.command == "chaos":
-            return cmd_chaos(args)
         return COMMANDS[args.command](args, load_spec(args.spec))
-    except (KrishivError, OutboxError) as exc:
+    except KrishivError as exc:
         err_console.print(f"[red]krishiv {args.command}: {exc}[/]")
         return 2
 

@@ -14,8 +14,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table as RichTable
 
-from krishiv.spec import IcebergSettings, KafkaSettings, KrishivSpec, StorageSettings
 from krishiv.state_folder import DEMO_MARKER, reset_folder
+from krishiv_core.spec import IcebergSettings, KafkaSettings, KrishivSpec, StorageSettings
 
 
 def embedded_spec(spec: KrishivSpec, state: Path, bootstrap: str) -> KrishivSpec:
@@ -43,10 +43,10 @@ def run_demo(
     spec: KrishivSpec, state: Path, *, records: int, late: int, malformed: int, seed: int, console: Console
 ) -> int:
     from krishiv.broker import start_broker
-    from krishiv.catalog import load_catalog, qualified
     from krishiv.lineage import lineage
     from krishiv.operations import commit_pipelines, run_pipelines, verify_pipelines
     from krishiv.produce import demo_orders, ensure_topic, produce
+    from krishiv_core.catalog import load_catalog, qualified
 
     # Before anything starts: the folder is wiped, so it must be one an earlier demo made (or new, or empty).
     reset_folder(state, DEMO_MARKER, command="krishiv demo", label=f"--state {state}")

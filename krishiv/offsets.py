@@ -15,8 +15,8 @@ from __future__ import annotations
 import getpass
 import socket
 
-from krishiv.errors import ConfigError, KrishivError
-from krishiv.spec import KrishivSpec, PipelineSpec
+from krishiv_core.errors import ConfigError, KrishivError
+from krishiv_core.spec import KrishivSpec, PipelineSpec
 
 
 def _operator() -> str:

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
-from krishiv.errors import ConfigError, KrishivError
-from krishiv.spec import KrishivSpec, PipelineSpec
+from krishiv_core.errors import ConfigError, KrishivError
+from krishiv_core.spec import KrishivSpec, PipelineSpec
 from outbox.ledger import DEFAULT_LOCK_TIMEOUT_S, Ledger
 
 if TYPE_CHECKING:  # Spark and pyiceberg load only when an operation runs, keeping `krishiv status` quick
@@ -85,7 +85,7 @@ def run_pipelines(
     """
     from pyspark.errors import StreamingQueryException
 
-    from krishiv.catalog import load_catalog
+    from krishiv_core.catalog import load_catalog
     from outbox.lease import LEASE_TTL_S, stager_lease
     from spark_jobs.job import start_pipeline, stop_between_batches
     from spark_jobs.session import build_session
@@ -136,7 +136,7 @@ def run_pipelines(
 
 def commit_pipelines(spec: KrishivSpec, pipelines: list[PipelineSpec]) -> list[TableCommitReport]:
     """Phase 2 for the pipelines' tables: promote their pending entries, in order; then keep the ledger small."""
-    from krishiv.catalog import load_catalog, qualified, redact
+    from krishiv_core.catalog import load_catalog, qualified, redact
     from outbox.relay import CommitRelay
 
     ledger = open_ledger(spec)
@@ -148,8 +148,8 @@ def commit_pipelines(spec: KrishivSpec, pipelines: list[PipelineSpec]) -> list[T
 
 def verify_pipelines(spec: KrishivSpec, pipelines: list[PipelineSpec]) -> list:
     """The exactly-once invariants of each pipeline's table and rejects table."""
-    from krishiv.catalog import load_catalog, qualified
     from krishiv.verify import verify_table
+    from krishiv_core.catalog import load_catalog, qualified
 
     catalog, ledger = load_catalog(spec), open_ledger(spec)
     results = []

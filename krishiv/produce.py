@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 
-from krishiv.errors import BrokerUnavailable
+from krishiv_core.errors import BrokerUnavailable
 
 DEFAULT_START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 DEFAULT_SPACING_MS = 50

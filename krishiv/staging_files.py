@@ -18,8 +18,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from krishiv.errors import KrishivError
-from krishiv.spec import KrishivSpec, PipelineSpec
+from krishiv_core.errors import KrishivError
+from krishiv_core.spec import KrishivSpec, PipelineSpec
 
 #: A staged file younger than this may belong to a batch a live stager is about to record.
 DEFAULT_GRACE_S = 3600.0
@@ -41,8 +41,8 @@ class Cleaned:
 
 
 def _missing_batches(spec: KrishivSpec, pipeline: PipelineSpec) -> list[int]:
-    from krishiv.catalog import load_catalog, qualified
     from krishiv.operations import open_ledger
+    from krishiv_core.catalog import load_catalog, qualified
     from outbox.relay import find_committed
 
     catalog, ledger = load_catalog(spec), open_ledger(spec)
@@ -124,8 +124,8 @@ def clean_staging(
     spec: KrishivSpec, pipeline: PipelineSpec, grace_s: float = DEFAULT_GRACE_S, dry_run: bool = False
 ) -> list[Cleaned]:
     """Delete the pipeline's staged files that no ledger entry and no snapshot refers to, older than ``grace_s``."""
-    from krishiv.catalog import load_catalog, qualified
     from krishiv.operations import open_ledger
+    from krishiv_core.catalog import load_catalog, qualified
     from spark_jobs.staging import staging_root
 
     catalog, ledger = load_catalog(spec), open_ledger(spec)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from krishiv.errors import KrishivError
+from krishiv_core.errors import KrishivError
 
 DEMO_MARKER = ".krishiv-demo-state"
 BENCH_MARKER = ".krishiv-bench-state"

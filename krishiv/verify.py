@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 from pyiceberg.table import Table
 
 from krishiv.lineage import lineage
-from krishiv.tables import WINDOW_START
+from krishiv_core.tables import WINDOW_START
 from outbox.ledger import Ledger
 from outbox.relay import high_water_marks
 

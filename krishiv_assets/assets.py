@@ -18,9 +18,6 @@ from dataclasses import dataclass
 
 import dagster as dg
 
-from krishiv.catalog import qualified
-from krishiv.errors import KrishivError
-from krishiv.spec import KrishivSpec, PipelineSpec
 from krishiv_assets.resources import (
     IcebergCatalogResource,
     KafkaResource,
@@ -28,7 +25,9 @@ from krishiv_assets.resources import (
     SparkResource,
     effective_spec,
 )
-from outbox.errors import OutboxError
+from krishiv_core.catalog import qualified
+from krishiv_core.errors import KrishivError
+from krishiv_core.spec import KrishivSpec, PipelineSpec
 
 
 @dataclass(frozen=True)
@@ -103,7 +102,7 @@ def pipeline_assets(spec: KrishivSpec, pipeline: PipelineSpec) -> list[dg.Assets
             running = run_pipelines(
                 run_spec, [pipeline], once=True, spark=spark.session(), holder=f"dagster run {context.run.run_id}"
             )
-        except (KrishivError, OutboxError) as exc:
+        except KrishivError as exc:
             raise _failure(exc) from exc
         history = running[0].stager.history
         staged = [b for b in history if b.recorded]
@@ -147,15 +146,15 @@ def pipeline_assets(spec: KrishivSpec, pipeline: PipelineSpec) -> list[dg.Assets
         description=f"Phase 2 of {pipeline.name}: the commit relay promotes pending outbox entries, in order.",
     )
     def commit(iceberg: IcebergCatalogResource, ledger: LedgerResource) -> Iterator[dg.MaterializeResult]:
-        from krishiv.catalog import load_catalog
         from krishiv.operations import commit_pipelines
+        from krishiv_core.catalog import load_catalog
 
         run_spec = effective_spec(spec, iceberg=iceberg, ledger=ledger)
         try:
             reports = commit_pipelines(run_spec, [pipeline])
             catalog = load_catalog(run_spec)
             pending = ledger.open(spec).pending_batches([qualified(spec, name) for name in tables.values()])
-        except (KrishivError, OutboxError) as exc:
+        except KrishivError as exc:
             raise _failure(exc) from exc
         by_table = {r.table: r for r in reports}
         for key, name in tables.items():

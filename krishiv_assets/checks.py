@@ -14,10 +14,10 @@ from datetime import UTC, datetime
 
 import dagster as dg
 
-from krishiv.catalog import qualified
-from krishiv.spec import KrishivSpec, PipelineSpec
 from krishiv_assets.assets import PipelineKeys
 from krishiv_assets.resources import IcebergCatalogResource, LedgerResource, effective_spec
+from krishiv_core.catalog import qualified
+from krishiv_core.spec import KrishivSpec, PipelineSpec
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ def pipeline_checks(
     table_name = qualified(spec, pipeline.table)
 
     def load_table(iceberg: IcebergCatalogResource):
-        from krishiv.catalog import load_catalog
+        from krishiv_core.catalog import load_catalog
 
         return load_catalog(effective_spec(spec, iceberg=iceberg)).load_table(table_name)
 

@@ -3,7 +3,7 @@
 ``workspace.yaml`` loads this module. Importing it reads nothing and connects to nothing: Dagster calls
 :func:`defs` when it loads the code location. That reads the spec file (``$KRISHIV_SPEC`` or
 ``krishiv.toml`` in the working directory); an address the environment overrides (``KRISHIV_KAFKA_BOOTSTRAP``
-and the others of :data:`krishiv.spec.ENV_OVERRIDES`) is given to its resource as an ``EnvVar``, resolved
+and the others of :data:`krishiv_core.spec.ENV_OVERRIDES`) is given to its resource as an ``EnvVar``, resolved
 when a run starts and never shown in the UI. A secret written in the spec file itself (a password in
 ``iceberg.catalog_uri``) reaches no resource either: the resource holds the redacted URI, which the UI
 shows, and the run takes the real one from the spec file it reads (:func:`krishiv_assets.resources.effective_spec`).
@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 
-from krishiv.spec import DEFAULT_SPEC_FILE, SPEC_FILE_ENV, KrishivSpec, PipelineSpec, load_spec
 from krishiv_assets.assets import PipelineKeys, pipeline_assets
 from krishiv_assets.checks import DEFAULT_THRESHOLDS, CheckThresholds, pipeline_checks
 from krishiv_assets.resources import IcebergCatalogResource, KafkaResource, LedgerResource, SparkResource, displayed
 from krishiv_assets.sensors import kafka_sensor, outbox_sensor
+from krishiv_core.spec import DEFAULT_SPEC_FILE, SPEC_FILE_ENV, KrishivSpec, PipelineSpec, load_spec
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ def build_definitions(
 @dg.definitions
 def defs() -> dg.Definitions:
     """Called by Dagster when it loads the code location, never at import."""
-    from krishiv.spec import ENV_OVERRIDES
+    from krishiv_core.spec import ENV_OVERRIDES
 
     spec = load_spec(os.environ.get(SPEC_FILE_ENV) or DEFAULT_SPEC_FILE, env={})
     return build_definitions(spec, [variable for variable in ENV_OVERRIDES if os.environ.get(variable)])

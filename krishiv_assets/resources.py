@@ -16,9 +16,9 @@ import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 from pydantic import Field, PrivateAttr
 
-from krishiv.catalog import MASK, has_secret, redact
-from krishiv.errors import ConfigError
-from krishiv.spec import KrishivSpec
+from krishiv_core.catalog import MASK, has_secret, redact
+from krishiv_core.errors import ConfigError
+from krishiv_core.spec import KrishivSpec
 from outbox.ledger import DEFAULT_LOCK_TIMEOUT_S, Ledger
 
 

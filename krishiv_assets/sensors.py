@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 import dagster as dg
 from dagster import SensorEvaluationContext
 
-from krishiv.catalog import qualified
-from krishiv.spec import KrishivSpec, PipelineSpec
 from krishiv_assets.resources import KafkaResource, LedgerResource
+from krishiv_core.catalog import qualified
+from krishiv_core.spec import KrishivSpec, PipelineSpec
 from outbox.errors import LedgerBusyError, LedgerCorrupt
 
 OUTBOX_SENSOR_INTERVAL_S = 5  # the daemon evaluates sensors at most every 5 s anyway

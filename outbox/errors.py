@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from krishiv_core.errors import KrishivError
 
-class OutboxError(Exception):
+
+class OutboxError(KrishivError):
     """Base class of the outbox's errors."""
 
 
@@ -43,10 +45,6 @@ class BatchReplayMismatch(OutboxError):
 
 class StagedFileMissing(OutboxError):
     """A staged file referenced by a pending entry is gone; committing would lose data, so the relay stops."""
-
-
-class CatalogUnavailable(OutboxError):
-    """The Iceberg catalog did not answer; pending entries stay pending."""
 
 
 class CommitConflict(OutboxError):

@@ -19,6 +19,6 @@ if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ]; then
 fi
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install --quiet --disable-pip-version-check uv
-.venv/bin/uv pip install --quiet --python .venv/bin/python -e '.[dev]'
+.venv/bin/uv pip install --quiet --python .venv/bin/python -e '.[dev,bench]'
 touch "$stamp"
 echo "Krishiv is installed in .venv"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from krishiv.errors import KrishivError
+from krishiv_core.errors import KrishivError
 
 
 class KafkaSourceError(KrishivError):

@@ -11,8 +11,8 @@ from pyiceberg.catalog import Catalog
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from krishiv.catalog import ensure_pipeline_tables, qualified
-from krishiv.spec import KrishivSpec, PipelineSpec
+from krishiv_core.catalog import ensure_pipeline_tables, qualified
+from krishiv_core.spec import KrishivSpec, PipelineSpec
 from outbox.lease import HeldLease
 from outbox.ledger import Ledger
 from spark_jobs.checkpoint import Checkpoint

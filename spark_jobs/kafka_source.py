@@ -43,7 +43,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from krishiv.spec import FORCED_CONSUMER_SETTINGS
+from krishiv_core.spec import FORCED_CONSUMER_SETTINGS
 from spark_jobs.errors import KafkaSourceError, OffsetsDeleted, OffsetsMovedBackwards, SourceChanged
 
 if TYPE_CHECKING:

@@ -10,8 +10,8 @@ import sys
 
 from pyspark.sql import SparkSession
 
-from krishiv.errors import EnvironmentProblem
-from krishiv.spec import KrishivSpec
+from krishiv_core.errors import EnvironmentProblem
+from krishiv_core.spec import KrishivSpec
 from spark_jobs.kafka_source import KafkaDataSource
 
 REQUIRED_JAVA = 17

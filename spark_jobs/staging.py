@@ -33,9 +33,9 @@ from pyiceberg.table import Table
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from krishiv.faults import fault_point
-from krishiv.spec import PipelineSpec
-from krishiv.tables import REJECT_COLUMNS, WINDOW_END, WINDOW_START
+from krishiv_core.faults import fault_point
+from krishiv_core.spec import PipelineSpec
+from krishiv_core.tables import REJECT_COLUMNS, WINDOW_END, WINDOW_START
 from outbox.errors import BatchReplayMismatch, StagerLeaseLost
 from outbox.lease import HeldLease
 from outbox.ledger import PENDING, Ledger, OffsetSkip, OutboxEntry, StagedFile

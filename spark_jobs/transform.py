@@ -25,8 +25,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from krishiv.spec import Aggregation, FieldType, PipelineSpec
-from krishiv.tables import WINDOW_END, WINDOW_START, aggregate_type, spark_type
+from krishiv_core.spec import Aggregation, FieldType, PipelineSpec
+from krishiv_core.tables import WINDOW_END, WINDOW_START, aggregate_type, spark_type
 
 EVENT_TIME = "__event_time"
 CORRUPT = "_corrupt_record"

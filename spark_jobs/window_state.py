@@ -38,8 +38,8 @@ import pyarrow.parquet as pq
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from krishiv.spec import Aggregation, PipelineSpec
-from krishiv.tables import WINDOW_END, WINDOW_START, aggregate_type
+from krishiv_core.spec import Aggregation, PipelineSpec
+from krishiv_core.tables import WINDOW_END, WINDOW_START, aggregate_type
 from spark_jobs.errors import WindowStateMissing
 from spark_jobs.transform import aggregate_expression
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from chaos.workspace import SPEC_TEMPLATE
 from krishiv.broker import LocalBroker, start_broker
-from krishiv.chaos.workspace import SPEC_TEMPLATE
-from krishiv.spec import KrishivSpec, load_spec
+from krishiv_core.spec import KrishivSpec, load_spec
 
 PG_ADMIN_DSN = os.environ.get("KRISHIV_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -60,7 +60,7 @@ def spec_file(tmp_path: Path, make_spec: SpecFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory):
-    from krishiv.spec import parse_spec
+    from krishiv_core.spec import parse_spec
     from spark_jobs.session import build_session
 
     base = parse_spec(

@@ -7,9 +7,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from krishiv.catalog import load_catalog, qualified
+from benchmarks.__main__ import main as bench_main
 from krishiv.cli import main
 from krishiv.operations import run_pipelines
+from krishiv_core.catalog import load_catalog, qualified
 from tests.spark_jobs.pipeline_helpers import produce_orders
 
 
@@ -75,6 +76,19 @@ def _user_folder(folder: Path) -> dict[str, str]:
     return _contents(folder)
 
 
+def _main(command: str, args: list[str]) -> int:
+    """``krishiv demo …`` or ``python -m benchmarks …`` (the benchmark is not part of the ``krishiv`` command)."""
+    return main([*args[:2], command, *args[2:]]) if command == "demo" else bench_main(args)
+
+
+def _maker(command: str) -> str:
+    return "krishiv demo" if command == "demo" else "make bench"
+
+
+def _prefix(command: str) -> str:
+    return "krishiv demo" if command == "demo" else "bench"
+
+
 def _contents(folder: Path) -> dict[str, str]:
     return {str(p.relative_to(folder)): p.read_text() for p in sorted(folder.rglob("*")) if p.is_file()}
 
@@ -89,11 +103,11 @@ def test_a_folder_the_command_did_not_make_is_refused_and_kept(tmp_path, capsys,
     target.mkdir(parents=True)
     before = _user_folder(target)
 
-    assert main(["--spec", str(spec), command, option, str(state)]) == 2
+    assert _main(command, ["--spec", str(spec), option, str(state)]) == 2
     err = capsys.readouterr().err
     what = "the folder" if command == "demo" else f"its work folder {target}"
     assert err == (
-        f"krishiv {command}: {option} {state}: {what} exists and was not made by krishiv {command} "
+        f"{_prefix(command)}: {option} {state}: {what} exists and was not made by {_maker(command)} "
         f"(no .krishiv-{command}-state in it); name a new or empty folder\n"
     )
     assert _contents(target) == before
@@ -105,7 +119,7 @@ def test_a_file_or_a_link_where_the_folder_should_be_is_refused(tmp_path, capsys
     spec = _spec_file(tmp_path)
     afile = tmp_path / "notes.txt"
     afile.write_text("keep me")
-    assert main(["--spec", str(spec), command, option, str(afile)]) == 2
+    assert _main(command, ["--spec", str(spec), option, str(afile)]) == 2
     assert "is a file, not a folder; name a new or empty folder\n" in capsys.readouterr().err
     assert afile.read_text() == "keep me"
 
@@ -113,11 +127,11 @@ def test_a_file_or_a_link_where_the_folder_should_be_is_refused(tmp_path, capsys
     before = _user_folder(real if command == "demo" else real / "work")
     link = tmp_path / "link"
     link.symlink_to(real, target_is_directory=True)
-    assert main(["--spec", str(spec), command, option, str(link)]) == 2
+    assert _main(command, ["--spec", str(spec), option, str(link)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"krishiv {command}: {option} {link}: ")
+    assert err.startswith(f"{_prefix(command)}: {option} {link}: ")
     # demo's folder is the link itself; bench's is LINK/work, a real folder reached through the link.
-    expected = "the folder is a symbolic link" if command == "demo" else "was not made by krishiv bench"
+    expected = "the folder is a symbolic link" if command == "demo" else "was not made by make bench"
     assert expected in err
     assert _contents(real if command == "demo" else real / "work") == before
 

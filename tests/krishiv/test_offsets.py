@@ -9,10 +9,10 @@ import time
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from krishiv.catalog import load_catalog, qualified
 from krishiv.cli import main
-from krishiv.errors import KrishivError
 from krishiv.operations import commit_pipelines, open_ledger, run_pipelines
+from krishiv_core.catalog import load_catalog, qualified
+from krishiv_core.errors import KrishivError
 from outbox.relay import SUMMARY_SKIPPED
 from spark_jobs.checkpoint import Checkpoint
 from tests.spark_jobs.pipeline_helpers import produce_orders

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from pyiceberg.table import Table
 
-from krishiv.catalog import load_catalog, qualified
 from krishiv.cli import main
 from krishiv.operations import commit_pipelines, open_ledger, run_pipelines
+from krishiv_core.catalog import load_catalog, qualified
 from outbox.errors import StagedFileMissing
 from outbox.ledger import PENDING
 from spark_jobs.staging import staging_root

@@ -10,8 +10,8 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from krishiv.spec import parse_spec
 from krishiv_assets.definitions import build_definitions, build_resources
+from krishiv_core.spec import parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -134,7 +134,7 @@ def _with_password(uri: str, where: str) -> str:
 
 
 def _spec_file(folder: Path, catalog_uri: str) -> Path:
-    from krishiv.chaos.workspace import SPEC_TEMPLATE
+    from chaos.workspace import SPEC_TEMPLATE
 
     path = folder / "krishiv.toml"
     path.write_text(
@@ -164,11 +164,11 @@ def test_a_password_in_the_spec_file_never_reaches_resource_config_but_runs_reac
 ):
     import pyarrow as pa
 
-    import krishiv.catalog
-    from krishiv.catalog import ensure_pipeline_tables, load_catalog, qualified, redact
-    from krishiv.spec import load_spec
+    import krishiv_core.catalog
     from krishiv_assets.assets import PipelineKeys
     from krishiv_assets.definitions import commit_job_name
+    from krishiv_core.catalog import ensure_pipeline_tables, load_catalog, qualified, redact
+    from krishiv_core.spec import load_spec
 
     uri = _with_password(postgres_uri, where)
     spec = load_spec(_spec_file(tmp_path, uri), env={})
@@ -207,7 +207,7 @@ def test_a_password_in_the_spec_file_never_reaches_resource_config_but_runs_reac
         loaded_with.append(spec.catalog_uri())
         return load_catalog(spec)
 
-    monkeypatch.setattr(krishiv.catalog, "load_catalog", watched)
+    monkeypatch.setattr(krishiv_core.catalog, "load_catalog", watched)
     result = defs.resolve_job_def(commit_job_name(pipeline)).execute_in_process(raise_on_error=False)
     assert result.success, [e.message for e in result.all_events if e.is_failure]
     assert loaded_with and set(loaded_with) == {uri}
@@ -221,8 +221,8 @@ def test_a_password_in_the_spec_file_never_reaches_resource_config_but_runs_reac
 
 def test_a_failing_run_names_the_catalog_without_its_password(tmp_path):
     from krishiv.broker import free_port
-    from krishiv.spec import load_spec
     from krishiv_assets.definitions import commit_job_name
+    from krishiv_core.spec import load_spec
 
     address = f"127.0.0.1:{free_port()}"  # nothing listens there
     uri = f"postgresql+psycopg://krishiv:{PASSWORD}@{address}/db?sslpassword={PASSWORD}"
@@ -238,8 +238,8 @@ def test_a_failing_run_names_the_catalog_without_its_password(tmp_path):
 
 
 def test_a_redacted_uri_that_is_not_the_spec_files_is_refused_by_name():
-    from krishiv.errors import ConfigError
     from krishiv_assets.resources import IcebergCatalogResource, effective_spec
+    from krishiv_core.errors import ConfigError
 
     spec = two_pipelines()
     foreign = IcebergCatalogResource(uri="postgresql+psycopg://app:***@elsewhere/db", warehouse=spec.iceberg.warehouse)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import dagster as dg
 import pyarrow as pa
 
-from krishiv.catalog import ensure_pipeline_tables, load_catalog, qualified
 from krishiv.operations import open_ledger
 from krishiv_assets.assets import PipelineKeys
 from krishiv_assets.definitions import build_resources, pipeline_definitions
+from krishiv_core.catalog import ensure_pipeline_tables, load_catalog, qualified
 from tests.spark_jobs.pipeline_helpers import assert_exactly_once, produce_orders
 
 

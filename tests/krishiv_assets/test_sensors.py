@@ -12,12 +12,12 @@ from datetime import UTC, datetime, timedelta
 import dagster as dg
 import pytest
 
-from krishiv.catalog import qualified
 from krishiv.operations import open_ledger
-from krishiv.spec import KrishivSpec
 from krishiv_assets.definitions import build_definitions
 from krishiv_assets.resources import KafkaResource, LedgerResource
 from krishiv_assets.sensors import RETRY_AFTER_S, SensorCursor
+from krishiv_core.catalog import qualified
+from krishiv_core.spec import KrishivSpec
 from outbox.ledger import OutboxEntry
 from tests.spark_jobs.pipeline_helpers import produce_orders
 

@@ -874,7 +874,7 @@ def test_a_replay_of_a_compacted_batch_is_recognised_or_refused(ledger: Ledger) 
 
 
 def test_ledger_compact_command(tmp_path: Path, capsys) -> None:
-    from krishiv.chaos.workspace import SPEC_TEMPLATE
+    from chaos.workspace import SPEC_TEMPLATE
     from krishiv.cli import main
 
     spec_file = tmp_path / "krishiv.toml"
@@ -953,9 +953,9 @@ def test_offset_skips_are_recorded_once_and_applied_by_one_batch(ledger: Ledger)
 
 def test_aggregate_reads_on_thousands_of_entries_agree_with_the_entries(tmp_path: Path) -> None:
     """The benchmark's bulk-built ledger (4,000 entries, 4 partitions, two queries), before and after compaction."""
-    from krishiv.bench.ledger_scale import REJECTS as BENCH_REJECTS
-    from krishiv.bench.ledger_scale import TABLE as BENCH_TABLE
-    from krishiv.bench.ledger_scale import TOPIC, build
+    from benchmarks.ledger_scale import REJECTS as BENCH_REJECTS
+    from benchmarks.ledger_scale import TABLE as BENCH_TABLE
+    from benchmarks.ledger_scale import TOPIC, build
 
     path = tmp_path / "ledger.duckdb"
     build(path, 4_000, 4)

@@ -11,11 +11,12 @@ import pytest
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
 
-from krishiv.catalog import ensure_table, load_catalog
-from krishiv.spec import load_spec
-from krishiv.tables import aggregate_table_schema
 from krishiv.verify import check_ledger_agreement
-from outbox.errors import CatalogUnavailable, CommittedBatchesMissing, StagedFileMissing
+from krishiv_core.catalog import ensure_table, load_catalog
+from krishiv_core.errors import CatalogUnavailable
+from krishiv_core.spec import load_spec
+from krishiv_core.tables import aggregate_table_schema
+from outbox.errors import CommittedBatchesMissing, StagedFileMissing
 from outbox.ledger import COMMITTED, PENDING, Ledger, OutboxEntry
 from outbox.relay import CommitRelay, TableCommitReport, high_water_marks
 from outbox.snapshot_producer import new_snapshot_id
@@ -154,7 +155,7 @@ def test_unreachable_catalog_names_the_address_and_keeps_work_pending(
     tmp_path: Path, catalog: Catalog, ledger: Ledger
 ) -> None:
     from krishiv.broker import free_port
-    from krishiv.spec import parse_spec
+    from krishiv_core.spec import parse_spec
 
     entry = stage(catalog, ledger, 0, 0)
     port = free_port()

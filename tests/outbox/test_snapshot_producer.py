@@ -18,9 +18,9 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
 
-from krishiv.catalog import TABLE_PROPERTIES, ensure_table
-from krishiv.spec import load_spec
-from krishiv.tables import aggregate_table_schema, rejects_table_schema
+from krishiv_core.catalog import TABLE_PROPERTIES, ensure_table
+from krishiv_core.spec import load_spec
+from krishiv_core.tables import aggregate_table_schema, rejects_table_schema
 from outbox.ledger import OutboxEntry, StagedFile
 from outbox.relay import (
     SUMMARY_BATCH_ID,

@@ -7,11 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from krishiv.chaos.checks import compare_with_oracle
-from krishiv.chaos.oracle import Expected
+from chaos.checks import compare_with_oracle
+from chaos.oracle import Expected
 from krishiv.operations import commit_pipelines
 from krishiv.produce import demo_orders, ensure_topic, produce
-from krishiv.spec import KrishivSpec
+from krishiv_core.spec import KrishivSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import signal
 
-from krishiv.catalog import load_catalog, qualified
 from krishiv.operations import commit_pipelines, open_ledger, run_pipelines
+from krishiv_core.catalog import load_catalog, qualified
 from outbox.ledger import PENDING
 from tests.spark_jobs.pipeline_helpers import assert_exactly_once, krishiv_cli, produce_orders
 

@@ -28,7 +28,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from krishiv.broker import LocalBroker
 from krishiv.produce import ensure_topic
-from krishiv.spec import FORCED_CONSUMER_SETTINGS
+from krishiv_core.spec import FORCED_CONSUMER_SETTINGS
 from spark_jobs.checkpoint import BatchOffsets
 from spark_jobs.errors import KafkaSourceError, OffsetsDeleted, OffsetsMovedBackwards, SourceChanged
 from spark_jobs.kafka_source import (

@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
-from krishiv.catalog import load_catalog, qualified
 from krishiv.operations import open_ledger, run_pipelines
+from krishiv_core.catalog import load_catalog, qualified
 from outbox.ledger import COMMITTED
 from spark_jobs.checkpoint import Checkpoint
 from tests.spark_jobs.pipeline_helpers import assert_exactly_once, produce_orders

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from krishiv.catalog import load_catalog
 from krishiv.operations import open_ledger
+from krishiv_core.catalog import load_catalog
 from outbox.errors import StagerLeaseLost
 from outbox.lease import stager_lease
 from spark_jobs.job import start_pipeline

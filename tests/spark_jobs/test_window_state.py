@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from krishiv.spec import Aggregation, load_spec
+from krishiv_core.spec import Aggregation, load_spec
 from spark_jobs.errors import WindowStateMissing
 from spark_jobs.window_state import (
     RETAINED_BATCHES,

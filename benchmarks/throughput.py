@@ -19,9 +19,9 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.table import Table
 from pyspark.sql import DataFrame, SparkSession
 
-from krishiv.bench.memory import PeakRss, RssSampler
-from krishiv.spec import KrishivSpec
-from krishiv.tables import WINDOW_START
+from benchmarks.memory import PeakRss, RssSampler
+from krishiv_core.spec import KrishivSpec
+from krishiv_core.tables import WINDOW_START
 
 BASELINE_TABLE = "baseline_windows"
 
@@ -59,8 +59,8 @@ def _table_totals(table: Table) -> tuple[int, int]:
 
 
 def run_krishiv(spark: SparkSession, spec: KrishivSpec, events: int) -> PipelineRun:
-    from krishiv.catalog import load_catalog, qualified
     from krishiv.operations import commit_pipelines, run_pipelines
+    from krishiv_core.catalog import load_catalog, qualified
 
     pipeline = spec.pipeline()
     with RssSampler() as rss:
@@ -125,8 +125,8 @@ class AppendSink:
 
 
 def run_baseline(spark: SparkSession, spec: KrishivSpec, events: int) -> PipelineRun:
-    from krishiv.catalog import ensure_table, load_catalog, table_identifier
-    from krishiv.tables import aggregate_table_schema
+    from krishiv_core.catalog import ensure_table, load_catalog, table_identifier
+    from krishiv_core.tables import aggregate_table_schema
     from spark_jobs.job import kafka_stream
     from spark_jobs.transform import parse_events, window_aggregates
 

@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from krishiv.catalog import load_catalog, qualified
-from krishiv.chaos.oracle import Expected, Records, expected_output, read_topic
+from chaos.oracle import Expected, Records, expected_output, read_topic
 from krishiv.lineage import lineage
 from krishiv.operations import open_ledger, verify_pipelines
-from krishiv.spec import KrishivSpec
+from krishiv_core.catalog import load_catalog, qualified
+from krishiv_core.spec import KrishivSpec
 from outbox.ledger import PENDING, Ledger, OffsetSkip, OutboxEntry
 from spark_jobs.checkpoint import Checkpoint
 

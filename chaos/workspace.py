@@ -16,10 +16,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from krishiv.faults import FAULTS_ENV, FAULTS_LOG_ENV, FAULTS_SYNC_ENV
 from krishiv.operations import open_ledger
 from krishiv.produce import DEFAULT_SPACING_MS, demo_orders, ensure_topic, produce
-from krishiv.spec import KrishivSpec, load_spec
+from krishiv_core.faults import FAULTS_ENV, FAULTS_LOG_ENV, FAULTS_SYNC_ENV
+from krishiv_core.spec import KrishivSpec, load_spec
 from outbox.ledger import Ledger
 
 #: The repository's Dagster instance and workspace files, which the Dagster scenario runs as they are.

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 
 from pyspark.sql import SparkSession
 
-from krishiv.spec import KrishivSpec
+from krishiv_core.spec import KrishivSpec
 
 REJECT_EVERY = 100
 POLL_S = 0.1
@@ -97,9 +97,9 @@ def measure_freshness(
     sensor_interval_s: float,
     drain_timeout_s: float = 120.0,
 ) -> FreshnessResult:
-    from krishiv.catalog import ensure_pipeline_tables, load_catalog
     from krishiv.operations import commit_pipelines, open_ledger
     from krishiv.produce import ensure_topic
+    from krishiv_core.catalog import ensure_pipeline_tables, load_catalog
     from spark_jobs.job import start_pipeline, stop_between_batches
 
     pipeline = replace(spec.pipeline(), window_ms=1_000, watermark_delay_ms=0)

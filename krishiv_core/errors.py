@@ -1,4 +1,8 @@
-"""Domain exceptions of the krishiv package (configuration, environment, broker)."""
+"""The root exception of the whole project, and the errors of the core (configuration, environment, broker, catalog).
+
+Every layer's errors derive from :class:`KrishivError` (``outbox.errors``, ``spark_jobs.errors``), so the
+command line and the Dagster assets catch one class to print one line.
+"""
 
 from __future__ import annotations
 
@@ -21,3 +25,7 @@ class EnvironmentProblem(KrishivError):
 
 class BrokerUnavailable(KrishivError):
     """The Kafka broker did not answer at the configured address."""
+
+
+class CatalogUnavailable(KrishivError):
+    """The Iceberg catalog did not answer; pending entries stay pending."""

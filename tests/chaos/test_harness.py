@@ -11,26 +11,26 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from krishiv.catalog import load_catalog, qualified
-from krishiv.chaos.checks import _coverage, check_contract
-from krishiv.chaos.oracle import expected_output
-from krishiv.chaos.runner import FAULT_POINTS
-from krishiv.chaos.scenarios import MATRIX
-from krishiv.chaos.workspace import SPEC_TEMPLATE, Workspace
-from krishiv.cli import main
+from chaos.__main__ import main
+from chaos.checks import _coverage, check_contract
+from chaos.oracle import expected_output
+from chaos.runner import FAULT_POINTS
+from chaos.scenarios import MATRIX
+from chaos.workspace import SPEC_TEMPLATE, Workspace
 from krishiv.operations import open_ledger
-from krishiv.spec import load_spec
+from krishiv_core.catalog import load_catalog, qualified
+from krishiv_core.spec import load_spec
 from outbox.ledger import OutboxEntry
 from spark_jobs.checkpoint import Checkpoint
 from spark_jobs.kafka_source import latest_offsets
 
-ARTIFACTS = Path(__file__).resolve().parents[3] / "test-artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
 
 @pytest.mark.timeout(3600)
 def test_the_crash_point_matrix_keeps_exactly_once(tmp_path: Path, capsys):
     report_path = ARTIFACTS / "chaos-report.json"
-    args = ["chaos", "--size", "ci", "--lanes", "2", "--seed", "2026", "--state", str(tmp_path / "chaos")]
+    args = ["--size", "ci", "--lanes", "2", "--seed", "2026", "--state", str(tmp_path / "chaos")]
     code = main([*args, "--report", str(report_path)])
     report = json.loads(report_path.read_text())
     assert report["violation_details"] == [], report["violation_details"]

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from krishiv.broker import free_port
-from krishiv.catalog import has_secret, load_catalog, redact, redact_text
-from krishiv.spec import parse_spec
-from outbox.errors import CatalogUnavailable
+from krishiv_core.catalog import has_secret, load_catalog, redact, redact_text
+from krishiv_core.errors import CatalogUnavailable
+from krishiv_core.spec import parse_spec
 
 PASSWORD = "Dummy-Pa55word"
 

@@ -10,11 +10,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table as RichTable
 
-from krishiv.bench import percentile
-from krishiv.bench.relay_latency import RelayResult
-from krishiv.bench.runner import BenchResults, machine
-from krishiv.bench.throughput import PipelineRun
-from krishiv.catalog import redact
+from benchmarks import percentile
+from benchmarks.relay_latency import RelayResult
+from benchmarks.runner import BenchResults, machine
+from benchmarks.throughput import PipelineRun
+from krishiv_core.catalog import redact
 
 SQLITE_P99_TARGET_MS = 250.0
 

@@ -12,14 +12,14 @@ from typing import Any
 
 from rich.console import Console
 
-from krishiv.bench import DEFAULT_POSTGRES_URI
-from krishiv.bench.freshness import FreshnessResult, measure_freshness
-from krishiv.bench.raw_consume import RawConsumeResult, raw_consume
-from krishiv.bench.relay_latency import RelayResult, bench_relay
-from krishiv.bench.throughput import PipelineRun, bench_spec, run_baseline, run_krishiv, run_scan_only
-from krishiv.bench.workload import produce_orders
-from krishiv.spec import KrishivSpec
+from benchmarks import DEFAULT_POSTGRES_URI
+from benchmarks.freshness import FreshnessResult, measure_freshness
+from benchmarks.raw_consume import RawConsumeResult, raw_consume
+from benchmarks.relay_latency import RelayResult, bench_relay
+from benchmarks.throughput import PipelineRun, bench_spec, run_baseline, run_krishiv, run_scan_only
+from benchmarks.workload import produce_orders
 from krishiv.state_folder import BENCH_MARKER, reset_folder
+from krishiv_core.spec import KrishivSpec
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def run_bench(spec: KrishivSpec, options: BenchOptions, folder: Path, console: C
     from spark_jobs.session import build_session
 
     # Emptied before anything starts, and only if it is new, empty or an earlier bench's work folder.
-    reset_folder(folder, BENCH_MARKER, command="krishiv bench", label=str(folder))
+    reset_folder(folder, BENCH_MARKER, command="make bench", label=str(folder))
     base = replace(spec, kafka=replace(spec.kafka, partitions=options.partitions))
     started = time.perf_counter()
 

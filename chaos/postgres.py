@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from krishiv.broker import free_port
-from krishiv.errors import EnvironmentProblem
+from krishiv_core.errors import EnvironmentProblem
 
 
 def _bin(name: str) -> str:

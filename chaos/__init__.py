@@ -2,5 +2,5 @@
 
 ``krishiv chaos --seed S --duration D`` runs the scenario matrix (then random scenarios until the duration
 is spent) against a broker of its own, checks every table against an independent oracle after each
-scenario, and writes a JSON report. See :mod:`krishiv.chaos.scenarios`.
+scenario, and writes a JSON report. See :mod:`chaos.scenarios`.
 """

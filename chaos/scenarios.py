@@ -33,11 +33,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.table import Table
 
+from chaos.oracle import Records, read_topic
+from chaos.workspace import Workspace
 from krishiv.broker import LocalBroker
-from krishiv.catalog import load_catalog, qualified
-from krishiv.chaos.oracle import Records, read_topic
-from krishiv.chaos.workspace import Workspace
 from krishiv.operations import LEDGER_LOCK_TIMEOUT_ENV, STAGER_LEASE_TTL_ENV
+from krishiv_core.catalog import load_catalog, qualified
 from outbox.errors import LedgerBusyError
 from outbox.ledger import PENDING, Ledger
 from outbox.relay import SUMMARY_SKIPPED

@@ -7,7 +7,7 @@ holds the file, from connect to close: while one process holds it, DuckDB makes 
 Targets: each under 1 s, each holding the file under 100 ms. Then compacts entries committed more than a
 day ago and times the same reads again.
 
-    .venv/bin/python -m krishiv.bench.ledger_scale [--entries 200000] [--baseline]
+    .venv/bin/python -m benchmarks.ledger_scale [--entries 200000] [--baseline]
 
 ``--baseline`` also times ``Ledger.entries(table=...)``, which every one of these paths used to call.
 """
@@ -258,7 +258,7 @@ def show(console: Console, title: str, results: list[Measurement]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m krishiv.bench.ledger_scale", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.ledger_scale", description=__doc__.split("\n")[0])
     parser.add_argument("--entries", type=int, default=200_000, help="ledger entries (half per table)")
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=9, help="runs of each measurement")

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from krishiv.bench import percentile
-from krishiv.spec import KrishivSpec
+from benchmarks import percentile
+from krishiv_core.spec import KrishivSpec
 
 DEPTH_WINDOW = 10  # commits on each side of a depth that its figure is the median of
 
@@ -59,8 +59,8 @@ def _window_rows(batch_id: int) -> pa.Table:
 
 
 def bench_relay(spec: KrishivSpec, label: str, snapshots: int, folder: Path) -> RelayResult:
-    from krishiv.catalog import ensure_table, load_catalog, redact
-    from krishiv.tables import aggregate_table_schema
+    from krishiv_core.catalog import ensure_table, load_catalog, redact
+    from krishiv_core.tables import aggregate_table_schema
     from outbox.ledger import Ledger, OutboxEntry
     from outbox.relay import CommitRelay
     from outbox.snapshot_producer import new_snapshot_id

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from krishiv.errors import ConfigError
+from krishiv_core.errors import ConfigError
 
 DEFAULT_SPEC_FILE = "krishiv.toml"
 SPEC_FILE_ENV = "KRISHIV_SPEC"

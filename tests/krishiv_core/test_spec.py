@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from pyiceberg.types import DecimalType, LongType, TimestamptzType
 
-from krishiv.errors import ConfigError
-from krishiv.spec import (
+from krishiv_core.errors import ConfigError
+from krishiv_core.spec import (
     ENV_OVERRIDES,
     Aggregation,
     FieldType,
@@ -21,7 +21,7 @@ from krishiv.spec import (
     parse_duration_ms,
     parse_spec,
 )
-from krishiv.tables import aggregate_table_schema, aggregate_type
+from krishiv_core.tables import aggregate_table_schema, aggregate_type
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REPO_SPEC = REPO_ROOT / "krishiv.toml"

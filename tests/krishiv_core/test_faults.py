@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from krishiv import faults
-from krishiv.faults import FAULTS_ENV, FAULTS_LOG_ENV, FAULTS_SYNC_ENV, InjectedFault, fault_point
+from krishiv_core import faults
+from krishiv_core.faults import FAULTS_ENV, FAULTS_LOG_ENV, FAULTS_SYNC_ENV, InjectedFault, fault_point
 
 
 @pytest.fixture(autouse=True)
@@ -70,7 +70,7 @@ def test_pause_waits_for_the_harness(monkeypatch, tmp_path: Path):
 
 
 def test_kill_logs_before_dying(tmp_path: Path, fresh: Path):
-    code = "from krishiv.faults import fault_point; fault_point('stage.after_files', 1); print('survived')"
+    code = "from krishiv_core.faults import fault_point; fault_point('stage.after_files', 1); print('survived')"
     env = {FAULTS_ENV: "stage.after_files@1", FAULTS_LOG_ENV: str(fresh), "PATH": ""}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == -9 and "survived" not in result.stdout

@@ -20,7 +20,7 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from krishiv.spec import Aggregation, FieldType, PipelineSpec
+from krishiv_core.spec import Aggregation, FieldType, PipelineSpec
 
 WINDOW_START = "window_start"
 WINDOW_END = "window_end"

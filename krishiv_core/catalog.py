@@ -15,9 +15,9 @@ from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, 
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
-from krishiv.spec import KrishivSpec, PipelineSpec
-from krishiv.tables import aggregate_table_schema, rejects_table_schema
-from outbox.errors import CatalogUnavailable
+from krishiv_core.errors import CatalogUnavailable
+from krishiv_core.spec import KrishivSpec, PipelineSpec
+from krishiv_core.tables import aggregate_table_schema, rejects_table_schema
 
 #: Table properties Krishiv sets on the tables it creates. The relay owns commit retries (it re-checks
 #: the table before each attempt), so pyiceberg's own retry loop is switched off.

@@ -1,4 +1,5 @@
-"""A tiny run of ``krishiv bench`` as its own process: all seven measurements, the ratios, JSON and a PNG.
+"""A tiny run of ``python -m benchmarks`` (``make bench``) as its own process: all seven measurements, the
+ratios, JSON and a PNG.
 
 The figures of a run this small mean nothing (Spark's per-batch cost dominates); the test proves the
 harness works end to end on the real broker, Spark and both catalogs, and that Krishiv's table equals the
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
 
 
@@ -24,13 +25,18 @@ ARTIFACTS = REPO / "test-artifacts"
 def test_a_tiny_benchmark_prints_all_seven_measurements(tmp_path: Path, postgres_uri: str):
     out = tmp_path / "bench"
     command = [
-        *(sys.executable, "-m", "krishiv.cli", "--spec", str(REPO / "krishiv.toml"), "bench"),
+        *(sys.executable, "-m", "benchmarks", "--spec", str(REPO / "krishiv.toml")),
         *("--events", "6000", "--batch-records", "2000", "--scaling", "1,2", "--warmup-events", "2000"),
         *("--relay-snapshots", "30", "--relay-depths", "5,20", "--postgres-uri", postgres_uri),
         *("--freshness-seconds", "10", "--rate", "200", "--sensor-interval", "2", "--out", str(out)),
     ]
     done = subprocess.run(
-        command, capture_output=True, text=True, timeout=1100, env={**os.environ, "COLUMNS": "200"}, cwd=tmp_path
+        command,
+        capture_output=True,
+        text=True,
+        timeout=1100,
+        env={**os.environ, "COLUMNS": "200", "PYTHONPATH": str(REPO)},
+        cwd=tmp_path,
     )
     (ARTIFACTS / "bench-tiny.log").parent.mkdir(exist_ok=True)
     (ARTIFACTS / "bench-tiny.log").write_text(done.stdout + done.stderr)

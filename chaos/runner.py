@@ -19,11 +19,11 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from chaos.checks import check_contract
+from chaos.postgres import PrivatePostgres
+from chaos.scenarios import FULL, MATRIX, Context, Scenario, ScenarioError, Size, fired
+from chaos.workspace import Workspace, stop_all_steps
 from krishiv.broker import start_broker
-from krishiv.chaos.checks import check_contract
-from krishiv.chaos.postgres import PrivatePostgres
-from krishiv.chaos.scenarios import FULL, MATRIX, Context, Scenario, ScenarioError, Size, fired
-from krishiv.chaos.workspace import Workspace, stop_all_steps
 from spark_jobs.kafka_source import latest_offsets
 
 #: Every named fault point of the product; a run of the whole matrix must reach each of them.

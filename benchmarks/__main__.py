@@ -1,0 +1,109 @@
+"""``python -m benchmarks`` (``make bench``): throughput, commit latency, freshness and memory of the exactly-once
+pipeline beside the raw Kafka limit and an at-least-once baseline.
+
+It lives beside the runtime packages, not in them, with its plotting dependency in the ``bench`` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+
+from benchmarks import DEFAULT_POSTGRES_URI
+from benchmarks.report import print_tables, to_json, write_chart, write_json
+from benchmarks.runner import BenchOptions, run_bench
+from krishiv.state_folder import BENCH_MARKER, check_folder
+from krishiv_core.errors import ConfigError, KrishivError
+from krishiv_core.spec import KrishivSpec, load_spec
+
+console = Console(highlight=False, soft_wrap=True)
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected numbers of at least 1, got {text!r}")
+    return values
+
+
+def run(args: argparse.Namespace, spec: KrishivSpec) -> int:
+
+    out = Path(args.out)
+    work = out / "work"
+    check_folder(work, BENCH_MARKER, command="make bench", label=f"--out {args.out}", what=f"its work folder {work}")
+
+    if max(args.relay_depths) >= args.relay_snapshots:
+        raise ConfigError("--relay-depths", f"every depth must be below --relay-snapshots ({args.relay_snapshots})")
+    options = BenchOptions(
+        events=args.events,
+        partitions=args.partitions,
+        batch_records=args.batch_records,
+        seed=args.seed,
+        scaling=args.scaling,
+        relay_snapshots=args.relay_snapshots,
+        relay_depths=args.relay_depths,
+        postgres_uri=args.postgres_uri or None,
+        freshness_seconds=args.freshness_seconds,
+        rate=args.rate,
+        sensor_interval_s=args.sensor_interval,
+        warmup_events=args.warmup_events,
+    )
+    results = run_bench(spec, options, work, console)
+    doc = to_json(results)
+    write_json(doc, out / "bench.json")
+    write_chart(doc, out / "bench.png")
+    print_tables(doc, console)
+    console.print(f"written: {out / 'bench.json'}, {out / 'bench.png'}")
+    return 0 if doc["results_agree"] else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("--spec", help="pipeline spec file (default: $KRISHIV_SPEC or ./krishiv.toml)")
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--batch-records", type=int, default=200_000, help="records per micro-batch")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--scaling", type=_int_list, default=(1, 2, 4), help="event-count factors (default 1,2,4)")
+    parser.add_argument("--relay-snapshots", type=int, default=1_010, help="snapshots the relay benchmark commits")
+    parser.add_argument(
+        "--relay-depths", type=_int_list, default=(100, 1_000), help="table sizes to report commit time at"
+    )
+    parser.add_argument(
+        "--postgres-uri", default=DEFAULT_POSTGRES_URI, help="PostgreSQL catalog for the relay ('' skips)"
+    )
+    parser.add_argument("--freshness-seconds", type=float, default=60.0)
+    parser.add_argument("--rate", type=float, default=1_000.0, help="events/s of the freshness producer")
+    parser.add_argument(
+        "--sensor-interval", type=float, default=5.0, help="seconds between relay runs (Dagster's sensor)"
+    )
+    parser.add_argument("--warmup-events", type=int, default=20_000)
+    parser.add_argument(
+        "--out",
+        default="state/bench",
+        help="folder for bench.json, bench.png and the working state in OUT/work, which is emptied first, so it "
+        "must be new, empty or one an earlier bench made (it holds .krishiv-bench-state)",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        return run(args, load_spec(args.spec))
+    except KrishivError as exc:
+        Console(stderr=True, highlight=False, soft_wrap=True).print(f"[red]bench: {exc}[/]")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
