@@ -31,7 +31,8 @@ from rich.console import Console
 from rich.table import Table as RichTable
 
 from krishiv.status import pipeline_status
-from outbox.ledger import Ledger, OutboxEntry
+from krishiv_core.entries import OutboxEntry
+from outbox.ledger import Ledger
 
 PIPELINE = "orders_per_minute"
 TABLE = "krishiv.orders_per_minute"

@@ -60,10 +60,10 @@ def _window_rows(batch_id: int) -> pa.Table:
 
 def bench_relay(spec: KrishivSpec, label: str, snapshots: int, folder: Path) -> RelayResult:
     from krishiv_core.catalog import ensure_table, load_catalog, redact
+    from krishiv_core.entries import OutboxEntry, new_snapshot_id
     from krishiv_core.tables import aggregate_table_schema
-    from outbox.ledger import Ledger, OutboxEntry
+    from outbox.ledger import Ledger
     from outbox.relay import CommitRelay
-    from outbox.snapshot_producer import new_snapshot_id
     from spark_jobs.staging import staging_folder, write_parquet
 
     address = redact(spec.catalog_uri())

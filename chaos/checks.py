@@ -20,8 +20,9 @@ from chaos.oracle import Expected, Records, expected_output, read_topic
 from krishiv.lineage import lineage
 from krishiv.operations import open_ledger, verify_pipelines
 from krishiv_core.catalog import load_catalog, qualified
+from krishiv_core.entries import PENDING, OffsetSkip, OutboxEntry
 from krishiv_core.spec import KrishivSpec
-from outbox.ledger import PENDING, Ledger, OffsetSkip, OutboxEntry
+from outbox.ledger import Ledger
 from spark_jobs.checkpoint import Checkpoint
 
 

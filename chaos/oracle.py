@@ -22,7 +22,7 @@ from decimal import ROUND_HALF_UP, Decimal
 
 from confluent_kafka import Consumer, TopicPartition
 
-from outbox.ledger import OutboxEntry
+from krishiv_core.entries import OutboxEntry
 
 AMOUNT = re.compile(r"^-?[0-9]{1,10}(\.[0-9]{1,2})?$")
 

@@ -38,8 +38,9 @@ from chaos.workspace import Workspace
 from krishiv.broker import LocalBroker
 from krishiv.operations import LEDGER_LOCK_TIMEOUT_ENV, STAGER_LEASE_TTL_ENV
 from krishiv_core.catalog import load_catalog, qualified
+from krishiv_core.entries import PENDING
 from outbox.errors import LedgerBusyError
-from outbox.ledger import PENDING, Ledger
+from outbox.ledger import Ledger
 from outbox.relay import SUMMARY_SKIPPED
 from spark_jobs.checkpoint import Checkpoint
 from spark_jobs.kafka_source import latest_offsets

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from outbox.ledger import Ledger, OutboxEntry
+from krishiv_core.entries import OutboxEntry
+from outbox.ledger import Ledger
 
 
 @dataclass

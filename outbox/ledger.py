@@ -41,6 +41,14 @@ from typing import Any
 
 import duckdb
 
+from krishiv_core.entries import (
+    COMMITTED,
+    PENDING,
+    CommitOperation,
+    OffsetSkip,
+    OutboxEntry,
+    StagedFile,
+)
 from outbox.errors import (
     BatchReplayMismatch,
     LedgerBusyError,
@@ -50,9 +58,6 @@ from outbox.errors import (
     StagerBusy,
     StagerLeaseLost,
 )
-
-PENDING = "PENDING"
-COMMITTED = "COMMITTED"
 
 DEFAULT_LOCK_TIMEOUT_S = 30.0
 _BACKOFF_START_S = 0.005
@@ -70,9 +75,6 @@ DEFAULT_RETENTION_S = 7 * 24 * 3600.0
 COMPACT_CHUNK = 20_000
 #: How often the commit path folds old entries (``compact_if_due``): a steady ledger has little to fold.
 COMPACT_EVERY_S = 3600.0
-
-#: Offsets of one batch: topic -> partition -> [start, end).
-OffsetRanges = dict[str, dict[str, list[int]]]
 
 #: The metrics kept as columns of ``outbox`` (summed by status and the checks), besides the JSON.
 METRIC_COLUMNS = ("records_read", "rejects", "late_events", "windows")
@@ -117,42 +119,6 @@ def node_identity() -> str | None:
 
 
 # ------------------------------------------------------------------------------------------ values
-
-
-@dataclass(frozen=True)
-class StagedFile:
-    path: str
-    records: int
-    bytes: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "records": self.records, "bytes": self.bytes}
-
-
-@dataclass(frozen=True)
-class OutboxEntry:
-    """One batch's output for one table, as staged by the Spark job."""
-
-    query_id: str
-    pipeline: str
-    table: str
-    batch_id: int
-    offsets: OffsetRanges
-    files: tuple[StagedFile, ...]
-    intended_snapshot_id: int
-    metrics: dict[str, int] = field(default_factory=dict)
-    status: str = PENDING
-    committed_snapshot_id: int | None = None
-    created_at: datetime | None = None
-    committed_at: datetime | None = None
-
-    @property
-    def key(self) -> tuple[str, str, int]:
-        return (self.query_id, self.table, self.batch_id)
-
-    @property
-    def record_count(self) -> int:
-        return sum(f.records for f in self.files)
 
 
 @dataclass(frozen=True)
@@ -205,22 +171,6 @@ class CompactionReport:
     entries_archived: int
     groups: int  # (query, table) pairs that received archived entries
     entries_kept: int  # entries left in the hot table
-
-
-@dataclass(frozen=True)
-class OffsetSkip:
-    """An operator's decision to move a query's partition from one offset to another, past what cannot be read."""
-
-    pipeline: str
-    query_id: str
-    topic: str
-    partition: str
-    from_offset: int
-    to_offset: int
-    reason: str
-    operator: str
-    created_at: datetime
-    applied_batch_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -377,12 +327,16 @@ _MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (query_id, topic, partition, from_offset)
     );
     """,
+    # 7: how the relay commits an entry (JSON of ``CommitOperation``; NULL is a plain append).
+    """
+    ALTER TABLE outbox ADD COLUMN operation VARCHAR;
+    """,
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 _COLUMNS = (
     "query_id, pipeline, table_name, batch_id, status, intended_snapshot_id, committed_snapshot_id, "
-    "offsets, files, metrics, created_at, committed_at"
+    "offsets, files, metrics, created_at, committed_at, operation"
 )
 _LEASE_COLUMNS = "pipeline, holder, host, pid, acquired_at, expires_at, token, node"
 _SKIP_COLUMNS = (
@@ -407,6 +361,7 @@ def _row_to_entry(row: Sequence[Any]) -> OutboxEntry:
         metrics,
         created_at,
         committed_at,
+        operation,
     ) = row
     return OutboxEntry(
         query_id=query_id,
@@ -421,6 +376,7 @@ def _row_to_entry(row: Sequence[Any]) -> OutboxEntry:
         metrics=json.loads(metrics),
         created_at=created_at,
         committed_at=committed_at,
+        operation=CommitOperation.from_json(json.loads(operation) if operation else None),
     )
 
 
@@ -731,7 +687,7 @@ class Ledger:
                     continue
                 con.execute(
                     f"INSERT INTO outbox ({_COLUMNS}, record_count, {', '.join(METRIC_COLUMNS)}) "
-                    "VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, NULL, ?, ?, ?, ?, ?)",
+                    "VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, NULL, ?, ?, ?, ?, ?, ?)",
                     [
                         e.query_id,
                         e.pipeline,
@@ -743,6 +699,7 @@ class Ledger:
                         json.dumps([f.to_json() for f in e.files]),
                         json.dumps(e.metrics, sort_keys=True),
                         now,
+                        None if e.operation.to_json() is None else json.dumps(e.operation.to_json()),
                         e.record_count,
                         *(int(e.metrics.get(m, 0)) for m in METRIC_COLUMNS),
                     ],

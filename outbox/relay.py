@@ -38,10 +38,11 @@ from pyiceberg.io.pyarrow import parquet_file_to_data_file
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
+from krishiv_core.entries import OffsetSkip, OutboxEntry
 from krishiv_core.errors import CatalogUnavailable
 from krishiv_core.faults import fault_point
 from outbox.errors import CommitConflict, CommittedBatchesMissing, StagedFileMissing
-from outbox.ledger import Ledger, OffsetSkip, OutboxEntry
+from outbox.ledger import Ledger
 from outbox.snapshot_producer import fast_append
 
 log = logging.getLogger(__name__)

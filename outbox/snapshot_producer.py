@@ -17,7 +17,6 @@ showed a third of the remaining copies were of an unchanged table.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Mapping, Sequence
 
 from pyiceberg.manifest import DataFile
@@ -26,11 +25,6 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import update_table_metadata
 
 _PRIVATE_SNAPSHOT_ID_ATTRIBUTE = "_snapshot_id"
-
-
-def new_snapshot_id() -> int:
-    """A random positive 63-bit id, as Iceberg's Java and Python implementations draw them."""
-    return secrets.randbits(63) or 1
 
 
 class MetadataCachingTransaction(Transaction):

@@ -47,7 +47,7 @@ from krishiv_core.spec import FORCED_CONSUMER_SETTINGS
 from spark_jobs.errors import KafkaSourceError, OffsetsDeleted, OffsetsMovedBackwards, SourceChanged
 
 if TYPE_CHECKING:
-    from outbox.ledger import OffsetSkip
+    from krishiv_core.entries import OffsetSkip
 
 SOURCE_NAME = "krishiv-kafka"
 SCHEMA = "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp"

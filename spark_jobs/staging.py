@@ -33,13 +33,13 @@ from pyiceberg.table import Table
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from krishiv_core.entries import PENDING, OffsetSkip, OutboxEntry, StagedFile, new_snapshot_id
 from krishiv_core.faults import fault_point
 from krishiv_core.spec import PipelineSpec
 from krishiv_core.tables import REJECT_COLUMNS, WINDOW_END, WINDOW_START
 from outbox.errors import BatchReplayMismatch, StagerLeaseLost
 from outbox.lease import HeldLease
-from outbox.ledger import PENDING, Ledger, OffsetSkip, OutboxEntry, StagedFile
-from outbox.snapshot_producer import new_snapshot_id
+from outbox.ledger import Ledger
 from spark_jobs.checkpoint import BatchOffsets, Checkpoint
 from spark_jobs.transform import EVENT_TIME, tumbling_window
 from spark_jobs.window_state import (

@@ -19,8 +19,8 @@ from chaos.scenarios import MATRIX
 from chaos.workspace import SPEC_TEMPLATE, Workspace
 from krishiv.operations import open_ledger
 from krishiv_core.catalog import load_catalog, qualified
+from krishiv_core.entries import OutboxEntry
 from krishiv_core.spec import load_spec
-from outbox.ledger import OutboxEntry
 from spark_jobs.checkpoint import Checkpoint
 from spark_jobs.kafka_source import latest_offsets
 

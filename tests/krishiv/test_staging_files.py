@@ -13,8 +13,8 @@ from pyiceberg.table import Table
 from krishiv.cli import main
 from krishiv.operations import commit_pipelines, open_ledger, run_pipelines
 from krishiv_core.catalog import load_catalog, qualified
+from krishiv_core.entries import PENDING
 from outbox.errors import StagedFileMissing
-from outbox.ledger import PENDING
 from spark_jobs.staging import staging_root
 from tests.spark_jobs.pipeline_helpers import assert_exactly_once, produce_orders
 

@@ -30,8 +30,9 @@ from krishiv.operations import commit_pipelines, open_ledger
 from krishiv.produce import DEFAULT_SPACING_MS, DEFAULT_START_MS
 from krishiv.status import end_offsets
 from krishiv_core.catalog import qualified
+from krishiv_core.entries import COMMITTED
 from krishiv_core.spec import KrishivSpec, load_spec
-from outbox.ledger import COMMITTED, Ledger
+from outbox.ledger import Ledger
 from spark_jobs.kafka_source import latest_offsets
 from tests.spark_jobs.pipeline_helpers import assert_exactly_once, produce_orders
 

@@ -93,7 +93,7 @@ def test_duplicate_check_fails_naming_the_windows_and_snapshots(make_spec):
 def test_commit_with_the_catalog_down_fails_naming_it_and_leaves_work_pending(make_spec):
     from krishiv.broker import free_port
     from krishiv_assets.resources import IcebergCatalogResource
-    from outbox.ledger import PENDING, OutboxEntry, StagedFile
+    from krishiv_core.entries import PENDING, OutboxEntry, StagedFile
 
     spec = make_spec()
     pipeline = spec.pipeline()

@@ -17,8 +17,8 @@ from krishiv_assets.definitions import build_definitions
 from krishiv_assets.resources import KafkaResource, LedgerResource
 from krishiv_assets.sensors import RETRY_AFTER_S, SensorCursor
 from krishiv_core.catalog import qualified
+from krishiv_core.entries import OutboxEntry
 from krishiv_core.spec import KrishivSpec
-from outbox.ledger import OutboxEntry
 from tests.spark_jobs.pipeline_helpers import produce_orders
 
 QUERY = "0f0e0d0c-0000-4000-8000-000000000001"

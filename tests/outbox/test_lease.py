@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from krishiv.cli import main
+from krishiv_core.entries import OutboxEntry
 from outbox.errors import StagerBusy, StagerLeaseLost
 from outbox.lease import HeldLease, stager_lease
-from outbox.ledger import Ledger, OutboxEntry, StagerLease, node_identity, process_token
+from outbox.ledger import Ledger, StagerLease, node_identity, process_token
 
 HOLD = (
     "import sys, time; from outbox.ledger import Ledger;"

@@ -18,6 +18,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from krishiv_core.entries import COMMITTED, PENDING, OffsetRanges, OutboxEntry, StagedFile
 from outbox.errors import (
     BatchReplayMismatch,
     LedgerBusyError,
@@ -25,16 +26,7 @@ from outbox.errors import (
     LedgerSchemaError,
     OffsetSkipConflict,
 )
-from outbox.ledger import (
-    _MIGRATIONS,
-    COMMITTED,
-    PENDING,
-    SCHEMA_VERSION,
-    Ledger,
-    OffsetRanges,
-    OutboxEntry,
-    StagedFile,
-)
+from outbox.ledger import _MIGRATIONS, SCHEMA_VERSION, Ledger
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TABLE = "orders_per_minute"
@@ -354,7 +346,8 @@ def children() -> Iterator[list[Child]]:
 
 WRITER = """
     import json, sys, time
-    from outbox.ledger import Ledger, OutboxEntry, StagedFile
+    from krishiv_core.entries import OutboxEntry, StagedFile
+    from outbox.ledger import Ledger
 
     path, proc, batches = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     ledger = Ledger(path, lock_timeout_s=60.0)

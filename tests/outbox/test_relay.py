@@ -13,13 +13,13 @@ from pyiceberg.catalog.sql import SqlCatalog
 
 from krishiv.verify import check_ledger_agreement
 from krishiv_core.catalog import ensure_table, load_catalog
+from krishiv_core.entries import COMMITTED, PENDING, OutboxEntry, new_snapshot_id
 from krishiv_core.errors import CatalogUnavailable
 from krishiv_core.spec import load_spec
 from krishiv_core.tables import aggregate_table_schema
 from outbox.errors import CommittedBatchesMissing, StagedFileMissing
-from outbox.ledger import COMMITTED, PENDING, Ledger, OutboxEntry
+from outbox.ledger import Ledger
 from outbox.relay import CommitRelay, TableCommitReport, high_water_marks
-from outbox.snapshot_producer import new_snapshot_id
 from spark_jobs.staging import staging_folder, write_parquet
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,9 +19,9 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
 
 from krishiv_core.catalog import TABLE_PROPERTIES, ensure_table
+from krishiv_core.entries import OutboxEntry, StagedFile, new_snapshot_id
 from krishiv_core.spec import load_spec
 from krishiv_core.tables import aggregate_table_schema, rejects_table_schema
-from outbox.ledger import OutboxEntry, StagedFile
 from outbox.relay import (
     SUMMARY_BATCH_ID,
     SUMMARY_HIGH_WATER,
@@ -31,7 +31,7 @@ from outbox.relay import (
     find_committed,
     snapshot_summary,
 )
-from outbox.snapshot_producer import MetadataCachingTransaction, fast_append, new_snapshot_id
+from outbox.snapshot_producer import MetadataCachingTransaction, fast_append
 from spark_jobs.staging import staging_folder, staging_root, write_parquet
 
 REPO_SPEC = Path(__file__).resolve().parents[2] / "krishiv.toml"

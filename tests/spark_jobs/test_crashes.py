@@ -6,7 +6,7 @@ import signal
 
 from krishiv.operations import commit_pipelines, open_ledger, run_pipelines
 from krishiv_core.catalog import load_catalog, qualified
-from outbox.ledger import PENDING
+from krishiv_core.entries import PENDING
 from tests.spark_jobs.pipeline_helpers import assert_exactly_once, krishiv_cli, produce_orders
 
 KILLED = -signal.SIGKILL

@@ -8,7 +8,7 @@ import pytest
 
 from krishiv.operations import open_ledger, run_pipelines
 from krishiv_core.catalog import load_catalog, qualified
-from outbox.ledger import COMMITTED
+from krishiv_core.entries import COMMITTED
 from spark_jobs.checkpoint import Checkpoint
 from tests.spark_jobs.pipeline_helpers import assert_exactly_once, produce_orders
 
