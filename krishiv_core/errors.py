@@ -29,3 +29,19 @@ class BrokerUnavailable(KrishivError):
 
 class CatalogUnavailable(KrishivError):
     """The Iceberg catalog did not answer; pending entries stay pending."""
+
+
+class BatchReplayMismatch(KrishivError):
+    """A batch id came back with other offsets than the ledger recorded: the checkpoint and ledger disagree."""
+
+
+class StagerLeaseLost(KrishivError):
+    """This process no longer holds the pipeline's stager lease (expired, or taken over); it must stop staging."""
+
+    def __init__(self, pipeline: str, holder: str) -> None:
+        super().__init__(
+            f"the stager lease of pipeline {pipeline!r} is no longer held by this process ({holder}); "
+            "nothing was written, and this process must stop staging"
+        )
+        self.pipeline = pipeline
+        self.holder = holder

@@ -39,10 +39,6 @@ class LedgerSchemaError(OutboxError):
     """The ledger file was written by a newer Krishiv than this one."""
 
 
-class BatchReplayMismatch(OutboxError):
-    """A batch id came back with other offsets than the ledger recorded: the checkpoint and ledger disagree."""
-
-
 class StagedFileMissing(OutboxError):
     """A staged file referenced by a pending entry is gone; committing would lose data, so the relay stops."""
 
@@ -55,21 +51,30 @@ class StagerBusy(OutboxError):
     """Another live process is running the pipeline's Spark query (its checkpoint allows only one)."""
 
 
-class StagerLeaseLost(OutboxError):
-    """This process no longer holds the pipeline's stager lease (expired, or taken over); it must stop staging."""
-
-    def __init__(self, pipeline: str, holder: str) -> None:
-        super().__init__(
-            f"the stager lease of pipeline {pipeline!r} is no longer held by this process ({holder}); "
-            "nothing was written, and this process must stop staging"
-        )
-        self.pipeline = pipeline
-        self.holder = holder
-
-
 class OffsetSkipConflict(OutboxError):
     """An offset skip was recorded or applied twice with different values."""
 
 
 class CommittedBatchesMissing(OutboxError):
     """The ledger says batches of a query are in a table that shows no trace of that query: never append again."""
+
+
+class MergeKeyNull(OutboxError):
+    """A merge's staged file holds a null in a key column: phase 1 never stages one, so the relay refuses it."""
+
+    def __init__(self, table: str, batch_id: int, column: str, path: str) -> None:
+        super().__init__(
+            f"{table} batch {batch_id}: key column {column!r} is null in staged file {path}; a merge cannot match "
+            "a null key, so nothing was committed. Phase 1 must drop or reject such rows; restage the batch"
+        )
+        self.table = table
+        self.batch_id = batch_id
+        self.column = column
+
+
+class MergeKeyDuplicate(OutboxError):
+    """A merge's staged data files hold two rows for one key: phase 1 deduplicates, so the relay refuses them."""
+
+
+class MergeRetriesEnabled(OutboxError):
+    """pyiceberg's own commit retry is on for a table the relay merges into: a retry would reuse a stale plan."""

@@ -22,7 +22,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from outbox.errors import LedgerBusyError, OutboxError, StagerLeaseLost
+from krishiv_core.errors import StagerLeaseLost
+from outbox.errors import LedgerBusyError, OutboxError
 from outbox.ledger import Ledger, StagerLease
 
 log = logging.getLogger(__name__)

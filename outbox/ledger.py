@@ -49,14 +49,13 @@ from krishiv_core.entries import (
     OutboxEntry,
     StagedFile,
 )
+from krishiv_core.errors import BatchReplayMismatch, StagerLeaseLost
 from outbox.errors import (
-    BatchReplayMismatch,
     LedgerBusyError,
     LedgerCorrupt,
     LedgerSchemaError,
     OffsetSkipConflict,
     StagerBusy,
-    StagerLeaseLost,
 )
 
 DEFAULT_LOCK_TIMEOUT_S = 30.0
@@ -895,6 +894,21 @@ class Ledger:
             [query_id, table, query_id, table],
         )
         return -1 if not rows or rows[0][0] is None else int(rows[0][0])
+
+    def recorded_ends(self, query_id: str, table: str, topic: str, after_batch_id: int) -> dict[int, dict[str, int]]:
+        """End offsets of the batches recorded for the query and table past ``after_batch_id``, by batch id.
+
+        A rewound checkpoint makes Spark plan these batch ids again; the source must give them exactly these ends.
+        """
+        rows = self._read(
+            "SELECT batch_id, partition, end_offset FROM outbox_offsets "
+            "WHERE query_id = ? AND table_name = ? AND topic = ? AND batch_id > ?",
+            [query_id, table, topic, after_batch_id],
+        )
+        ends: dict[int, dict[str, int]] = {}
+        for batch_id, partition, end in rows:
+            ends.setdefault(int(batch_id), {})[str(partition)] = int(end)
+        return ends
 
     def pending(self, table: str) -> list[OutboxEntry]:
         """The table's PENDING entries, whole, in commit order (only PENDING rows are read)."""

@@ -13,11 +13,10 @@ from pyspark.sql.streaming import StreamingQuery
 
 from krishiv_core.catalog import ensure_pipeline_tables, qualified
 from krishiv_core.spec import KrishivSpec, PipelineSpec
-from outbox.lease import HeldLease
-from outbox.ledger import Ledger
 from spark_jobs.checkpoint import Checkpoint
 from spark_jobs.errors import CheckpointMismatch
 from spark_jobs.kafka_source import SOURCE_NAME, KafkaAdmin
+from spark_jobs.ports import RecordedBatches, StagerLeaseHandle, StagingLedger
 from spark_jobs.staging import BatchStager, StagedBatch
 from spark_jobs.transform import build_output
 
@@ -28,7 +27,7 @@ class RunningPipeline:
     stager: BatchStager
 
 
-def _guard_checkpoint(checkpoint: Checkpoint, ledger: Ledger, pipeline: PipelineSpec, table: str) -> None:
+def _guard_checkpoint(checkpoint: Checkpoint, ledger: StagingLedger, pipeline: PipelineSpec, table: str) -> None:
     """Refuse to start a query whose checkpoint and ledger describe different histories.
 
     - A fresh checkpoint over a ledger that already holds this pipeline's batches restarts batch ids and loses
@@ -75,6 +74,13 @@ def _pin_source(checkpoint: Checkpoint, spec: KrishivSpec, pipeline: PipelineSpe
     return starting, identity
 
 
+def _recorded(checkpoint: Checkpoint, ledger: StagingLedger, table: str, topic: str) -> RecordedBatches:
+    """What the source must follow from the ledger: nothing for a query that has not begun."""
+    if not (checkpoint.path / "metadata").exists():
+        return RecordedBatches()
+    return RecordedBatches.read(ledger, checkpoint.query_id(), table, topic, checkpoint.last_batch_id())
+
+
 def stop_between_batches(query: StreamingQuery, timeout_s: float = 30.0) -> None:
     """Stop ``query`` once its running trigger (if any) has finished, waiting at most ``timeout_s``.
 
@@ -106,11 +112,11 @@ def start_pipeline(
     spec: KrishivSpec,
     pipeline: PipelineSpec,
     catalog: Catalog,
-    ledger: Ledger,
+    ledger: StagingLedger,
     *,
     once: bool,
     on_batch: Callable[[StagedBatch], None] | None = None,
-    lease: HeldLease | None = None,
+    lease: StagerLeaseHandle | None = None,
 ) -> RunningPipeline:
     checkpoint = Checkpoint(spec.checkpoint_dir(pipeline))
     _guard_checkpoint(checkpoint, ledger, pipeline, qualified(spec, pipeline.table))
@@ -123,9 +129,8 @@ def start_pipeline(
         pipeline,
         startingOffsets=json.dumps(starting),
         expectedIdentity=json.dumps(identity),
-        ledgerPath=str(ledger.path),
-        ledgerTable=qualified(spec, pipeline.table),
         checkpointPath=str(checkpoint.path),
+        recorded=_recorded(checkpoint, ledger, qualified(spec, pipeline.table), pipeline.topic).to_option(),
     )
     output = build_output(raw, pipeline)
     stager = BatchStager(

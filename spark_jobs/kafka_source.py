@@ -11,14 +11,16 @@ batch's start (topic re-created, a fail-over to a mirror) raises :class:`Offsets
 low watermark (retention) :class:`OffsetsDeleted`, a topic or cluster other than the one the checkpoint began on
 :class:`SourceChanged`. Each message ends with the ``krishiv skip-offsets`` command that moves past it on purpose:
 the skip is recorded in the ledger, and the batch that starts at the stuck offset reads from the operator's
-offset instead (the ledger names that batch, so a replay does the same).
+offset instead (the ledger names that batch, so a replay does the same). The source never opens the ledger: the
+driver hands it what it must follow (option ``recorded``, :class:`spark_jobs.ports.RecordedBatches`).
 A partition that appears later starts at its low watermark: the batch that first sees it records that offset as
 its end and reads nothing from it; the next batch reads from there.
 
 Options: ``bootstrap.servers`` and ``topic`` (required), ``startingOffsets`` (JSON of partition -> offset;
 partitions it leaves out start at their earliest offset), ``maxRecordsPerBatch``, ``recordsPerSplit``,
 ``readTimeoutSeconds``, ``expectedIdentity`` (JSON of :meth:`KafkaAdmin.identity`, checked at the first batch
-planned) and ``kafka.<librdkafka setting>`` for anything else the consumer needs, except the settings in
+planned), ``checkpointPath`` and ``recorded`` (the query's checkpoint, and the batch ends and skips the ledger
+holds for it) and ``kafka.<librdkafka setting>`` for anything else the consumer needs, except the settings in
 :data:`FORCED_CONSUMER_SETTINGS`, which Krishiv sets itself.
 
 The Kafka clients are made through one seam, :class:`KafkaClients` (confluent-kafka's ``Consumer`` and
@@ -31,7 +33,7 @@ import json
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -44,10 +46,9 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from krishiv_core.spec import FORCED_CONSUMER_SETTINGS
+from spark_jobs.checkpoint import Checkpoint
 from spark_jobs.errors import KafkaSourceError, OffsetsDeleted, OffsetsMovedBackwards, SourceChanged
-
-if TYPE_CHECKING:
-    from krishiv_core.entries import OffsetSkip
+from spark_jobs.ports import RecordedBatches, apply_skips
 
 SOURCE_NAME = "krishiv-kafka"
 SCHEMA = "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp"
@@ -366,11 +367,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.starting: Offsets = {str(k): int(v) for k, v in json.loads(options.get("startingOffsets", "{}")).items()}
         self._admin: KafkaAdmin | None = None
         self._target: Offsets | None = None
-        self.ledger_path, self.ledger_table = options.get("ledgerPath"), options.get("ledgerTable")
-        self.checkpoint_path = options.get("checkpointPath")
-        self._last_recorded: int | None = None
-        self._past_recorded = False  # batch ids only grow: once past the ledger, never look again
-        self._skips: list[OffsetSkip] | None = None
+        checkpoint_path = options.get("checkpointPath")
+        self.checkpoint = Checkpoint(checkpoint_path) if checkpoint_path else None
+        try:
+            self.recorded = RecordedBatches.from_option(options.get("recorded"))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise KafkaSourceError(f"option recorded: expected the JSON of RecordedBatches: {exc}") from None
+        self._skips = list(self.recorded.skips)
 
     @staticmethod
     def _identity_option(text: str | None) -> Identity | None:
@@ -402,60 +405,29 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.max_records) if self.max_records > 0 else ReadAllAvailable()
 
-    def _recorded_end(self, start: dict) -> dict | None:
+    def _recorded_end(self, start: Offsets) -> Offsets | None:
         """The end offsets the ledger recorded for the batch Spark is planning, if it was staged before.
 
         A rewound checkpoint, or an old copy of it, makes Spark plan batch ids that were staged already.
         Planned afresh they would cover other ranges (the backlog has grown), and their output would differ
         from what the ledger holds; so the source returns exactly the recorded end. Spark plans batch N
-        when N - 1 is the last batch of its offset log. Past the last recorded batch, no lookup is made.
+        when N - 1 is the last batch of its offset log.
         """
-        if self._past_recorded or not (self.ledger_path and self.ledger_table and self.checkpoint_path):
+        if not self.recorded.ends or self.checkpoint is None:
             return None
-        from outbox.ledger import Ledger
-        from spark_jobs.checkpoint import Checkpoint
-
-        checkpoint = Checkpoint(self.checkpoint_path)
-        batch_id = checkpoint.last_batch_id() + 1
-        ledger = Ledger(self.ledger_path)
-        query_id = checkpoint.query_id()
-        if self._last_recorded is None:
-            self._last_recorded = ledger.last_batch_id(query_id, self.ledger_table)
-        if batch_id > self._last_recorded:
-            self._past_recorded = True
-            return None
-        entry = ledger.get(query_id, self.ledger_table, batch_id)
-        if entry is None:
-            return None
-        return {**start, **{p: end for p, (_start, end) in entry.offsets.get(self.topic, {}).items()}}
+        recorded = self.recorded.ends.get(self.checkpoint.last_batch_id() + 1)
+        return None if recorded is None else {**start, **recorded}
 
     def _with_skips(self, start: Offsets, *, planning: bool) -> Offsets:
-        """``start`` with the operator's recorded skips (``krishiv skip-offsets``) for this batch applied.
-
-        A skip names the partition's offset the query is stuck at (``from_offset``) and where to go on from; the
-        first batch starting there applies it, and the ledger records which batch did, so a replay of that
-        batch reads from the same offset and no later batch applies it again. Skips are recorded only while no
-        query runs (the command holds the stager lease), so they are read once per query run. The batch is
-        the one Spark plans next (``planning``, in ``latestOffset``) or the last of its offset log (Spark logs
-        a batch's end offsets before it asks for its partitions).
+        """``start`` with the operator's recorded skips (``krishiv skip-offsets``) for this batch applied
+        (:func:`spark_jobs.ports.apply_skips`). The batch is the one Spark plans next (``planning``, in
+        ``latestOffset``) or the last of its offset log (Spark logs a batch's end offsets before it asks for its
+        partitions); the stager records in the ledger which batch applied a skip.
         """
-        if not (self.ledger_path and self.checkpoint_path):
+        if not self._skips or self.checkpoint is None:
             return start
-        from outbox.ledger import Ledger
-        from spark_jobs.checkpoint import Checkpoint
-
-        checkpoint, ledger = Checkpoint(self.checkpoint_path), Ledger(self.ledger_path)
-        if self._skips is None:
-            self._skips = ledger.skips(checkpoint.query_id(), self.topic)
-        if not self._skips:
-            return start
-        batch_id = checkpoint.last_batch_id() + (1 if planning else 0)
-        moved = dict(start)
-        for i, skip in enumerate(self._skips):
-            if skip.applied_batch_id is None and start.get(skip.partition) == skip.from_offset:
-                skip = self._skips[i] = ledger.mark_skip_applied(skip, batch_id)
-            if skip.applied_batch_id == batch_id:
-                moved[skip.partition] = skip.to_offset
+        batch_id = self.checkpoint.last_batch_id() + (1 if planning else 0)
+        moved, self._skips = apply_skips(self._skips, start, batch_id)
         return moved
 
     def _check_identity(self) -> None:

@@ -34,13 +34,12 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from krishiv_core.entries import PENDING, OffsetSkip, OutboxEntry, StagedFile, new_snapshot_id
+from krishiv_core.errors import BatchReplayMismatch, StagerLeaseLost
 from krishiv_core.faults import fault_point
 from krishiv_core.spec import PipelineSpec
 from krishiv_core.tables import REJECT_COLUMNS, WINDOW_END, WINDOW_START
-from outbox.errors import BatchReplayMismatch, StagerLeaseLost
-from outbox.lease import HeldLease
-from outbox.ledger import Ledger
 from spark_jobs.checkpoint import BatchOffsets, Checkpoint
+from spark_jobs.ports import StagerLeaseHandle, StagingLedger, apply_skips
 from spark_jobs.transform import EVENT_TIME, tumbling_window
 from spark_jobs.window_state import (
     WindowState,
@@ -117,14 +116,14 @@ class BatchStager:
     def __init__(
         self,
         pipeline: PipelineSpec,
-        ledger: Ledger,
+        ledger: StagingLedger,
         checkpoint: Checkpoint,
         table: Table,
         rejects_table: Table,
         table_name: str,
         rejects_table_name: str,
         on_batch: Callable[[StagedBatch], None] | None = None,
-        lease: HeldLease | None = None,
+        lease: StagerLeaseHandle | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.ledger = ledger
@@ -210,14 +209,22 @@ class BatchStager:
     def _offsets(self, batch_id: int) -> BatchOffsets:
         """The batch's offsets from the checkpoint, with the operator's skips the source applied to it.
 
-        Skips are recorded only while no query runs, and the source marks the batch that applies one while it
-        plans it, before this sink runs; so they are re-read only while one is still unapplied.
+        The source applies a skip to the batch starting at its stuck offset (:func:`spark_jobs.ports.apply_skips`);
+        the stager decides the same from the same offsets and records in the ledger which batch applied it, before
+        the batch's entries, so a replay reads the same offsets. Skips are recorded only while no query runs, so
+        they are re-read only while one is still unapplied.
         """
         offsets = self.checkpoint.batch(batch_id)
         if self._skips is None or any(s.applied_batch_id is None for s in self._skips):
             self._skips = self.ledger.skips(self.query_id, self.pipeline.topic)
-        moved = {s.partition: s.to_offset for s in self._skips if s.applied_batch_id == batch_id}
-        return replace(offsets, start={**offsets.start, **moved}) if moved else offsets
+        if not self._skips:
+            return offsets
+        start, after = apply_skips(self._skips, offsets.start, batch_id)
+        for before, skip in zip(self._skips, after, strict=True):
+            if before.applied_batch_id is None and skip.applied_batch_id is not None:
+                self.ledger.mark_skip_applied(before, batch_id)
+        self._skips = after
+        return replace(offsets, start=start) if start != offsets.start else offsets
 
     def _reject_rows(self, rejects: pa.Table, batch_id: int) -> pa.Table:
         rejects = rejects.append_column("batch_id", pa.array([batch_id] * rejects.num_rows, pa.int64()))

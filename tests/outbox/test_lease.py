@@ -16,7 +16,8 @@ import pytest
 
 from krishiv.cli import main
 from krishiv_core.entries import OutboxEntry
-from outbox.errors import StagerBusy, StagerLeaseLost
+from krishiv_core.errors import StagerLeaseLost
+from outbox.errors import StagerBusy
 from outbox.lease import HeldLease, stager_lease
 from outbox.ledger import Ledger, StagerLease, node_identity, process_token
 

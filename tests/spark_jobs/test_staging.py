@@ -6,7 +6,7 @@ import pytest
 
 from krishiv.operations import open_ledger
 from krishiv_core.catalog import load_catalog
-from outbox.errors import StagerLeaseLost
+from krishiv_core.errors import StagerLeaseLost
 from outbox.lease import stager_lease
 from spark_jobs.job import start_pipeline
 from tests.spark_jobs.pipeline_helpers import produce_orders
