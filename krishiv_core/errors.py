@@ -45,3 +45,7 @@ class StagerLeaseLost(KrishivError):
         )
         self.pipeline = pipeline
         self.holder = holder
+
+
+class SchemaConflict(KrishivError):
+    """A table's schema or partitioning differs from the spec's in a way Krishiv does not evolve; nothing changed."""

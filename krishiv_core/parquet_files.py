@@ -1,0 +1,174 @@
+"""Staged Parquet files, one per partition value: what phase 1 writes and phase 2 registers as they are.
+
+:func:`write_staged_files` casts a batch's rows to the table's schema (Arrow with Iceberg field ids), splits them
+by the value of each partition field and writes each part as a new zstd Parquet file under
+``<folder>/<partition path>/``. It needs no table object and no driver state (a :class:`FileIO`, a schema and a
+partition spec, all picklable), so it runs in Spark executor tasks as well as on the driver; a task rebuilds its
+FileIO with :func:`load_io` from the table's ``io.properties``.
+
+:func:`partition_keys` computes partition values from rows, with Iceberg's transforms; the relay uses it too, to
+register each file with the partition values its rows really hold (``outbox.data_files``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyiceberg.io import FileIO, load_file_io
+from pyiceberg.io.pyarrow import schema_to_pyarrow
+from pyiceberg.partitioning import PartitionField, PartitionSpec, partition_record_value
+from pyiceberg.schema import Schema
+from pyiceberg.transforms import DayTransform, HourTransform, IdentityTransform, MonthTransform, YearTransform
+from pyiceberg.typedef import Record
+from pyiceberg.types import DateType, IcebergType, TimestampType, TimestamptzType, TimeType
+
+from krishiv_core.entries import DATA, StagedFile
+from krishiv_core.errors import SchemaConflict
+
+_MICROS_PER_HOUR = 3_600_000_000
+_MICROS_PER_DAY = 24 * _MICROS_PER_HOUR
+_TIMESTAMPS = (TimestampType, TimestamptzType)
+
+
+def load_io(properties: Mapping[str, str], location: str) -> FileIO:
+    """The FileIO of a table, rebuilt from its ``io.properties`` and location (in an executor task, say)."""
+    return load_file_io(dict(properties), location)
+
+
+def to_table_schema(rows: pa.Table, schema: Schema) -> pa.Table:
+    """``rows`` as Arrow of ``schema`` with Iceberg field ids: columns in schema order and types, extra columns
+    dropped, missing optional columns null; a missing required column, or nulls in one, is a SchemaConflict."""
+    target = schema_to_pyarrow(schema, include_field_ids=True)
+    columns = []
+    for field in target:
+        if field.name in rows.column_names:
+            column = rows.column(field.name)
+            if column.type != field.type:
+                column = column.cast(field.type)
+            if not field.nullable and column.null_count:
+                raise SchemaConflict(
+                    f"staged rows hold {column.null_count} nulls in column {field.name!r}, which the table requires"
+                )
+        elif field.nullable:
+            column = pa.nulls(rows.num_rows, field.type)
+        else:
+            raise SchemaConflict(
+                f"staged rows have no column {field.name!r}, which the table requires (they have "
+                f"{', '.join(rows.column_names) or 'no columns'})"
+            )
+        columns.append(column)
+    return pa.Table.from_arrays(columns, schema=target)
+
+
+def _internal_type(t: IcebergType) -> pa.DataType:
+    """The Arrow type of a partition value in Iceberg's internal form (timestamps as micros, dates as days)."""
+    if isinstance(t, (*_TIMESTAMPS, TimeType)):
+        return pa.int64()
+    if isinstance(t, DateType):
+        return pa.int32()
+    return schema_to_pyarrow(t, include_field_ids=False)
+
+
+def _floordiv(values: pa.Array, divisor: int) -> pa.Array:
+    quotient = pc.divide(values, divisor)  # integer division truncates towards zero
+    return pc.if_else(pc.greater(pc.multiply(quotient, divisor), values), pc.subtract(quotient, 1), quotient)
+
+
+def _time_transform(field: PartitionField, source: IcebergType, column: pa.Array) -> pa.Array | None:
+    """Year, month, day or hour of a timestamp column, computed in Arrow; None where another type needs Python."""
+    transform = field.transform
+    if not isinstance(source, _TIMESTAMPS) or not isinstance(
+        transform, (YearTransform, MonthTransform, DayTransform, HourTransform)
+    ):
+        return None
+    micros = column.cast(pa.timestamp("us", tz=getattr(column.type, "tz", None))).cast(pa.int64())
+    if isinstance(transform, HourTransform):
+        return _floordiv(micros, _MICROS_PER_HOUR).cast(pa.int32())
+    if isinstance(transform, DayTransform):
+        return _floordiv(micros, _MICROS_PER_DAY).cast(pa.int32())
+    utc = micros.cast(pa.timestamp("us"))
+    years = pc.subtract(pc.year(utc), 1970)
+    if isinstance(transform, YearTransform):
+        return years.cast(pa.int32())
+    return pc.add(pc.multiply(years, 12), pc.subtract(pc.month(utc), 1)).cast(pa.int32())
+
+
+def _transform_column(field: PartitionField, schema: Schema, column: pa.Array) -> pa.Array:
+    source = schema.find_field(field.source_id).field_type
+    fast = _time_transform(field, source, column)
+    if fast is not None:
+        return fast
+    result_type = _internal_type(field.transform.result_type(source))
+    if isinstance(field.transform, IdentityTransform) and isinstance(source, (*_TIMESTAMPS, DateType)):
+        return column.cast(result_type)
+    # Python, once per distinct value: Iceberg's own bucket (murmur3) and truncate definitions.
+    encoded = pc.dictionary_encode(column)
+    apply = field.transform.transform(source)
+    values = [apply(partition_record_value(field, v, schema)) for v in encoded.dictionary.to_pylist()]
+    return pc.take(pa.array(values, type=result_type), encoded.indices)
+
+
+def partition_keys(spec: PartitionSpec, schema: Schema, rows: pa.Table) -> list[pa.Array]:
+    """Per partition field of ``spec``, each row's partition value (Iceberg's internal form).
+
+    ``rows`` holds the partition source columns under their names in ``schema`` (other columns are ignored).
+    """
+    out = []
+    for field in spec.fields:
+        name = schema.find_column_name(field.source_id)
+        column = rows.column(name)
+        if isinstance(column, pa.ChunkedArray):
+            column = column.combine_chunks()
+        out.append(_transform_column(field, schema, column))
+    return out
+
+
+def split_by_partition(spec: PartitionSpec, schema: Schema, rows: pa.Table) -> list[tuple[Record, pa.Table]]:
+    """``rows`` split by partition value: each distinct partition record with its rows, in first-seen order."""
+    if not spec.fields:
+        return [(Record(), rows)] if rows.num_rows else []
+    keys = partition_keys(spec, schema, rows)
+    names = [f"k{i}" for i in range(len(keys))]
+    index = pa.table([*keys, pa.array(range(rows.num_rows), pa.int64())], names=[*names, "row"])
+    groups = index.group_by(names, use_threads=False).aggregate([("row", "list")]).to_pylist()
+    groups.sort(key=lambda g: g["row_list"][0])
+    return [(Record(*(g[n] for n in names)), rows.take(g["row_list"])) for g in groups]
+
+
+def write_staged_files(
+    io: FileIO, schema: Schema, spec: PartitionSpec, rows: pa.Table, folder: str, content: str = DATA
+) -> tuple[StagedFile, ...]:
+    """Write ``rows`` as one new Parquet file per partition value under ``folder/<partition path>/``.
+
+    The rows are cast to ``schema`` (extra columns dropped, missing optional columns null); an unpartitioned
+    ``spec`` gives one file, no rows give no file. Each file has a fresh name (``part-<uuid>.parquet``) and is
+    created with ``overwrite=False``, so a retry never replaces a file an earlier attempt may have published.
+    For ``content=DELETE_KEYS`` pass the key columns and a schema of just those columns (with the table's
+    field ids); ``spec`` may then only use key columns.
+    """
+    missing = [f.name for f in spec.fields if schema.find_column_name(f.source_id) is None]
+    if missing:
+        raise ValueError(f"partition fields {', '.join(missing)} have no source column in the schema of the rows")
+    rows = to_table_schema(rows, schema)
+    base = folder.rstrip("/")
+    staged = []
+    for record, part in split_by_partition(spec, schema, rows):
+        subfolder = f"{base}/{spec.partition_to_path(record, schema)}" if spec.fields else base
+        staged.append(_write(io, part, f"{subfolder}/part-{uuid.uuid4().hex}.parquet", content))
+    return tuple(staged)
+
+
+def _write(io: FileIO, rows: pa.Table, path: str, content: str) -> StagedFile:
+    with io.new_output(path).create(overwrite=False) as stream:
+        pq.write_table(rows, stream, compression="zstd", store_decimal_as_integer=True)
+    return StagedFile(path=path, records=rows.num_rows, bytes=len(io.new_input(path)), content=content)
+
+
+def describe_record(spec: PartitionSpec, schema: Schema, record: Any) -> str:
+    """A partition record as its path: ``ts_day=2024-05-01/id_bucket=3``."""
+    return spec.partition_to_path(record, schema) if spec.fields else "(unpartitioned)"

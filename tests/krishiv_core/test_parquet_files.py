@@ -1,0 +1,222 @@
+"""Staged Parquet files: rows cast to the table's schema, one file per partition value, Iceberg's transforms."""
+
+from __future__ import annotations
+
+import multiprocessing
+import pickle
+import random
+import re
+from concurrent.futures import ProcessPoolExecutor
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyiceberg.partitioning import PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.types import (
+    BooleanType,
+    DecimalType,
+    IntegerType,
+    LongType,
+    NestedField,
+    StringType,
+    TimestamptzType,
+)
+
+from krishiv_core.entries import DATA, DELETE_KEYS, StagedFile
+from krishiv_core.errors import SchemaConflict
+from krishiv_core.parquet_files import load_io, partition_keys, write_staged_files
+from krishiv_core.partitioning import PartitionField, partition_spec
+
+SCHEMA = Schema(
+    NestedField(1, "ts", TimestamptzType(), required=True),
+    NestedField(2, "customer_id", StringType(), required=False),
+    NestedField(3, "n", LongType(), required=False),
+    NestedField(4, "i", IntegerType(), required=False),
+    NestedField(5, "amount", DecimalType(10, 2), required=False),
+    NestedField(6, "flag", BooleanType(), required=False),
+)
+PART = re.compile(r"part-[0-9a-f]{32}\.parquet")
+
+
+def utc(*args: int) -> datetime:
+    return datetime(*args, tzinfo=UTC)
+
+
+def spec(*fields: PartitionField) -> PartitionSpec:
+    return partition_spec(SCHEMA, fields)
+
+
+def field_ids(path: str) -> dict[str, int]:
+    return {f.name: int(f.metadata[b"PARQUET:field_id"]) for f in pq.read_schema(path)}
+
+
+def test_rows_are_cast_to_the_table_schema_with_field_ids(tmp_path: Path) -> None:
+    rows = pa.table(
+        {
+            "extra": ["dropped", "too"],
+            "n": pa.array([1, 2], pa.int32()),  # widened to long
+            "ts": pa.array([1_714_557_600_000, 1_714_557_600_001], pa.timestamp("ms")),  # naive ms -> UTC micros
+            "amount": [Decimal("1.5"), None],
+        }
+    )
+    (staged,) = write_staged_files(load_io({}, str(tmp_path)), SCHEMA, spec(), rows, str(tmp_path / "b"))
+    assert staged.records == 2 and staged.content == DATA
+    assert staged.bytes == Path(staged.path).stat().st_size
+    assert Path(staged.path).parent == tmp_path / "b" and PART.fullmatch(Path(staged.path).name)
+    written = pq.read_table(staged.path)
+    assert written.column_names == ["ts", "customer_id", "n", "i", "amount", "flag"]
+    assert field_ids(staged.path) == {"ts": 1, "customer_id": 2, "n": 3, "i": 4, "amount": 5, "flag": 6}
+    assert written.schema.field("n").type == pa.int64()
+    assert written.column("ts").to_pylist() == [utc(2024, 5, 1, 10), utc(2024, 5, 1, 10, 0, 0, 1000)]
+    assert written.column("customer_id").to_pylist() == [None, None]
+    assert written.column("amount").to_pylist() == [Decimal("1.50"), None]
+    assert not written.schema.field("ts").nullable
+    metadata = pq.read_metadata(staged.path)
+    assert {metadata.row_group(0).column(c).compression for c in range(metadata.num_columns)} == {"ZSTD"}
+
+
+def test_a_missing_required_column_or_nulls_in_one_are_refused(tmp_path: Path) -> None:
+    io = load_io({}, str(tmp_path))
+    with pytest.raises(SchemaConflict) as err:
+        write_staged_files(io, SCHEMA, spec(), pa.table({"n": [1]}), str(tmp_path))
+    assert str(err.value) == "staged rows have no column 'ts', which the table requires (they have n)"
+    rows = pa.table({"ts": pa.array([None, utc(2024, 1, 1)], pa.timestamp("us", "UTC"))})
+    with pytest.raises(SchemaConflict) as err:
+        write_staged_files(io, SCHEMA, spec(), rows, str(tmp_path))
+    assert str(err.value) == "staged rows hold 1 nulls in column 'ts', which the table requires"
+    assert not list(tmp_path.rglob("*.parquet"))
+
+
+def test_no_rows_give_no_file_and_every_write_gets_a_fresh_name(tmp_path: Path) -> None:
+    io = load_io({}, str(tmp_path))
+    empty = pa.table({"ts": pa.array([], pa.timestamp("us", "UTC"))})
+    assert write_staged_files(io, SCHEMA, spec(), empty, str(tmp_path)) == ()
+    assert write_staged_files(io, SCHEMA, spec(PartitionField("ts", "day")), empty, str(tmp_path)) == ()
+    rows = pa.table({"ts": [utc(2024, 1, 1)]})
+    first = write_staged_files(io, SCHEMA, spec(PartitionField("ts", "day")), rows, str(tmp_path))
+    again = write_staged_files(io, SCHEMA, spec(PartitionField("ts", "day")), rows, str(tmp_path))
+    assert first[0].path != again[0].path
+    assert Path(first[0].path).parent == Path(again[0].path).parent == tmp_path / "ts_day=2024-01-01"
+
+
+def test_rows_are_split_into_one_file_per_partition_value(tmp_path: Path) -> None:
+    rows = pa.table(
+        {
+            "ts": [
+                utc(2024, 5, 1, 10),
+                utc(1969, 12, 31, 23, 59),
+                utc(2024, 5, 1, 23),
+                utc(2024, 5, 2),
+                utc(2024, 5, 1),
+            ],
+            "customer_id": ["a", "b", None, "a", None],
+            "n": [1, 2, 3, 4, 5],
+        }
+    )
+    files = write_staged_files(
+        load_io({}, str(tmp_path)),
+        SCHEMA,
+        spec(PartitionField("ts", "day"), PartitionField("customer_id", "identity")),
+        rows,
+        str(tmp_path / "batch=1") + "/",
+    )
+    by_folder = {str(Path(f.path).parent.relative_to(tmp_path)): f for f in files}
+    assert sorted(by_folder) == [
+        "batch=1/ts_day=1969-12-31/customer_id=b",
+        "batch=1/ts_day=2024-05-01/customer_id=a",
+        "batch=1/ts_day=2024-05-01/customer_id=null",
+        "batch=1/ts_day=2024-05-02/customer_id=a",
+    ]
+    assert {k: pq.read_table(f.path).column("n").to_pylist() for k, f in by_folder.items()} == {
+        "batch=1/ts_day=1969-12-31/customer_id=b": [2],
+        "batch=1/ts_day=2024-05-01/customer_id=a": [1],
+        "batch=1/ts_day=2024-05-01/customer_id=null": [3, 5],
+        "batch=1/ts_day=2024-05-02/customer_id=a": [4],
+    }
+    assert {k: f.records for k, f in by_folder.items()} == {k: 2 if k.endswith("null") else 1 for k in by_folder}
+
+
+def test_time_transforms_agree_with_icebergs_own_definition(tmp_path: Path) -> None:
+    """Arrow computes year/month/day/hour in bulk; pyiceberg's scalar transform is the reference, before and
+    after the epoch and at every boundary."""
+    rng = random.Random(7)
+    stamps = [utc(1970, 1, 1) + timedelta(microseconds=rng.randint(-(6 * 10**16), 6 * 10**16)) for _ in range(2_000)]
+    stamps += [utc(1970, 1, 1) + timedelta(microseconds=d) for d in (-1, 0, 1, -3_600_000_000, -86_400_000_000)]
+    stamps += [utc(1969, 12, 31, 23, 59, 59, 999_999), utc(2000, 2, 29, 23, 59, 59), utc(1900, 3, 1)]
+    rows = pa.table({"ts": pa.array(stamps, pa.timestamp("us", "UTC"))})
+    micros = [int((s - utc(1970, 1, 1)) / timedelta(microseconds=1)) for s in stamps]
+    for transform in ("year", "month", "day", "hour"):
+        iceberg_spec = spec(PartitionField("ts", transform))
+        apply = iceberg_spec.fields[0].transform.transform(TimestamptzType())
+        (keys,) = partition_keys(iceberg_spec, SCHEMA, rows)
+        assert keys.to_pylist() == [apply(m) for m in micros], transform
+
+
+#: The Iceberg specification's hash examples (appendix B): murmur3_x86_32 of each value's single-value
+#: serialization; bucket N is (hash & Integer.MAX_VALUE) % N.
+SPEC_HASHES = [
+    ("i", pa.int32(), 34, 2017239379),
+    ("n", pa.int64(), 34, 2017239379),
+    ("amount", pa.decimal128(10, 2), Decimal("14.20"), -500754589),
+    ("customer_id", pa.string(), "iceberg", 1210000089),
+    ("ts", pa.timestamp("us", "UTC"), utc(2017, 11, 16, 22, 31, 8), -2047944441),
+]
+
+
+@pytest.mark.parametrize(("column", "arrow_type", "value", "hash_"), SPEC_HASHES)
+def test_bucket_follows_the_iceberg_specification(column: str, arrow_type: pa.DataType, value, hash_: int) -> None:
+    rows = pa.table({column: pa.array([value, None], arrow_type)})
+    for n in (16, 1000):
+        (keys,) = partition_keys(spec(PartitionField(column, "bucket", n)), SCHEMA, rows)
+        assert keys.to_pylist() == [(hash_ & 0x7FFFFFFF) % n, None]
+
+
+@pytest.mark.parametrize(
+    ("column", "arrow_type", "width", "values", "truncated"),
+    [
+        ("i", pa.int32(), 10, [1, -1, 10, -10, 0], [0, -10, 10, -10, 0]),
+        ("n", pa.int64(), 10, [1, -1, 999], [0, -10, 990]),
+        (
+            "amount",
+            pa.decimal128(10, 2),
+            50,
+            [Decimal("10.65"), Decimal("-0.05")],
+            [Decimal("10.50"), Decimal("-0.50")],
+        ),
+        ("customer_id", pa.string(), 3, ["iceberg", "ab", "🧊🧊🧊🧊"], ["ice", "ab", "🧊🧊🧊"]),
+    ],
+)
+def test_truncate_follows_the_iceberg_specification(column, arrow_type, width, values, truncated) -> None:
+    rows = pa.table({column: pa.array([*values, None], arrow_type)})
+    (keys,) = partition_keys(spec(PartitionField(column, "truncate", width)), SCHEMA, rows)
+    assert keys.to_pylist() == [*truncated, None]
+
+
+def test_delete_keys_are_written_as_they_are_with_the_tables_field_ids(tmp_path: Path) -> None:
+    keys = Schema(NestedField(2, "customer_id", StringType(), required=False), NestedField(4, "i", IntegerType()))
+    rows = pa.table({"customer_id": ["a", "b"], "i": [1, 2]})
+    (staged,) = write_staged_files(
+        load_io({}, str(tmp_path)), keys, PartitionSpec(), rows, str(tmp_path), content=DELETE_KEYS
+    )
+    assert staged.content == DELETE_KEYS and staged.records == 2
+    assert field_ids(staged.path) == {"customer_id": 2, "i": 4}
+    assert pq.read_table(staged.path).to_pylist() == [{"customer_id": "a", "i": 1}, {"customer_id": "b", "i": 2}]
+
+
+def _write_in_another_process(payload: bytes) -> tuple[StagedFile, ...]:
+    properties, location, schema, iceberg_spec, rows, folder = pickle.loads(payload)
+    return write_staged_files(load_io(properties, location), schema, iceberg_spec, rows, folder)
+
+
+def test_a_task_in_another_process_writes_from_pickled_schema_spec_and_io_properties(tmp_path: Path) -> None:
+    """What a Spark executor task gets: the table's io.properties and location, its schema and spec, the rows."""
+    rows = pa.table({"ts": [utc(2024, 5, 1), utc(2024, 5, 2)], "n": [1, 2]})
+    payload = pickle.dumps(({}, f"file://{tmp_path}", SCHEMA, spec(PartitionField("ts", "day")), rows, str(tmp_path)))
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        files = pool.submit(_write_in_another_process, payload).result(timeout=120)
+    assert sorted(Path(f.path).parent.name for f in files) == ["ts_day=2024-05-01", "ts_day=2024-05-02"]
+    assert sorted(pq.read_table(f.path).column("n")[0].as_py() for f in files) == [1, 2]
