@@ -59,7 +59,11 @@ class CommittedBatchesMissing(OutboxError):
     """The ledger says batches of a query are in a table that shows no trace of that query: never append again."""
 
 
-class MergeKeyNull(OutboxError):
+class MergeRefused(OutboxError):
+    """The relay refuses to merge an entry: committing it could not give MERGE INTO's result. Nothing is committed."""
+
+
+class MergeKeyNull(MergeRefused):
     """A merge's staged file holds a null in a key column: phase 1 never stages one, so the relay refuses it."""
 
     def __init__(self, table: str, batch_id: int, column: str, path: str) -> None:
@@ -72,9 +76,9 @@ class MergeKeyNull(OutboxError):
         self.column = column
 
 
-class MergeKeyDuplicate(OutboxError):
+class MergeKeyDuplicate(MergeRefused):
     """A merge's staged data files hold two rows for one key: phase 1 deduplicates, so the relay refuses them."""
 
 
-class MergeRetriesEnabled(OutboxError):
+class MergeRetriesEnabled(MergeRefused):
     """pyiceberg's own commit retry is on for a table the relay merges into: a retry would reuse a stale plan."""

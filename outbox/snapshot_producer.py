@@ -13,12 +13,22 @@ is keyed on the identity of the table's metadata and of the (immutable) tuple of
 staged update or refresh invalidates it; it is the change proposed upstream in apache/iceberg-python#3302
 and #3784. With nothing staged yet it returns the table's own metadata, uncopied: profiling 700 commits
 showed a third of the remaining copies were of an unchanged table.
+
+A merge (``outbox/merge.py``) commits one overwrite snapshot: it drops the table's files that hold merged keys
+and adds their rewritten copies with the staged files. :func:`overwrite` gives that snapshot the chosen id the
+same way, and :func:`write_data_files` writes the rewritten copies with pyiceberg's own writer (file names,
+partitioning, target size and the table's Parquet settings), ``pyiceberg.io.pyarrow._dataframe_to_data_files``,
+the function pyiceberg's copy-on-write delete uses.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
+import pyarrow as pa
+from pyiceberg.expressions import AlwaysTrue, BooleanExpression
+from pyiceberg.io.pyarrow import _dataframe_to_data_files
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table, Transaction
 from pyiceberg.table.metadata import TableMetadata
@@ -60,13 +70,54 @@ def fast_append(
     with MetadataCachingTransaction(table) as tx:
         if properties:
             tx.set_properties(dict(properties))
-        producer = tx.update_snapshot(snapshot_properties=dict(summary)).fast_append()
-        if not hasattr(producer, _PRIVATE_SNAPSHOT_ID_ATTRIBUTE):
-            raise RuntimeError(
-                "pyiceberg's snapshot producer no longer has _snapshot_id; see outbox/snapshot_producer.py"
-            )
-        setattr(producer, _PRIVATE_SNAPSHOT_ID_ATTRIBUTE, snapshot_id)
+        producer = _with_snapshot_id(tx.update_snapshot(snapshot_properties=dict(summary)).fast_append(), snapshot_id)
         for data_file in data_files:
             producer.append_data_file(data_file)
         producer.commit()
     return table
+
+
+def overwrite(
+    table: Table,
+    deleted: Sequence[DataFile],
+    added: Sequence[DataFile],
+    snapshot_id: int,
+    summary: Mapping[str, str],
+    properties: Mapping[str, str] | None = None,
+    conflict_filter: BooleanExpression | None = None,
+) -> Table:
+    """Commit one overwrite snapshot with the given id and summary that removes ``deleted`` (data files of the
+    current snapshot) and adds ``added``, and set ``properties`` in the same metadata commit; returns the table
+    at the new snapshot.
+
+    ``conflict_filter`` names the rows the caller read to decide (its manifests are pruned with it, and it is
+    what pyiceberg validates concurrent commits against); without it every manifest is read.
+    """
+    with MetadataCachingTransaction(table) as tx:
+        if properties:
+            tx.set_properties(dict(properties))
+        producer = _with_snapshot_id(tx.update_snapshot(snapshot_properties=dict(summary)).overwrite(), snapshot_id)
+        # An unpartitioned table's manifests are pruned by this predicate alone (the deleted files' partitions
+        # select nothing there), so it must cover every file deleted.
+        producer.delete_by_predicate(conflict_filter if conflict_filter is not None else AlwaysTrue())
+        for data_file in deleted:
+            producer.delete_data_file(data_file)
+        for data_file in added:
+            producer.append_data_file(data_file)
+        producer.commit()
+    return table
+
+
+def write_data_files(table: Table, rows: pa.Table) -> list[DataFile]:
+    """Write ``rows`` (in the table's current schema) as new data files under the table's data location, split
+    by partition and target file size as pyiceberg's own writes are; nothing is committed."""
+    if rows.num_rows == 0:
+        return []
+    return list(_dataframe_to_data_files(table_metadata=table.metadata, df=rows, io=table.io))
+
+
+def _with_snapshot_id(producer: Any, snapshot_id: int) -> Any:
+    if not hasattr(producer, _PRIVATE_SNAPSHOT_ID_ATTRIBUTE):
+        raise RuntimeError("pyiceberg's snapshot producer no longer has _snapshot_id; see outbox/snapshot_producer.py")
+    setattr(producer, _PRIVATE_SNAPSHOT_ID_ATTRIBUTE, snapshot_id)
+    return producer
