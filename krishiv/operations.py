@@ -1,7 +1,9 @@
 """The pipeline's operations behind the CLI, the demo and the Dagster assets: stage, commit, verify.
 
-Each takes a spec whose addresses are final (the CLI's come from the spec file and the environment, the
-Dagster assets' from their resources), so every entry point runs the same code.
+Each takes the spec (the pipelines, the table names, the Spark query's settings) and, optionally, the clients
+it works with: the Iceberg catalog, the outbox ledger, the Spark session. The CLI passes none, and each is
+opened from the spec (its addresses from the spec file and the environment); the Dagster assets pass their
+resources' clients. Every entry point runs the same code.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from krishiv_core.spec import KrishivSpec, PipelineSpec
 from outbox.ledger import DEFAULT_LOCK_TIMEOUT_S, Ledger
 
 if TYPE_CHECKING:  # Spark and pyiceberg load only when an operation runs, keeping `krishiv status` quick
+    from pyiceberg.catalog import Catalog
     from pyspark.sql import SparkSession
 
     from outbox.relay import TableCommitReport
@@ -49,10 +52,21 @@ def _seconds_from_env(variable: str, default: float) -> float:
     return seconds
 
 
+def ledger_lock_timeout_s() -> float:
+    """How long a ledger call waits for another process's lock: ``KRISHIV_LEDGER_LOCK_TIMEOUT_S``, else 30 s."""
+    return _seconds_from_env(LEDGER_LOCK_TIMEOUT_ENV, DEFAULT_LOCK_TIMEOUT_S)
+
+
 def open_ledger(spec: KrishivSpec) -> Ledger:
-    return Ledger(
-        spec.resolve(spec.storage.ledger_path), _seconds_from_env(LEDGER_LOCK_TIMEOUT_ENV, DEFAULT_LOCK_TIMEOUT_S)
-    )
+    """The spec's ledger (``storage.ledger_path``, relative to the spec file's folder)."""
+    return Ledger(spec.resolve(spec.storage.ledger_path), ledger_lock_timeout_s())
+
+
+def _catalog_address(catalog: Catalog) -> str:
+    """How a catalog may be named in a message: its URI, redacted."""
+    from krishiv_core.catalog import redact
+
+    return redact(str(catalog.properties.get("uri", catalog.name)))
 
 
 #: A Krishiv exception as Python prints it at the end of a traceback Spark carries: ``spark_jobs.errors.X: message``.
@@ -75,6 +89,8 @@ def run_pipelines(
     *,
     once: bool,
     spark: SparkSession | None = None,
+    catalog: Catalog | None = None,
+    ledger: Ledger | None = None,
     holder: str = "krishiv run",
     reporter: BatchReporter | None = None,
 ) -> list[RunningPipeline]:
@@ -82,6 +98,7 @@ def run_pipelines(
 
     With ``once`` (``AvailableNow``), return when the data present at start is staged; otherwise run until
     SIGTERM or Ctrl-C. Raises :class:`StagerBusy` if another live process runs one of the pipelines.
+    ``spark``, ``catalog`` and ``ledger`` default to the spec's (the session built once the leases are held).
     """
     from pyspark.errors import StreamingQueryException
 
@@ -90,12 +107,12 @@ def run_pipelines(
     from spark_jobs.job import start_pipeline, stop_between_batches
     from spark_jobs.session import build_session
 
-    ledger = open_ledger(spec)
+    ledger = open_ledger(spec) if ledger is None else ledger
     with ExitStack() as stack:
         ttl_s = _seconds_from_env(STAGER_LEASE_TTL_ENV, LEASE_TTL_S)
         leases = {p.name: stack.enter_context(stager_lease(ledger, p.name, holder, ttl_s)) for p in pipelines}
-        spark = spark or build_session(spec)
-        catalog = load_catalog(spec)
+        spark = build_session(spec) if spark is None else spark
+        catalog = load_catalog(spec) if catalog is None else catalog
         running = [
             start_pipeline(
                 spark,
@@ -134,24 +151,36 @@ def run_pipelines(
     return running
 
 
-def commit_pipelines(spec: KrishivSpec, pipelines: list[PipelineSpec]) -> list[TableCommitReport]:
-    """Phase 2 for the pipelines' tables: promote their pending entries, in order; then keep the ledger small."""
+def commit_pipelines(
+    spec: KrishivSpec, pipelines: list[PipelineSpec], *, catalog: Catalog | None = None, ledger: Ledger | None = None
+) -> list[TableCommitReport]:
+    """Phase 2 for the pipelines' tables: promote their pending entries, in order; then keep the ledger small.
+
+    ``catalog`` and ``ledger`` default to the spec's; the spec's catalog is loaded only if there is work.
+    """
     from krishiv_core.catalog import load_catalog, qualified, redact
     from outbox.relay import CommitRelay
 
-    ledger = open_ledger(spec)
-    relay = CommitRelay(ledger, lambda: load_catalog(spec), redact(spec.catalog_uri()))
+    ledger = open_ledger(spec) if ledger is None else ledger
+    if catalog is None:
+        relay = CommitRelay(ledger, lambda: load_catalog(spec), redact(spec.catalog_uri()))
+    else:
+        relay = CommitRelay(ledger, catalog, _catalog_address(catalog))
     reports = relay.run([qualified(spec, t) for p in pipelines for t in (p.table, p.rejects_table)])
     ledger.compact_if_due()  # committed entries past the retention fold into per-query totals, hourly at most
     return reports
 
 
-def verify_pipelines(spec: KrishivSpec, pipelines: list[PipelineSpec]) -> list:
-    """The exactly-once invariants of each pipeline's table and rejects table."""
+def verify_pipelines(
+    spec: KrishivSpec, pipelines: list[PipelineSpec], *, catalog: Catalog | None = None, ledger: Ledger | None = None
+) -> list:
+    """The exactly-once invariants of each pipeline's table and rejects table (``catalog``, ``ledger``: the spec's
+    unless given)."""
     from krishiv.verify import verify_table
     from krishiv_core.catalog import load_catalog, qualified
 
-    catalog, ledger = load_catalog(spec), open_ledger(spec)
+    catalog = load_catalog(spec) if catalog is None else catalog
+    ledger = open_ledger(spec) if ledger is None else ledger
     results = []
     for p in pipelines:
         for name, windows in ((p.table, True), (p.rejects_table, False)):
