@@ -97,16 +97,22 @@ def pipeline_assets(spec: KrishivSpec, pipeline: PipelineSpec) -> list[dg.Assets
     ) -> dg.MaterializeResult:
         from krishiv.operations import run_pipelines
 
-        run_spec = effective_spec(spec, kafka=kafka, iceberg=iceberg, ledger=ledger, spark=spark)
         try:
+            catalog, book = iceberg.catalog(), ledger.ledger()  # a catalog that is down fails before Spark starts
             running = run_pipelines(
-                run_spec, [pipeline], once=True, spark=spark.session(), holder=f"dagster run {context.run.run_id}"
+                effective_spec(spec, kafka=kafka, spark=spark),
+                [pipeline],
+                once=True,
+                spark=spark.session(),
+                catalog=catalog,
+                ledger=book,
+                holder=f"dagster run {context.run.run_id}",
             )
+            summary = book.table_summary(qualified(spec, pipeline.table), topic=pipeline.topic)
         except KrishivError as exc:
             raise _failure(exc) from exc
         history = running[0].stager.history
         staged = [b for b in history if b.recorded]
-        summary = ledger.open(spec).table_summary(qualified(spec, pipeline.table), topic=pipeline.topic)
         context.log.info("staged %d of %d batches", len(staged), len(history))
         return dg.MaterializeResult(
             metadata={
@@ -147,13 +153,11 @@ def pipeline_assets(spec: KrishivSpec, pipeline: PipelineSpec) -> list[dg.Assets
     )
     def commit(iceberg: IcebergCatalogResource, ledger: LedgerResource) -> Iterator[dg.MaterializeResult]:
         from krishiv.operations import commit_pipelines
-        from krishiv_core.catalog import load_catalog
 
-        run_spec = effective_spec(spec, iceberg=iceberg, ledger=ledger)
         try:
-            reports = commit_pipelines(run_spec, [pipeline])
-            catalog = load_catalog(run_spec)
-            pending = ledger.open(spec).pending_batches([qualified(spec, name) for name in tables.values()])
+            catalog, book = iceberg.catalog(), ledger.ledger()
+            reports = commit_pipelines(spec, [pipeline], catalog=catalog, ledger=book)
+            pending = book.pending_batches([qualified(spec, name) for name in tables.values()])
         except KrishivError as exc:
             raise _failure(exc) from exc
         by_table = {r.table: r for r in reports}

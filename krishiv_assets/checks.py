@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 import dagster as dg
 
 from krishiv_assets.assets import PipelineKeys
-from krishiv_assets.resources import IcebergCatalogResource, LedgerResource, effective_spec
+from krishiv_assets.resources import IcebergCatalogResource, LedgerResource
 from krishiv_core.catalog import qualified
 from krishiv_core.spec import KrishivSpec, PipelineSpec
 
@@ -35,11 +35,6 @@ def pipeline_checks(
     keys = PipelineKeys.of(spec, pipeline)
     table_name = qualified(spec, pipeline.table)
 
-    def load_table(iceberg: IcebergCatalogResource):
-        from krishiv_core.catalog import load_catalog
-
-        return load_catalog(effective_spec(spec, iceberg=iceberg)).load_table(table_name)
-
     @dg.asset_check(
         asset=keys.table,
         name="no_duplicate_windows",
@@ -49,7 +44,7 @@ def pipeline_checks(
     def no_duplicate_windows(iceberg: IcebergCatalogResource) -> dg.AssetCheckResult:
         from krishiv.verify import duplicate_window_sources, duplicate_windows
 
-        table = load_table(iceberg)
+        table = iceberg.catalog().load_table(table_name)
         duplicates = duplicate_windows(table)
         current = table.current_snapshot()
         return dg.AssetCheckResult(
@@ -74,7 +69,7 @@ def pipeline_checks(
         from krishiv.lineage import lineage
         from krishiv.verify import check_lineage
 
-        table = load_table(iceberg)
+        table = iceberg.catalog().load_table(table_name)
         problems = check_lineage(table)
         rows = lineage(table)
         return dg.AssetCheckResult(
@@ -101,8 +96,8 @@ def pipeline_checks(
     def ledger_agreement(iceberg: IcebergCatalogResource, ledger: LedgerResource) -> dg.AssetCheckResult:
         from krishiv.verify import check_ledger_agreement
 
-        table = load_table(iceberg)
-        book = ledger.open(spec)
+        table = iceberg.catalog().load_table(table_name)
+        book = ledger.ledger()
         problems = check_ledger_agreement(table, table_name, book)
         now = datetime.now(UTC)
         summary = book.table_summary(table_name)
@@ -131,7 +126,7 @@ def pipeline_checks(
         description=f"Malformed events stay under {thresholds.rejects_rate_max:.1%} of the events read.",
     )
     def rejects_rate(ledger: LedgerResource) -> dg.AssetCheckResult:
-        summary = ledger.open(spec).table_summary(table_name)
+        summary = ledger.ledger().table_summary(table_name)
         read, rejects = summary.records_read, summary.rejects
         rate = rejects / read if read else 0.0
         return dg.AssetCheckResult(

@@ -5,8 +5,9 @@
 ``krishiv.toml`` in the working directory); an address the environment overrides (``KRISHIV_KAFKA_BOOTSTRAP``
 and the others of :data:`krishiv_core.spec.ENV_OVERRIDES`) is given to its resource as an ``EnvVar``, resolved
 when a run starts and never shown in the UI. A secret written in the spec file itself (a password in
-``iceberg.catalog_uri``) reaches no resource either: the resource holds the redacted URI, which the UI
-shows, and the run takes the real one from the spec file it reads (:func:`krishiv_assets.resources.effective_spec`).
+``iceberg.catalog_uri``) reaches no resource config either: the resource holds the redacted URI, which the UI
+shows, and its client takes the real one from the spec the run process read
+(:meth:`krishiv_assets.resources.IcebergCatalogResource.catalog`).
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ def pipeline_definitions(
 def build_resources(spec: KrishivSpec, env_overrides: Collection[str] = ()) -> dict[str, dg.ConfigurableResource]:
     """The resources, from the spec's values, with ``EnvVar`` for each variable named in ``env_overrides``.
 
-    A value from the spec is held with its secrets redacted: resource config is what the UI shows.
+    A value from the spec is held with its secrets redacted: resource config is what the UI shows. The
+    catalog and ledger resources also get the spec itself, as a nested resource without config.
     """
 
     def value(variable: str, default: str) -> str:
@@ -83,10 +85,11 @@ def build_resources(spec: KrishivSpec, env_overrides: Collection[str] = ()) -> d
     return {
         "kafka": KafkaResource(bootstrap_servers=value("KRISHIV_KAFKA_BOOTSTRAP", spec.kafka.bootstrap_servers)),
         "iceberg": IcebergCatalogResource(
+            spec=spec,
             uri=value("KRISHIV_ICEBERG_CATALOG_URI", displayed(spec.iceberg.catalog_uri)),
             warehouse=value("KRISHIV_ICEBERG_WAREHOUSE", displayed(spec.iceberg.warehouse)),
         ),
-        "ledger": LedgerResource(path=value("KRISHIV_LEDGER_PATH", spec.storage.ledger_path)),
+        "ledger": LedgerResource(spec=spec, path=value("KRISHIV_LEDGER_PATH", spec.storage.ledger_path)),
         "spark": SparkResource(
             pyspark=LazyPySparkResource(spark_config=spark_conf(spec, app_name="krishiv-dagster")),
             checkpoint_location=value("KRISHIV_CHECKPOINT_LOCATION", spec.storage.checkpoint_location),

@@ -1,13 +1,18 @@
-"""Dagster resources: the Kafka cluster, the Spark session, the DuckDB ledger and the Iceberg catalog.
+"""Dagster resources that are clients: the Kafka cluster, the Spark session, the DuckDB ledger, the Iceberg catalog.
 
-Each holds only addresses and settings, and never a secret: the UI shows every resource's config. An address
-the environment supplies is an ``EnvVar`` (the UI shows the variable's name); a catalog URI or warehouse from
-the spec file that carries a password or a secret query parameter is held in its redacted form
-(:func:`displayed`), and :func:`effective_spec` puts the spec file's real value back inside the run process.
-The assets run the same operations as the CLI with that spec.
+The assets, checks and sensors ask a resource for its client (:meth:`IcebergCatalogResource.catalog`,
+:meth:`LedgerResource.ledger`, :meth:`SparkResource.session`, :meth:`KafkaResource.latest_offsets`) and hand it
+to the same operations the CLI runs (:mod:`krishiv.operations`).
+
+A resource's config is what the UI shows, so it holds addresses and settings and never a secret. An address the
+environment supplies is an ``EnvVar`` (the UI shows the variable's name); a catalog URI or warehouse from the
+spec file that carries a password or a secret query parameter is held in its redacted form (:func:`displayed`).
+The catalog and ledger resources also depend on the spec itself (a nested resource with no config, which the
+UI names but never shows): it gives the catalog's name, the folder relative paths start from, and, inside the
+run process that read the spec file, the real value a redacted one stands for (:func:`resolve_displayed`).
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: Dagster recognizes a ResourceDependency field by its evaluated annotation.
 
 from dataclasses import replace
 from typing import Any
@@ -15,11 +20,17 @@ from typing import Any
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 from pydantic import Field, PrivateAttr
+from pyiceberg.catalog import Catalog
 
 from krishiv_core.catalog import MASK, has_secret, redact
-from krishiv_core.errors import ConfigError
+from krishiv_core.errors import ConfigError, EnvironmentProblem, KrishivError
 from krishiv_core.spec import KrishivSpec
-from outbox.ledger import DEFAULT_LOCK_TIMEOUT_S, Ledger
+from outbox.ledger import Ledger
+
+_SPEC_DESCRIPTION = (
+    "The spec file's settings (no config: the UI never shows them): the catalog name, the folder relative paths "
+    "start from, and the spec file's own value behind a redacted one."
+)
 
 
 class KafkaResource(dg.ConfigurableResource):
@@ -40,6 +51,7 @@ class IcebergCatalogResource(dg.ConfigurableResource):
     The namespace and table names belong to the spec: they are the assets' identity, not an address.
     """
 
+    spec: dg.ResourceDependency[KrishivSpec] = Field(repr=False, exclude=True, description=_SPEC_DESCRIPTION)
     uri: str = Field(
         description=(
             "The catalog URI. A password or secret parameter shows as *** and the spec file's own value is used "
@@ -47,15 +59,55 @@ class IcebergCatalogResource(dg.ConfigurableResource):
         )
     )
     warehouse: str = Field(description="Where the tables' files go (a path or a URI); secrets show as ***.")
+    _catalog: Catalog | None = PrivateAttr(default=None)
+
+    def catalog(self) -> Catalog:
+        """The catalog, loaded on first use and kept for this resource instance (one run, or one step).
+
+        Raises :class:`ConfigError` for a redacted URI that is not the spec file's, and
+        :class:`CatalogUnavailable` (naming the redacted address) if the catalog does not answer.
+        """
+        if self._catalog is None:
+            from krishiv_core import catalog
+
+            self._catalog = catalog.load_catalog(self._catalog_spec())
+        return self._catalog
+
+    def _catalog_spec(self) -> KrishivSpec:
+        """The spec with this resource's real URI and warehouse: what ``load_catalog`` reads them from."""
+        spec = self.spec
+        uri = resolve_displayed(self.uri, spec.iceberg.catalog_uri, "iceberg.uri", "KRISHIV_ICEBERG_CATALOG_URI")
+        warehouse = resolve_displayed(
+            self.warehouse, spec.iceberg.warehouse, "iceberg.warehouse", "KRISHIV_ICEBERG_WAREHOUSE"
+        )
+        return replace(spec, iceberg=replace(spec.iceberg, catalog_uri=uri, warehouse=warehouse))
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        engine = getattr(self._catalog, "engine", None)  # a SQL catalog's connection pool
+        if engine is not None:
+            engine.dispose()
 
 
 class LedgerResource(dg.ConfigurableResource):
-    """The DuckDB outbox ledger; every call opens it for one short transaction."""
+    """The DuckDB outbox ledger; every call on it opens the file for one short transaction."""
 
+    spec: dg.ResourceDependency[KrishivSpec] = Field(repr=False, exclude=True, description=_SPEC_DESCRIPTION)
     path: str
+    _ledgers: dict[float | None, Ledger] = PrivateAttr(default_factory=dict)
 
-    def open(self, spec: KrishivSpec, lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) -> Ledger:
-        return Ledger(spec.resolve(self.path), lock_timeout_s)
+    def ledger(self, lock_timeout_s: float | None = None) -> Ledger:
+        """The ledger at ``path`` (relative to the spec file's folder), kept for this resource instance.
+
+        ``lock_timeout_s``: how long a call waits for another process's lock; by default
+        ``KRISHIV_LEDGER_LOCK_TIMEOUT_S`` (30 s), as for the CLI.
+        """
+        if lock_timeout_s not in self._ledgers:
+            from krishiv.operations import ledger_lock_timeout_s
+
+            self._ledgers[lock_timeout_s] = Ledger(
+                self.spec.resolve(self.path), lock_timeout_s if lock_timeout_s is not None else ledger_lock_timeout_s()
+            )
+        return self._ledgers[lock_timeout_s]
 
 
 class SparkResource(dg.ConfigurableResource):
@@ -66,13 +118,28 @@ class SparkResource(dg.ConfigurableResource):
     _owns_session: bool = PrivateAttr(default=False)
 
     def session(self) -> Any:
+        """The session, with Java checked and Krishiv's Kafka source registered.
+
+        Raises :class:`EnvironmentProblem`, one line naming what is missing, if Spark cannot start.
+        """
         from pyspark.sql import SparkSession
 
         from spark_jobs.session import prepare_environment, prepare_session
 
-        prepare_environment()
+        prepare_environment()  # names a missing or too old Java before Spark's own, longer failure
         self._owns_session = self._owns_session or SparkSession.getActiveSession() is None
-        return prepare_session(self.pyspark.spark_session)
+        master = self.pyspark.spark_config.get("spark.master", "the default master")
+        try:
+            return prepare_session(self.pyspark.spark_session)
+        except KrishivError:
+            raise
+        except Exception as exc:
+            lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+            reason = lines[0] if lines else type(exc).__name__
+            raise EnvironmentProblem(
+                f"Spark did not start (master {master}): {reason}; check Java (JAVA_HOME, java on PATH) and "
+                "the spark settings of the spec"
+            ) from exc
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         # A run process started the JVM; stop it so the run ends promptly. A session that was there
@@ -110,28 +177,14 @@ def resolve_displayed(value: str, spec_value: str, field: str, variable: str) ->
     return value
 
 
-def effective_spec(
-    spec: KrishivSpec,
-    *,
-    kafka: KafkaResource | None = None,
-    iceberg: IcebergCatalogResource | None = None,
-    ledger: LedgerResource | None = None,
-    spark: SparkResource | None = None,
-) -> KrishivSpec:
-    """The spec with the given resources' addresses and paths; relative paths stay relative to the spec file.
+def effective_spec(spec: KrishivSpec, *, kafka: KafkaResource, spark: SparkResource) -> KrishivSpec:
+    """The spec the Spark query runs with: the resources' broker address and checkpoint folder.
 
-    A catalog URI or warehouse the resource holds in redacted form is the spec's own: the spec keeps it.
+    The query reads both from the spec (the Kafka source's options, the checkpoint path); the catalog and the
+    ledger reach the operations as clients. A relative checkpoint path stays relative to the spec file.
     """
-    if kafka is not None:
-        spec = replace(spec, kafka=replace(spec.kafka, bootstrap_servers=kafka.bootstrap_servers))
-    if iceberg is not None:
-        uri = resolve_displayed(iceberg.uri, spec.iceberg.catalog_uri, "iceberg.uri", "KRISHIV_ICEBERG_CATALOG_URI")
-        warehouse = resolve_displayed(
-            iceberg.warehouse, spec.iceberg.warehouse, "iceberg.warehouse", "KRISHIV_ICEBERG_WAREHOUSE"
-        )
-        spec = replace(spec, iceberg=replace(spec.iceberg, catalog_uri=uri, warehouse=warehouse))
-    if ledger is not None:
-        spec = replace(spec, storage=replace(spec.storage, ledger_path=ledger.path))
-    if spark is not None:
-        spec = replace(spec, storage=replace(spec.storage, checkpoint_location=spark.checkpoint_location))
-    return spec
+    return replace(
+        spec,
+        kafka=replace(spec.kafka, bootstrap_servers=kafka.bootstrap_servers),
+        storage=replace(spec.storage, checkpoint_location=spark.checkpoint_location),
+    )

@@ -79,7 +79,7 @@ def outbox_sensor(
     )
     def sensor(context: SensorEvaluationContext, ledger: LedgerResource) -> dg.SensorResult | dg.SkipReason:
         try:
-            pending = ledger.open(spec, SENSOR_LEDGER_TIMEOUT_S).pending_batches(sorted(tables))
+            pending = ledger.ledger(SENSOR_LEDGER_TIMEOUT_S).pending_batches(sorted(tables))
         except (LedgerBusyError, LedgerCorrupt) as exc:
             return dg.SkipReason(str(exc))
         if not pending:
@@ -138,7 +138,7 @@ def kafka_sensor(
         from spark_jobs.errors import KafkaSourceError
 
         try:
-            book = ledger.open(spec, SENSOR_LEDGER_TIMEOUT_S)
+            book = ledger.ledger(SENSOR_LEDGER_TIMEOUT_S)
             lease = book.live_lease(pipeline.name)
             if lease is not None:
                 return dg.SkipReason(f"{pipeline.name} is being staged by {lease.describe()}")

@@ -196,11 +196,12 @@ def test_a_password_in_the_spec_file_never_reaches_resource_config_but_runs_reac
     assert PASSWORD not in repr(resources["iceberg"].config_schema.default_value)
     iceberg = build_resources(spec)["iceberg"]
     assert iceberg.uri == redact(uri) and "***" in iceberg.uri
-    assert PASSWORD not in str(iceberg.model_dump())
+    assert PASSWORD not in str(iceberg.model_dump()) and PASSWORD not in repr(iceberg)
     assert iceberg.uri in shown  # the UI shows the redacted URI, so the user sees which catalog it is
 
     # The server trusts local connections and would accept the redacted password too, so the run's catalog
-    # loads are watched: each must be given the spec file's real URI.
+    # loads are watched: the one load of the run (the commit and the checks share the resource's client) must
+    # be given the spec file's real URI.
     loaded_with: list[str] = []
 
     def watched(spec):
@@ -210,7 +211,7 @@ def test_a_password_in_the_spec_file_never_reaches_resource_config_but_runs_reac
     monkeypatch.setattr(krishiv_core.catalog, "load_catalog", watched)
     result = defs.resolve_job_def(commit_job_name(pipeline)).execute_in_process(raise_on_error=False)
     assert result.success, [e.message for e in result.all_events if e.is_failure]
-    assert loaded_with and set(loaded_with) == {uri}
+    assert loaded_with == [uri]
     keys = PipelineKeys.of(spec, pipeline)
     (materialization,) = [e for e in result.get_asset_materialization_events() if e.asset_key == keys.table]
     assert materialization.materialization.metadata["current_snapshot_id"].value == snapshot_id
@@ -237,15 +238,21 @@ def test_a_failing_run_names_the_catalog_without_its_password(tmp_path):
     assert PASSWORD not in str([e.message for e in result.all_events])
 
 
-def test_a_redacted_uri_that_is_not_the_spec_files_is_refused_by_name():
-    from krishiv_assets.resources import IcebergCatalogResource, effective_spec
+def test_a_redacted_uri_that_is_not_the_spec_files_is_refused_by_name(tmp_path, monkeypatch):
+    import krishiv_core.catalog
+    from krishiv_assets.resources import IcebergCatalogResource
     from krishiv_core.errors import ConfigError
 
     spec = two_pipelines()
-    foreign = IcebergCatalogResource(uri="postgresql+psycopg://app:***@elsewhere/db", warehouse=spec.iceberg.warehouse)
+    foreign = IcebergCatalogResource(
+        spec=spec, uri="postgresql+psycopg://app:***@elsewhere/db", warehouse=spec.iceberg.warehouse
+    )
     with pytest.raises(ConfigError, match=r"^iceberg\.uri: .*KRISHIV_ICEBERG_CATALOG_URI"):
-        effective_spec(spec, iceberg=foreign)
+        foreign.catalog()
     # A URI without a secret, or one from the environment with its secret, is used as given.
-    for uri in ("sqlite:///elsewhere.db", f"postgresql+psycopg://app:{PASSWORD}@elsewhere/db"):
-        given = IcebergCatalogResource(uri=uri, warehouse=spec.iceberg.warehouse)
-        assert effective_spec(spec, iceberg=given).iceberg.catalog_uri == uri
+    given = IcebergCatalogResource(spec=spec, uri=f"sqlite:///{tmp_path}/elsewhere.db", warehouse=str(tmp_path))
+    assert given.catalog().properties["uri"] == f"sqlite:///{tmp_path}/elsewhere.db"
+    assert given.catalog() is given.catalog()  # loaded once per resource instance
+    secret = f"postgresql+psycopg://app:{PASSWORD}@elsewhere/db"
+    monkeypatch.setattr(krishiv_core.catalog, "load_catalog", lambda spec: spec.catalog_uri())
+    assert IcebergCatalogResource(spec=spec, uri=secret, warehouse="w").catalog() == secret

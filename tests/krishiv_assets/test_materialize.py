@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import dagster as dg
 import pyarrow as pa
+import pytest
 
 from krishiv.operations import open_ledger
 from krishiv_assets.assets import PipelineKeys
@@ -62,10 +65,8 @@ def test_materialize_stages_commits_and_checks_pass(make_spec, broker, spark):
     assert_exactly_once(spec)
 
 
-def test_duplicate_check_fails_naming_the_windows_and_snapshots(make_spec):
-    spec = make_spec()
-    pipeline = spec.pipeline()
-    table, _rejects = ensure_pipeline_tables(load_catalog(spec), spec, pipeline)
+def _one_window(table) -> pa.Table:
+    """One closed window of the aggregate table, in the table's schema."""
     row = {
         "window_start": pa.array([1_767_225_600_000_000], pa.timestamp("us", tz="UTC")),
         "window_end": pa.array([1_767_225_660_000_000], pa.timestamp("us", tz="UTC")),
@@ -76,7 +77,14 @@ def test_duplicate_check_fails_naming_the_windows_and_snapshots(make_spec):
         "amount_avg": pa.array([3.3], pa.float64()),
     }
     schema = table.schema().as_arrow()
-    once = pa.table(row).select(schema.names).cast(schema)
+    return pa.table(row).select(schema.names).cast(schema)
+
+
+def test_duplicate_check_fails_naming_the_windows_and_snapshots(make_spec):
+    spec = make_spec()
+    pipeline = spec.pipeline()
+    table, _rejects = ensure_pipeline_tables(load_catalog(spec), spec, pipeline)
+    once = _one_window(table)
     table.append(once)
     table.append(once)  # the same window again, written directly by a second writer
     snapshots = [s.snapshot_id for s in load_catalog(spec).load_table(qualified(spec, pipeline.table)).snapshots()]
@@ -103,7 +111,9 @@ def test_commit_with_the_catalog_down_fails_naming_it_and_leaves_work_pending(ma
     address = f"127.0.0.1:{free_port()}"
     resources = {
         **build_resources(spec),
-        "iceberg": IcebergCatalogResource(uri=f"postgresql+psycopg://krishiv@{address}/db", warehouse="warehouse"),
+        "iceberg": IcebergCatalogResource(
+            spec=spec, uri=f"postgresql+psycopg://krishiv@{address}/db", warehouse="warehouse"
+        ),
     }
     parts = pipeline_definitions(spec, pipeline)
     keys = PipelineKeys.of(spec, pipeline)
@@ -118,3 +128,78 @@ def test_commit_with_the_catalog_down_fails_naming_it_and_leaves_work_pending(ma
     message = failure.step_failure_data.user_failure_data.description
     assert "CatalogUnavailable" in message and address in message
     assert [e.status for e in ledger.entries()] == [PENDING]
+
+
+def test_a_commit_run_writes_to_the_resources_catalog_and_ledger_not_the_specs(make_spec, tmp_path):
+    """The assets and checks use the clients of the resources they are given, whatever the spec says."""
+    import pyarrow.parquet as pq
+    from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+    from krishiv_assets.resources import IcebergCatalogResource, LedgerResource
+    from krishiv_core.entries import COMMITTED, OutboxEntry, StagedFile
+
+    spec = make_spec()
+    pipeline = spec.pipeline()
+    other = tmp_path / "elsewhere"
+    elsewhere = replace(
+        spec,
+        iceberg=replace(spec.iceberg, catalog_uri=f"sqlite:///{other}/catalog.db", warehouse=str(other / "warehouse")),
+        storage=replace(spec.storage, ledger_path=str(other / "ledger.duckdb")),
+    )
+    table, _rejects = ensure_pipeline_tables(load_catalog(elsewhere), elsewhere, pipeline)
+    staged = other / "staged" / "part-0.parquet"
+    staged.parent.mkdir(parents=True)
+    pq.write_table(_one_window(table), staged)
+    ledger = open_ledger(elsewhere)
+    file = StagedFile(staged.as_uri(), records=1, bytes=staged.stat().st_size)
+    ledger.record_batch([OutboxEntry("q", pipeline.name, qualified(spec, pipeline.table), 0, {}, (file,), 42, {})])
+
+    resources = {
+        **build_resources(spec),
+        "iceberg": IcebergCatalogResource(
+            spec=spec, uri=elsewhere.iceberg.catalog_uri, warehouse=elsewhere.iceberg.warehouse
+        ),
+        "ledger": LedgerResource(spec=spec, path=elsewhere.storage.ledger_path),
+    }
+    parts = pipeline_definitions(spec, pipeline)
+    keys = PipelineKeys.of(spec, pipeline)
+    result = dg.materialize(
+        [*parts.assets, *parts.checks],
+        resources=resources,
+        selection=dg.AssetSelection.assets(keys.table, keys.rejects),
+        raise_on_error=False,
+    )
+    assert result.success, [e.message for e in result.all_events if e.is_failure]
+    assert _metadata(result, keys.table)["current_snapshot_id"] == 42
+    assert _metadata(result, keys.table)["snapshots_committed"] == 1
+    assert load_catalog(elsewhere).load_table(qualified(spec, pipeline.table)).current_snapshot().snapshot_id == 42
+    assert [e.status for e in ledger.entries()] == [COMMITTED]
+    checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert checks["ledger_agreement"].passed, checks["ledger_agreement"].description
+    # The spec's own catalog and ledger were never touched.
+    with pytest.raises((NoSuchNamespaceError, NoSuchTableError)):
+        load_catalog(spec).load_table(qualified(spec, pipeline.table))
+    assert not spec.resolve(spec.storage.ledger_path).exists()
+
+
+def _boom(_self):
+    raise RuntimeError("[JAVA_GATEWAY_EXITED] Java gateway process exited before sending its port number.\nmore")
+
+
+@pytest.mark.parametrize("cause", ["no java", "gateway exited"])
+def test_spark_that_cannot_start_fails_the_staging_run_in_one_line(make_spec, monkeypatch, cause):
+    from dagster_pyspark import LazyPySparkResource
+
+    spec = make_spec()
+    if cause == "no java":
+        monkeypatch.setenv("JAVA_HOME", str(spec.base_dir / "no-java-here"))
+        expected = "EnvironmentProblem: Spark needs Java 17 or newer and none was found on PATH or in JAVA_HOME"
+    else:
+        monkeypatch.setattr(LazyPySparkResource, "spark_session", property(_boom))
+        expected = "EnvironmentProblem: Spark did not start (master local[2]): [JAVA_GATEWAY_EXITED] Java gateway"
+    keys = PipelineKeys.of(spec, spec.pipeline())
+    result = _materialize(spec, dg.AssetSelection.assets(keys.staged))
+    assert not result.success
+    (failure,) = [e for e in result.all_events if e.is_step_failure]
+    message = failure.step_failure_data.user_failure_data.description
+    assert message.startswith(expected) and "\n" not in message

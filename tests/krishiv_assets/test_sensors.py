@@ -41,7 +41,7 @@ def _tick(spec: KrishivSpec, name: str, cursor: str | None, instance: dg.Dagster
     defs = build_definitions(spec)
     sensor = defs.resolve_sensor_def(name)
     resources = {
-        "ledger": LedgerResource(path=spec.storage.ledger_path),
+        "ledger": LedgerResource(spec=spec, path=spec.storage.ledger_path),
         "kafka": KafkaResource(bootstrap_servers=spec.kafka.bootstrap_servers),
     }
     with dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources, definitions=defs) as context:
