@@ -11,11 +11,18 @@ import re
 from urllib.parse import unquote
 
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.exceptions import (
+    CommitFailedException,
+    NamespaceAlreadyExistsError,
+    NoSuchTableError,
+    TableAlreadyExistsError,
+)
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
 from krishiv_core.errors import CatalogUnavailable
+from krishiv_core.evolution import evolve_partitioning, evolve_schema
+from krishiv_core.partitioning import PartitionField, partition_spec
 from krishiv_core.spec import KrishivSpec, PipelineSpec
 from krishiv_core.tables import aggregate_table_schema, rejects_table_schema
 
@@ -123,18 +130,43 @@ def qualified(spec: KrishivSpec, table: str) -> str:
     return ".".join(table_identifier(spec, table))
 
 
-def ensure_table(catalog: Catalog, identifier: tuple[str, str], schema: Schema) -> Table:
-    """Load the table, creating the namespace and table on first use (concurrent creators are fine)."""
+def ensure_table(
+    catalog: Catalog,
+    identifier: tuple[str, str],
+    schema: Schema,
+    *,
+    partition_by: tuple[PartitionField, ...] = (),
+) -> Table:
+    """Load the table, creating the namespace and table on first use (concurrent creators are fine), and bring
+    an existing table to ``schema`` and ``partition_by`` as ``krishiv_core.evolution`` allows, or raise
+    :class:`~krishiv_core.errors.SchemaConflict`.
+
+    A new table gets ``partition_by`` as its partition spec. Evolving is idempotent: a table that already fits is
+    not touched. When another process changes the table's metadata at the same moment (two creators evolving it
+    alike, say), the commit fails, the table is reloaded and compared again.
+    """
+    name = ".".join(identifier)
     try:
-        return catalog.load_table(identifier)
+        table = catalog.load_table(identifier)
     except NoSuchTableError:
-        pass
-    with contextlib.suppress(NamespaceAlreadyExistsError):
-        catalog.create_namespace(identifier[0])
-    try:
-        return catalog.create_table(identifier, schema=schema, properties=TABLE_PROPERTIES)
-    except TableAlreadyExistsError:
-        return catalog.load_table(identifier)
+        with contextlib.suppress(NamespaceAlreadyExistsError):
+            catalog.create_namespace(identifier[0])
+        try:
+            return catalog.create_table(
+                identifier,
+                schema=schema,
+                partition_spec=partition_spec(schema, partition_by),
+                properties=TABLE_PROPERTIES,
+            )
+        except TableAlreadyExistsError:
+            table = catalog.load_table(identifier)
+    attempts = 5  # a concurrent metadata change won the commit: reload, compare again (bounded)
+    for _ in range(attempts - 1):
+        try:
+            return evolve_partitioning(evolve_schema(table, schema, name), partition_by, name)
+        except CommitFailedException:
+            table = catalog.load_table(identifier)
+    return evolve_partitioning(evolve_schema(table, schema, name), partition_by, name)
 
 
 def ensure_pipeline_tables(catalog: Catalog, spec: KrishivSpec, pipeline: PipelineSpec) -> tuple[Table, Table]:

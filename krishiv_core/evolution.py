@@ -1,0 +1,189 @@
+"""Bringing an existing output table to the schema and partitioning the spec now asks for, or refusing to.
+
+Columns are matched by name, never by id (the spec's schema numbers its columns afresh each time). The changes
+made are the ones every reader of the table can follow and that lose nothing:
+
+* a column the spec adds becomes a new optional column (Iceberg cannot add a required column to a table with
+  rows; Krishiv remembers such a column in the table property :data:`RELAXED_PROPERTY`, so the spec calling it
+  required later is not mistaken for an optional -> required change);
+* a type Iceberg may widen is widened: int -> long, float -> double, decimal(P,S) -> decimal(P2,S) with P2 > P;
+* a required column the spec makes optional, or no longer has, becomes optional (new rows may then leave it out);
+* a column the spec no longer has is kept, never dropped: its old values stay readable.
+
+Anything else (string -> long, long -> int, a decimal's scale, optional -> required…) raises
+:class:`SchemaConflict` naming the table, the column, both types and what is allowed, and changes nothing.
+All schema changes of one call are one metadata commit.
+
+Partitioning is evolved too (:func:`evolve_partitioning`), not refused: Iceberg keeps each data file under the
+partition spec it was written with and scans plan every spec, so changing ``partition_by`` is a metadata-only
+change that rewrites nothing. Partition fields the spec dropped are removed, new ones added, and fields both have
+keep their ids; an order-only difference is no change. A new field whose default name is taken (pyiceberg cannot
+reuse a removed field's name in the same update, as in ``bucket(16, c)`` -> ``bucket(8, c)``) gets pyiceberg's
+generated name, ``c_bucket_8``. Whatever pyiceberg still refuses (day(ts) beside a field another engine named
+``ts_day``, say) raises :class:`SchemaConflict` naming the table and both partitionings, and changes
+nothing. Staged files wait in the outbox across such a change: the relay registers each under the table's
+current spec from the values its rows hold (``outbox.data_files``), and refuses a file whose rows span several
+partitions of the new spec rather than registering it under a wrong value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+
+from pyiceberg.exceptions import ValidationError
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.types import DecimalType, DoubleType, FloatType, IcebergType, IntegerType, LongType, NestedField
+
+from krishiv_core.errors import SchemaConflict
+from krishiv_core.partitioning import IDENTITY, PartitionField, describe_spec, from_iceberg
+
+#: Field ids of the columns Krishiv added as optional although the spec declared them required.
+RELAXED_PROPERTY = "krishiv.optional-by-evolution"
+
+ALLOWED_CHANGES = (
+    "Krishiv evolves a table only by adding optional columns, widening int to long, float to double and "
+    "decimal(P,S) to a larger precision with the same scale, and making a required column optional; it never "
+    "drops a column"
+)
+
+
+def widens(table_type: IcebergType, spec_type: IcebergType) -> bool:
+    """Whether Iceberg may promote ``table_type`` to ``spec_type`` (a true widening, not equality)."""
+    if isinstance(table_type, IntegerType) and isinstance(spec_type, LongType):
+        return True
+    if isinstance(table_type, FloatType) and isinstance(spec_type, DoubleType):
+        return True
+    return (
+        isinstance(table_type, DecimalType)
+        and isinstance(spec_type, DecimalType)
+        and spec_type.scale == table_type.scale
+        and spec_type.precision > table_type.precision
+    )
+
+
+@dataclass
+class SchemaChanges:
+    """What :func:`schema_changes` found to do; empty when the table already fits the spec."""
+
+    add: list[NestedField] = field(default_factory=list)
+    widen: list[tuple[str, IcebergType]] = field(default_factory=list)
+    make_optional: list[str] = field(default_factory=list)
+    relax: list[str] = field(default_factory=list)  # added optional though the spec requires them
+
+    def __bool__(self) -> bool:
+        return bool(self.add or self.widen or self.make_optional)
+
+
+def _relaxed_ids(table: Table) -> set[int]:
+    raw = table.properties.get(RELAXED_PROPERTY, "")
+    return {int(part) for part in raw.split(",") if part.strip()}
+
+
+def _conflict(table_name: str, column: str, detail: str) -> SchemaConflict:
+    return SchemaConflict(f"table {table_name}: column {column!r} {detail}; nothing was changed. {ALLOWED_CHANGES}.")
+
+
+def schema_changes(
+    table_name: str, current: Schema, wanted: Schema, relaxed_ids: Collection[int] = frozenset()
+) -> SchemaChanges:
+    """The changes that bring ``current`` to ``wanted`` (matched by top-level column name), or SchemaConflict."""
+    changes = SchemaChanges()
+    identifiers = set(current.identifier_field_ids)
+    wanted_names = {f.name for f in wanted.fields}
+    for spec_field in wanted.fields:
+        try:
+            have = current.find_field(spec_field.name)
+        except ValueError:
+            changes.add.append(spec_field)
+            if spec_field.required:
+                changes.relax.append(spec_field.name)
+            continue
+        if have.field_type != spec_field.field_type:
+            if not widens(have.field_type, spec_field.field_type):
+                raise _conflict(
+                    table_name,
+                    spec_field.name,
+                    f"is {have.field_type} in the table and {spec_field.field_type} in the spec",
+                )
+            changes.widen.append((spec_field.name, spec_field.field_type))
+        if have.required and not spec_field.required:
+            if have.field_id in identifiers:
+                raise _conflict(
+                    table_name,
+                    spec_field.name,
+                    "is an identifier field of the table, so it must stay required, and the spec makes it optional",
+                )
+            changes.make_optional.append(spec_field.name)
+        elif spec_field.required and not have.required and have.field_id not in relaxed_ids:
+            raise _conflict(
+                table_name, spec_field.name, "is optional in the table and required in the spec (optional -> required)"
+            )
+    for have in current.fields:
+        if have.name not in wanted_names and have.required:  # kept, and new rows will not have it
+            if have.field_id in identifiers:
+                raise _conflict(
+                    table_name,
+                    have.name,
+                    "is a required identifier field of the table, and the spec no longer has it",
+                )
+            changes.make_optional.append(have.name)
+    return changes
+
+
+def evolve_schema(table: Table, wanted: Schema, table_name: str) -> Table:
+    """Apply :func:`schema_changes` to ``table`` in one metadata commit; returns the table (unchanged if nothing to do).
+
+    A concurrent change surfaces as pyiceberg's ``CommitFailedException``: reload the table and call again.
+    """
+    changes = schema_changes(table_name, table.schema(), wanted, _relaxed_ids(table))
+    if not changes:
+        return table
+    with table.transaction() as tx:
+        with tx.update_schema() as update:
+            for f in changes.add:
+                update.add_column(f.name, f.field_type, doc=f.doc, required=False)
+            for name, field_type in changes.widen:
+                update.update_column(name, field_type=field_type)
+            for name in changes.make_optional:
+                update.make_column_optional(name)
+        if changes.relax:
+            schema = tx.table_metadata.schema()
+            relaxed = _relaxed_ids(table) | {schema.find_field(name).field_id for name in changes.relax}
+            tx.set_properties({RELAXED_PROPERTY: ",".join(str(i) for i in sorted(relaxed))})
+    return table
+
+
+def evolve_partitioning(table: Table, partition_by: Sequence[PartitionField], table_name: str) -> Table:
+    """Bring the table's partition spec to ``partition_by`` with one ``update_spec()`` commit (see the module's
+    docstring), or raise SchemaConflict naming both partitionings; returns the table.
+
+    A concurrent change surfaces as pyiceberg's ``CommitFailedException``: reload the table and call again.
+    """
+    schema, spec = table.schema(), table.spec()
+    current = {from_iceberg(f, schema): f for f in spec.fields if str(f.transform) != "void"}
+    wanted = list(dict.fromkeys(partition_by))
+    if set(current) == set(wanted):
+        return table
+    removed = [f for p, f in current.items() if p not in wanted]
+    added = [p for p in wanted if p not in current]
+    # Names pyiceberg would refuse for a new field: a removed or kept field's (Iceberg cannot reuse one in the
+    # update that removes it) and a column's (unless identity of that column); pyiceberg then names it
+    # ``column_bucket_8``, ``column_trunc_4``, as Iceberg's own spec evolution does.
+    taken = {f.name for f in spec.fields} | {f.name for f in schema.fields}
+    try:
+        with table.update_spec() as update:
+            for f in removed:
+                update.remove_field(f.name)
+            for p in added:
+                clash = p.name in taken and not (p.transform == IDENTITY and p.name == p.column)
+                update.add_field(p.column, p.iceberg_transform(), None if clash else p.name)
+    except (ValueError, ValidationError) as exc:
+        shown = "[" + ", ".join(str(p) for p in wanted) + "]" if wanted else "unpartitioned"
+        raise SchemaConflict(
+            f"table {table_name} is partitioned by {describe_spec(spec, schema)} and the spec asks for {shown}, "
+            f"which pyiceberg cannot evolve the table to ({exc}); nothing was changed. Create a new table for the "
+            "new partitioning, or change it with an engine that can (Spark's ALTER TABLE … PARTITION FIELD)"
+        ) from exc
+    return table
