@@ -259,3 +259,31 @@ def test_files_staged_before_the_partitioning_changed(catalog: SqlCatalog, tmp_p
     )
     append(table, [registered])
     assert by_key(table.scan().to_arrow().to_pylist()) == by_key([ROWS[1], ROWS[2], ROWS[7]])
+
+
+def test_a_file_staged_before_the_schema_evolved(catalog: SqlCatalog, tmp_path: Path) -> None:
+    """A pending file written for the old schema (int, decimal(10,2), no region) is registered after the table
+    widened its columns, gained a column and a partition field on it, and reads back with the new types."""
+    old = Schema(
+        NestedField(1, "ts", TimestamptzType(), required=True),
+        NestedField(2, "i", IntegerType(), required=False),
+        NestedField(3, "amount", DecimalType(10, 2), required=False),
+    )
+    new = Schema(
+        NestedField(1, "ts", TimestamptzType(), required=True),
+        NestedField(2, "i", LongType(), required=False),
+        NestedField(3, "amount", DecimalType(12, 2), required=False),
+        NestedField(4, "region", StringType(), required=False),
+    )
+    bucket = parse_partition_by(["bucket(4, i)"], "partition_by", {"i": "int"})
+    table = ensure_table(catalog, ("ns", "orders"), old, partition_by=bucket)
+    rows = [{"ts": utc(2024, 5, 1), "i": 3, "amount": Decimal("1.50")}]
+    files = write_staged_files(table.io, table.schema(), table.spec(), pa.Table.from_pylist(rows), str(tmp_path))
+    partition_by = parse_partition_by(["bucket(4, i)", "region"], "partition_by", {"i": "long", "region": "string"})
+    table = ensure_table(catalog, ("ns", "orders"), new, partition_by=partition_by)
+    registered = data_file(table, files[0].path)
+    bucket_of_3 = table.spec().fields[0].transform.transform(LongType())(3)
+    assert (tuple(registered.partition[i] for i in range(2)), registered.spec_id) == ((bucket_of_3, None), 1)
+    append(table, [registered])
+    assert table.scan().to_arrow().to_pylist() == [dict(rows[0], region=None)]
+    assert table.scan().to_arrow().schema.field("i").type == pa.int64()
