@@ -107,7 +107,8 @@ def measure_freshness(
     result = FreshnessResult(rate, seconds, pipeline.trigger_interval_ms / 1000, sensor_interval_s)
     partitions = ensure_topic(spec.kafka.bootstrap_servers, pipeline.topic, spec.kafka.partitions)
     catalog = load_catalog(spec)
-    table, rejects = ensure_pipeline_tables(catalog, spec, pipeline)
+    tables = ensure_pipeline_tables(catalog, spec, pipeline)
+    table, rejects = tables[pipeline.table], tables[pipeline.rejects_table]
     running = start_pipeline(spark, spec, pipeline, catalog, open_ledger(spec), once=False)
     producer = _Producer(spec.kafka.bootstrap_servers, pipeline.topic, partitions, rate, seconds)
     stop_relay = threading.Event()

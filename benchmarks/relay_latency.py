@@ -81,7 +81,7 @@ def bench_relay(spec: KrishivSpec, label: str, snapshots: int, folder: Path) -> 
         ledger = Ledger(folder / f"relay-{label}.duckdb")
         query_id = str(uuid.uuid4())
         for batch_id in range(snapshots):
-            staged = write_parquet(table, _window_rows(batch_id), staging_folder(table, query_id, batch_id))
+            (staged,) = write_parquet(table, _window_rows(batch_id), staging_folder(table, query_id, batch_id))
             ranges = {pipeline.topic: {"0": [batch_id, batch_id + 1]}}
             entry = OutboxEntry(query_id, pipeline.name, name, batch_id, ranges, (staged,), new_snapshot_id())
             ledger.record_batch([entry])

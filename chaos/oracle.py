@@ -44,8 +44,10 @@ class Expected:
     valid_events: int = 0
 
 
-def read_topic(bootstrap: str, topic: str, partitions: int, ends: dict[int, int]) -> Records:
-    """Every record below ``ends`` of every partition, keyed by (partition, offset).
+def read_topic(
+    bootstrap: str, topic: str, partitions: int, ends: dict[int, int], keys: Records | None = None
+) -> Records:
+    """Every record below ``ends`` of every partition, keyed by (partition, offset); their Kafka keys into ``keys``.
 
     Asks for no more records than are left below the end, so ``consume`` returns as soon as they are there rather
     than after its timeout; offsets that hold no record (gaps) end the read once the consumer's position passes them.
@@ -66,6 +68,8 @@ def read_topic(bootstrap: str, topic: str, partitions: int, ends: dict[int, int]
                         raise RuntimeError(f"oracle read of {topic}/{p} failed: {m.error()}")
                     if m.offset() < end:
                         out[(p, m.offset())] = m.value()
+                        if keys is not None:
+                            keys[(p, m.offset())] = m.key()
                     next_offset = max(next_offset, m.offset() + 1)
                 if msgs:
                     deadline = time.monotonic() + READ_TIMEOUT_S

@@ -28,10 +28,13 @@ def _pipelines(spec: KrishivSpec, name: str | None) -> list[PipelineSpec]:
     return [spec.pipeline(name)] if name else list(spec.pipelines)
 
 
+_ROWS_NAMED = {"windowed": "windows written", "events": "rows staged", "upsert": "keys upserted"}
+
+
 def _print_batch(pipeline: str):
     def show(b) -> None:
         console.print(
-            f"[bold]{pipeline}[/] batch {b.batch_id}: {b.records_read} records read, {b.windows} windows closed, "
+            f"[bold]{pipeline}[/] batch {b.batch_id}: {b.records_read} records read, {b.rows} {_ROWS_NAMED[b.kind]}, "
             f"{b.rejects} rejects, {b.late_events} late, {'staged' if b.recorded else 'already in the ledger'}"
         )
 

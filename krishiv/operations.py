@@ -166,7 +166,7 @@ def commit_pipelines(
         relay = CommitRelay(ledger, lambda: load_catalog(spec), redact(spec.catalog_uri()))
     else:
         relay = CommitRelay(ledger, catalog, _catalog_address(catalog))
-    reports = relay.run([qualified(spec, t) for p in pipelines for t in (p.table, p.rejects_table)])
+    reports = relay.run([qualified(spec, t) for p in pipelines for t in p.all_tables])
     ledger.compact_if_due()  # committed entries past the retention fold into per-query totals, hourly at most
     return reports
 

@@ -119,7 +119,7 @@ def pipeline_assets(spec: KrishivSpec, pipeline: PipelineSpec) -> list[dg.Assets
                 "batches_run": len(history),
                 "batches_staged": len(staged),
                 "records_read": sum(b.records_read for b in staged),
-                "windows_closed": sum(b.windows for b in staged),
+                "rows_staged": sum(b.rows for b in staged),
                 "rejects": sum(b.rejects for b in staged),
                 "late_events": sum(b.late_events for b in staged),
                 "pending_entries": summary.pending,

@@ -24,7 +24,7 @@ from krishiv_core.errors import CatalogUnavailable
 from krishiv_core.evolution import evolve_partitioning, evolve_schema
 from krishiv_core.partitioning import PartitionField, partition_spec
 from krishiv_core.spec import KrishivSpec, PipelineSpec
-from krishiv_core.tables import aggregate_table_schema, rejects_table_schema
+from krishiv_core.tables import output_tables
 
 #: Table properties Krishiv sets on the tables it creates. The relay owns commit retries (it re-checks
 #: the table before each attempt), so pyiceberg's own retry loop is switched off.
@@ -169,9 +169,10 @@ def ensure_table(
     return evolve_partitioning(evolve_schema(table, schema, name), partition_by, name)
 
 
-def ensure_pipeline_tables(catalog: Catalog, spec: KrishivSpec, pipeline: PipelineSpec) -> tuple[Table, Table]:
-    """The pipeline's aggregate table and its rejects table, created from the spec if missing."""
-    return (
-        ensure_table(catalog, table_identifier(spec, pipeline.table), aggregate_table_schema(pipeline)),
-        ensure_table(catalog, table_identifier(spec, pipeline.rejects_table), rejects_table_schema()),
-    )
+def ensure_pipeline_tables(catalog: Catalog, spec: KrishivSpec, pipeline: PipelineSpec) -> dict[str, Table]:
+    """Every table the pipeline writes (``krishiv_core.tables.output_tables``), by unqualified name, created from
+    the spec if missing and evolved to it otherwise."""
+    return {
+        t.name: ensure_table(catalog, table_identifier(spec, t.name), t.schema, partition_by=t.partition_by)
+        for t in output_tables(pipeline)
+    }

@@ -1,9 +1,17 @@
 """The declarative pipeline spec: one TOML file drives the Spark job, the relay and the Dagster assets.
 
 A spec file holds shared settings (Kafka, Iceberg, storage, Spark) and one or more ``[[pipelines]]``.
-Each pipeline reads one topic, parses JSON events with a declared schema, aggregates them in tumbling
-event-time windows and writes one Iceberg table (plus ``<table>_rejects``). Environment variables
-override the shared addresses and paths so one file serves a laptop and a cluster.
+Each pipeline reads one topic and parses JSON events with a declared schema; its ``kind`` says what it writes:
+
+- ``windowed`` (the default): aggregates per event-time window (tumbling, or hopping with ``slide``), per
+  ``group_by`` key, written once the watermark passes a window (``output_mode = "append"``) or replaced as its
+  events arrive (``"update"``);
+- ``events``: every valid event one row, with optional Kafka metadata columns; ``route_by`` a field sends
+  each event to the table of its value's route (fan-out);
+- ``upsert``: the latest row per ``key`` (by ``version_field``, else Kafka offset), deleted by a tombstone.
+
+Every pipeline also writes ``<table>_rejects``, and any table may be partitioned (``partition_by``).
+Environment variables override the shared addresses and paths so one file serves a laptop and a cluster.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from types import MappingProxyType
 from typing import Any
 
 from krishiv_core.errors import ConfigError
+from krishiv_core.partitioning import PartitionField, parse_partition_by
 
 DEFAULT_SPEC_FILE = "krishiv.toml"
 SPEC_FILE_ENV = "KRISHIV_SPEC"
@@ -48,7 +57,13 @@ _AGG_FUNCTIONS = ("count", "sum", "min", "max", "avg")
 _DURATION = re.compile(r"^(\d+)\s*(ms|s|m|h)$")
 _DURATION_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_OUTPUT_MODES = ("append",)
+_OUTPUT_MODES = ("append", "update")
+WINDOWED, EVENTS, UPSERT = "windowed", "events", "upsert"
+KINDS = (WINDOWED, EVENTS, UPSERT)
+#: Kafka metadata columns an ``events`` or ``upsert`` pipeline may add, by the name used in ``kafka_metadata``.
+KAFKA_METADATA = ("topic", "partition", "offset", "timestamp", "key")
+KAFKA_METADATA_PREFIX = "_kafka_"
+REJECTS = "rejects"
 
 
 @dataclass(frozen=True)
@@ -88,22 +103,62 @@ class Aggregation:
 
 
 @dataclass(frozen=True)
+class Route:
+    """Events whose ``route_by`` field equals ``value`` go to ``table``."""
+
+    value: str
+    table: str
+
+
+@dataclass(frozen=True)
 class PipelineSpec:
     name: str
     topic: str
     table: str
-    event_time_field: str
+    event_time_field: str | None
     fields: tuple[EventField, ...]
-    aggregations: tuple[Aggregation, ...]
+    aggregations: tuple[Aggregation, ...] = ()
+    kind: str = WINDOWED
     watermark_delay_ms: int = 5_000
     window_ms: int = 60_000
+    slide_ms: int | None = None  # hopping windows: a window starts every slide; None is tumbling
+    group_by: tuple[str, ...] = ()
     trigger_interval_ms: int = 2_000
     max_records_per_batch: int = 200_000
     output_mode: str = "append"
+    partition_by: tuple[PartitionField, ...] = ()
+    kafka_metadata: tuple[str, ...] = ()
+    route_by: str | None = None
+    routes: tuple[Route, ...] = ()
+    unrouted: str = REJECTS  # the table events without a route go to, or REJECTS
+    key: tuple[str, ...] = ()
+    version_field: str | None = None
+    delete_field: str | None = None
 
     @property
     def rejects_table(self) -> str:
         return f"{self.table}_rejects"
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        """The tables the pipeline writes rows to, rejects aside: its table, or its routes' (and the default's)."""
+        if not self.routes:
+            return (self.table,)
+        routed = tuple(dict.fromkeys(r.table for r in self.routes))
+        return routed + ((self.unrouted,) if self.unrouted != REJECTS and self.unrouted not in routed else ())
+
+    @property
+    def all_tables(self) -> tuple[str, ...]:
+        """Every table the pipeline writes: its row tables, then its rejects table."""
+        return (*self.tables, self.rejects_table)
+
+    @property
+    def metadata_columns(self) -> tuple[str, ...]:
+        return tuple(KAFKA_METADATA_PREFIX + m for m in self.kafka_metadata)
+
+    @property
+    def window_slide_ms(self) -> int:
+        return self.slide_ms or self.window_ms
 
     def field(self, name: str) -> EventField:
         for f in self.fields:
@@ -305,59 +360,195 @@ def _parse_aggregations(raw: Any, where: str, fields: tuple[EventField, ...]) ->
     return tuple(out)
 
 
+_COMMON_KEYS = {"name", "kind", "topic", "table", "fields", "trigger_interval", "max_records_per_batch", "partition_by"}
+_KIND_KEYS = {
+    WINDOWED: {"event_time_field", "watermark_delay", "window", "slide", "group_by", "output_mode", "aggregations"},
+    EVENTS: {"event_time_field", "kafka_metadata", "route_by", "routes", "unrouted"},
+    UPSERT: {"event_time_field", "kafka_metadata", "key", "version_field", "delete_field"},
+}
+
+
+def _field_names(raw: Any, where: str, by_name: Mapping[str, EventField], what: str) -> tuple[str, ...]:
+    names = [raw] if isinstance(raw, str) else _expect(raw, list, where, f"a list of {what}")
+    for i, name in enumerate(names):
+        if name not in by_name:
+            raise ConfigError(f"{where}[{i}]", f"expected one of the event fields {sorted(by_name)}, got {name!r}")
+    if len(set(names)) != len(names):
+        raise ConfigError(where, f"a field is named twice: {names}")
+    return tuple(names)
+
+
+def _one_field(raw: Any, where: str, by_name: Mapping[str, EventField], types: tuple[str, ...], what: str) -> str:
+    if raw not in by_name:
+        raise ConfigError(where, f"expected one of the event fields {sorted(by_name)}, got {raw!r}")
+    if by_name[raw].type.name not in types:
+        raise ConfigError(where, f"{what} must be of type {' or '.join(types)}; {raw} is {by_name[raw].type}")
+    return raw
+
+
+def _parse_windowed(raw: Mapping[str, Any], where: str, fields: tuple[EventField, ...]) -> dict[str, Any]:
+    by_name = {f.name: f for f in fields}
+    window_ms = parse_duration_ms(raw.get("window", "1m"), f"{where}.window")
+    slide_ms = None
+    if "slide" in raw:
+        slide_ms = parse_duration_ms(raw["slide"], f"{where}.slide")
+        if slide_ms > window_ms or window_ms % slide_ms:
+            raise ConfigError(
+                f"{where}.slide", f"expected a slide that divides the window ({window_ms} ms), got {slide_ms} ms"
+            )
+        slide_ms = None if slide_ms == window_ms else slide_ms
+    group_by = _field_names(raw.get("group_by", []), f"{where}.group_by", by_name, "event fields")
+    for i, name in enumerate(group_by):
+        f = by_name[name]
+        if not f.required or f.type.name == "double":
+            raise ConfigError(
+                f"{where}.group_by[{i}]",
+                f"a group-by field must be required and not a double (its rows are a window's key); {name} is "
+                f"{'optional' if not f.required else f.type}",
+            )
+    output_mode = raw.get("output_mode", "append")
+    if output_mode not in _OUTPUT_MODES:
+        raise ConfigError(f"{where}.output_mode", f"expected one of {list(_OUTPUT_MODES)}, got {output_mode!r}")
+    aggregations = _parse_aggregations(raw.get("aggregations"), f"{where}.aggregations", fields)
+    clash = set(group_by) & {a.name for a in aggregations}
+    if clash:
+        raise ConfigError(f"{where}.aggregations", f"output columns {sorted(clash)} are also group-by fields")
+    return {
+        "aggregations": aggregations,
+        "watermark_delay_ms": parse_duration_ms(raw.get("watermark_delay", "5s"), f"{where}.watermark_delay"),
+        "window_ms": window_ms,
+        "slide_ms": slide_ms,
+        "group_by": group_by,
+        "output_mode": output_mode,
+    }
+
+
+def _parse_metadata(raw: Any, where: str, fields: tuple[EventField, ...]) -> tuple[str, ...]:
+    if raw is True:
+        chosen: tuple[str, ...] = KAFKA_METADATA
+    elif raw is False or raw is None:
+        return ()
+    else:
+        _expect(raw, list, where, f"true or a list of {list(KAFKA_METADATA)}")
+        for i, name in enumerate(raw):
+            if name not in KAFKA_METADATA:
+                raise ConfigError(f"{where}[{i}]", f"expected one of {list(KAFKA_METADATA)}, got {name!r}")
+        chosen = tuple(m for m in KAFKA_METADATA if m in raw)
+    clash = {KAFKA_METADATA_PREFIX + m for m in chosen} & {f.name for f in fields}
+    if clash:
+        raise ConfigError(where, f"event fields {sorted(clash)} clash with the Kafka metadata columns")
+    return chosen
+
+
+def _parse_routes(raw: Mapping[str, Any], where: str, fields: tuple[EventField, ...]) -> dict[str, Any]:
+    by_name = {f.name: f for f in fields}
+    if "route_by" not in raw:
+        for key in ("routes", "unrouted"):
+            if key in raw:
+                raise ConfigError(f"{where}.{key}", "only a pipeline with route_by has routes")
+        return {}
+    route_by = _one_field(
+        raw["route_by"], f"{where}.route_by", by_name, ("string", "long", "int", "boolean"), "route_by"
+    )
+    routes_raw = _expect(raw.get("routes"), dict, f"{where}.routes", "a table of field value = table name")
+    if not routes_raw:
+        raise ConfigError(f"{where}.routes", "expected at least one route")
+    routes = tuple(Route(str(v), _identifier(t, f"{where}.routes.{v}")) for v, t in routes_raw.items())
+    unrouted = raw.get("unrouted", REJECTS)
+    if unrouted != REJECTS:
+        unrouted = _identifier(unrouted, f"{where}.unrouted")
+    return {"route_by": route_by, "routes": routes, "unrouted": unrouted}
+
+
+def _parse_upsert(raw: Mapping[str, Any], where: str, fields: tuple[EventField, ...]) -> dict[str, Any]:
+    by_name = {f.name: f for f in fields}
+    if "key" not in raw:
+        raise ConfigError(f"{where}.key", "an upsert pipeline needs key = [field, ...]: the fields naming a row")
+    key = _field_names(raw["key"], f"{where}.key", by_name, "event fields")
+    if not key:
+        raise ConfigError(f"{where}.key", "expected at least one key field")
+    for i, name in enumerate(key):
+        f = by_name[name]
+        if not f.required or f.type.name == "double":
+            raise ConfigError(
+                f"{where}.key[{i}]",
+                f"a key field must be required and not a double; {name} is {'optional' if not f.required else f.type}",
+            )
+    version = raw.get("version_field")
+    if version is not None:
+        version = _one_field(
+            version,
+            f"{where}.version_field",
+            by_name,
+            ("long", "int", "timestamp_ms", "timestamp", "decimal"),
+            "version_field",
+        )
+    delete = raw.get("delete_field")
+    if delete is not None:
+        delete = _one_field(delete, f"{where}.delete_field", by_name, ("boolean",), "delete_field")
+    return {"key": key, "version_field": version, "delete_field": delete}
+
+
+def _output_columns(kind: str, fields: tuple[EventField, ...], extra: Mapping[str, Any]) -> dict[str, str]:
+    """Each output column's spec type name, for validating ``partition_by``."""
+    if kind == WINDOWED:
+        by_name = {f.name: f for f in fields}
+        columns = {"window_start": "timestamp", "window_end": "timestamp"}
+        columns |= {g: by_name[g].type.name for g in extra["group_by"]}
+        return columns
+    columns = {f.name: f.type.name for f in fields}
+    types = {"topic": "string", "partition": "int", "offset": "long", "timestamp": "timestamp", "key": "binary"}
+    return columns | {KAFKA_METADATA_PREFIX + m: types[m] for m in extra.get("kafka_metadata", ())}
+
+
 def _parse_pipeline(raw: Any, where: str) -> PipelineSpec:
     _expect(raw, dict, where, "a table")
-    known = {
-        "name",
-        "topic",
-        "table",
-        "event_time_field",
-        "watermark_delay",
-        "window",
-        "trigger_interval",
-        "max_records_per_batch",
-        "output_mode",
-        "fields",
-        "aggregations",
-    }
+    kind = raw.get("kind", WINDOWED)
+    if kind not in KINDS:
+        raise ConfigError(f"{where}.kind", f"expected one of {list(KINDS)}, got {kind!r}")
+    known = _COMMON_KEYS | _KIND_KEYS[kind]
     unknown = set(raw) - known
     if unknown:
-        raise ConfigError(where, f"unknown keys {sorted(unknown)}; expected some of {sorted(known)}")
+        raise ConfigError(
+            where, f"unknown keys {sorted(unknown)} for a {kind} pipeline; expected some of {sorted(known)}"
+        )
     name = _identifier(raw.get("name"), f"{where}.name")
     topic = _expect(raw.get("topic"), str, f"{where}.topic", "a Kafka topic name")
     if not re.match(r"^[A-Za-z0-9._-]{1,249}$", topic):
         raise ConfigError(f"{where}.topic", f"not a valid Kafka topic name: {topic!r}")
     table = _identifier(raw.get("table", name), f"{where}.table")
     fields = _parse_fields(raw.get("fields"), f"{where}.fields")
-    event_time = raw.get("event_time_field")
     by_name = {f.name: f for f in fields}
-    if event_time not in by_name:
-        raise ConfigError(
-            f"{where}.event_time_field", f"expected one of the event fields {sorted(by_name)}, got {event_time!r}"
+    event_time = raw.get("event_time_field")
+    if event_time is not None or kind == WINDOWED:
+        event_time = _one_field(
+            event_time, f"{where}.event_time_field", by_name, ("timestamp_ms", "timestamp"), "the event time field"
         )
-    if by_name[event_time].type.name not in ("timestamp_ms", "timestamp"):
-        raise ConfigError(
-            f"{where}.event_time_field",
-            f"the event time field must be of type timestamp_ms or timestamp; "
-            f"{event_time} is {by_name[event_time].type}",
-        )
-    output_mode = raw.get("output_mode", "append")
-    if output_mode not in _OUTPUT_MODES:
-        raise ConfigError(f"{where}.output_mode", f"expected one of {list(_OUTPUT_MODES)}, got {output_mode!r}")
+    extra: dict[str, Any] = {}
+    if kind == WINDOWED:
+        extra = _parse_windowed(raw, where, fields)
+    else:
+        extra["kafka_metadata"] = _parse_metadata(raw.get("kafka_metadata"), f"{where}.kafka_metadata", fields)
+        if kind == EVENTS:
+            extra |= _parse_routes(raw, where, fields)
+        else:
+            extra |= _parse_upsert(raw, where, fields)
+    partition_by = parse_partition_by(
+        raw.get("partition_by", []), f"{where}.partition_by", _output_columns(kind, fields, extra)
+    )
     return PipelineSpec(
         name=name,
         topic=topic,
         table=table,
         event_time_field=event_time,
         fields=fields,
-        aggregations=_parse_aggregations(raw.get("aggregations"), f"{where}.aggregations", fields),
-        watermark_delay_ms=parse_duration_ms(raw.get("watermark_delay", "5s"), f"{where}.watermark_delay"),
-        window_ms=parse_duration_ms(raw.get("window", "1m"), f"{where}.window"),
+        kind=kind,
         trigger_interval_ms=parse_duration_ms(raw.get("trigger_interval", "2s"), f"{where}.trigger_interval"),
         max_records_per_batch=_positive_int(
             raw.get("max_records_per_batch", 200_000), f"{where}.max_records_per_batch"
         ),
-        output_mode=output_mode,
+        partition_by=partition_by,
+        **extra,
     )
 
 
@@ -449,11 +640,16 @@ def parse_spec(
     if not raw_pipelines:
         raise ConfigError("pipelines", "expected at least one [[pipelines]] table")
     pipelines = tuple(_parse_pipeline(p, f"pipelines[{n}]") for n, p in enumerate(raw_pipelines))
-    for attr in ("name", "table"):
-        values = [getattr(p, attr) for p in pipelines]
-        dupes = {v for v in values if values.count(v) > 1}
-        if dupes:
-            raise ConfigError(f"pipelines.{attr}", f"must be unique across pipelines; repeated: {sorted(dupes)}")
+    names = [p.name for p in pipelines]
+    dupes = {v for v in names if names.count(v) > 1}
+    if dupes:
+        raise ConfigError("pipelines.name", f"must be unique across pipelines; repeated: {sorted(dupes)}")
+    tables = [t for p in pipelines for t in (*p.tables, p.rejects_table)]
+    dupes = {v for v in tables if tables.count(v) > 1}
+    if dupes:
+        raise ConfigError(
+            "pipelines.table", f"each table is written by one pipeline only; written by several: {sorted(dupes)}"
+        )
     return KrishivSpec(kafka, iceberg, storage, spark, pipelines, base_dir or Path.cwd())
 
 

@@ -1,10 +1,14 @@
-"""Output table schemas derived from a pipeline spec, in Iceberg and Spark terms.
+"""Output tables derived from a pipeline spec: names, schemas, partitioning and how each is committed.
 
-The Spark job casts its output to exactly these types, and the relay creates tables with them, so the
-two sides agree by construction rather than by inference.
+:func:`output_tables` is the one place that says which tables a pipeline writes (its row tables, then its rejects
+table) and, per table, the Iceberg schema, the partition fields and the commit operation phase 2 uses. The Spark
+job casts its output to exactly these types, and tables are created with them, so the two sides agree by
+construction rather than by inference.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from pyiceberg.schema import Schema
 from pyiceberg.types import (
@@ -20,7 +24,9 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from krishiv_core.spec import Aggregation, FieldType, PipelineSpec
+from krishiv_core.entries import APPEND, MERGE, CommitOperation
+from krishiv_core.partitioning import PartitionField
+from krishiv_core.spec import EVENTS, KAFKA_METADATA_PREFIX, UPSERT, WINDOWED, Aggregation, FieldType, PipelineSpec
 
 WINDOW_START = "window_start"
 WINDOW_END = "window_end"
@@ -77,13 +83,72 @@ def spark_type(t: FieldType) -> str:
 
 
 def aggregate_table_schema(pipeline: PipelineSpec) -> Schema:
+    """A windowed pipeline's table: the window, the group-by fields, then one column per aggregation."""
     fields = [
         NestedField(1, WINDOW_START, TimestamptzType(), required=True),
         NestedField(2, WINDOW_END, TimestamptzType(), required=True),
     ]
-    for n, agg in enumerate(pipeline.aggregations, start=3):
-        fields.append(NestedField(n, agg.name, iceberg_type(aggregate_type(agg, pipeline)), required=False))
-    return Schema(*fields, identifier_field_ids=[1])
+    for name in pipeline.group_by:
+        fields.append(NestedField(len(fields) + 1, name, iceberg_type(pipeline.field(name).type), required=True))
+    for agg in pipeline.aggregations:
+        fields.append(
+            NestedField(len(fields) + 1, agg.name, iceberg_type(aggregate_type(agg, pipeline)), required=False)
+        )
+    # A window's start and its group identify a row (the end follows from the start and the window's size).
+    return Schema(*fields, identifier_field_ids=[1, *range(3, 3 + len(pipeline.group_by))])
+
+
+#: The Kafka metadata columns' Iceberg types, by the name ``kafka_metadata`` uses.
+_METADATA_TYPES: dict[str, IcebergType] = {
+    "topic": StringType(),
+    "partition": IntegerType(),
+    "offset": LongType(),
+    "timestamp": TimestamptzType(),
+    "key": BinaryType(),
+}
+
+
+def event_table_schema(pipeline: PipelineSpec) -> Schema:
+    """An ``events`` or ``upsert`` pipeline's table: the event fields, then the Kafka metadata columns asked for.
+
+    An upsert table's key fields are its identifier fields (required, as the spec insists).
+    """
+    fields = [
+        NestedField(n, f.name, iceberg_type(f.type), required=f.required) for n, f in enumerate(pipeline.fields, 1)
+    ]
+    for name in pipeline.kafka_metadata:
+        fields.append(NestedField(len(fields) + 1, KAFKA_METADATA_PREFIX + name, _METADATA_TYPES[name], required=False))
+    ids = [f.field_id for f in fields if f.name in pipeline.key]
+    return Schema(*fields, identifier_field_ids=ids)
+
+
+@dataclass(frozen=True)
+class OutputTable:
+    """One table a pipeline writes, as the catalog creates it and phase 2 commits to it."""
+
+    name: str  # unqualified; the namespace is the spec's
+    schema: Schema
+    partition_by: tuple[PartitionField, ...]
+    operation: CommitOperation
+    rejects: bool = False
+
+
+def output_tables(pipeline: PipelineSpec) -> tuple[OutputTable, ...]:
+    """The pipeline's row tables (its table, or each route's), then its rejects table."""
+    if pipeline.kind == WINDOWED:
+        schema = aggregate_table_schema(pipeline)
+        operation = CommitOperation()
+        if pipeline.output_mode == "update":  # a window's row is replaced as its events arrive
+            operation = CommitOperation(MERGE, (WINDOW_START, WINDOW_END, *pipeline.group_by))
+    elif pipeline.kind == EVENTS:
+        schema, operation = event_table_schema(pipeline), CommitOperation(APPEND)
+    elif pipeline.kind == UPSERT:
+        schema = event_table_schema(pipeline)
+        operation = CommitOperation(MERGE, pipeline.key, pipeline.version_field)
+    else:  # pragma: no cover - the spec admits no other kind
+        raise ValueError(pipeline.kind)
+    rows = tuple(OutputTable(name, schema, pipeline.partition_by, operation) for name in pipeline.tables)
+    return (*rows, OutputTable(pipeline.rejects_table, rejects_table_schema(), (), CommitOperation(), rejects=True))
 
 
 def rejects_table_schema() -> Schema:

@@ -61,12 +61,13 @@ from pyiceberg.expressions import (
     LessThanOrEqual,
 )
 from pyiceberg.expressions.visitors import bind
-from pyiceberg.io.pyarrow import ArrowScan, parquet_file_to_data_file, schema_to_pyarrow
+from pyiceberg.io.pyarrow import ArrowScan, schema_to_pyarrow
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import FileScanTask, Table, TableProperties
 from pyiceberg.utils.properties import property_as_int
 
 from krishiv_core.entries import MERGE, OutboxEntry, StagedFile
+from outbox.data_files import data_file
 from outbox.errors import (
     MergeKeyDuplicate,
     MergeKeyNull,
@@ -218,15 +219,15 @@ def plan_merge(table: Table, entry: OutboxEntry) -> MergePlan:
         # Register the staged data files, without the rows that lost to a newer table row.
         for staged, keys in data:
             if losing.num_rows == 0 or keys.num_rows == 0:
-                plan.added.append(_data_file(table, staged.path))
+                plan.added.append(data_file(table, staged.path))
                 continue
             survivors = _surviving(keys.select(key), losing, key)
             if len(survivors) == keys.num_rows:
-                plan.added.append(_data_file(table, staged.path))
+                plan.added.append(data_file(table, staged.path))
             elif len(survivors):
                 path = _write_beside(table, entry, staged, survivors)
                 plan.written.append(path)
-                plan.added.append(_data_file(table, path))
+                plan.added.append(data_file(table, path))
     except Exception:
         _remove(table, plan.written)  # never referenced: the plan failed before any commit
         raise
@@ -356,18 +357,6 @@ def _write_beside(table: Table, entry: OutboxEntry, staged: StagedFile, survivor
     with table.io.new_output(path).create() as stream:
         pq.write_table(rows, stream, compression=codec)
     return path
-
-
-def _data_file(table: Table, path: str) -> DataFile:
-    # TODO(partitioned tables): use outbox.data_files.data_file (partition values from the rows, for every
-    # transform) once it is committed; parquet_file_to_data_file infers them from statistics (right for identity
-    # and time transforms with statistics, wrong or refused for bucket or without statistics).
-    try:
-        return parquet_file_to_data_file(table.io, table.metadata, path)
-    except FileNotFoundError as exc:
-        raise StagedFileMissing(
-            f"staged file {path} of a pending entry is missing; refusing to commit a partial batch"
-        ) from exc
 
 
 def _remove(table: Table, paths: Sequence[str]) -> None:

@@ -13,9 +13,10 @@ For each pending entry of a table, oldest first:
    of it with rows (the table was dropped and re-created, or restored from an older copy), stop with
    :class:`CommittedBatchesMissing` instead of appending.
 4. Check every staged file still exists; a missing one stops the relay (committing would lose rows).
-5. Commit one fast-append snapshot that registers the staged files in place, with the intended
-   snapshot id, a summary naming query, batch, high-water batch and Kafka offsets, and the query's
-   high-water property moved to this batch.
+5. Commit one snapshot (:func:`commit_entry`, the one place the entry's operation is turned into a commit): a
+   fast append that registers the staged files in place with their partition values, or a merge that
+   replaces the rows of the entry's keys (``outbox.merge``); with the intended snapshot id, a summary naming
+   query, batch, high-water batch and Kafka offsets, and the query's high-water property moved to this batch.
 6. Mark the entry COMMITTED.
 
 A conflict with another writer (``CommitFailedException``) means the commit did not happen: back off,
@@ -29,20 +30,21 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
-from pyiceberg.io.pyarrow import parquet_file_to_data_file
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
-from krishiv_core.entries import OffsetSkip, OutboxEntry
+from krishiv_core.entries import MERGE, OffsetSkip, OutboxEntry
 from krishiv_core.errors import CatalogUnavailable
 from krishiv_core.faults import fault_point
-from outbox.errors import CommitConflict, CommittedBatchesMissing, StagedFileMissing
+from outbox.data_files import data_file
+from outbox.errors import CommitConflict, CommittedBatchesMissing, OutboxError
 from outbox.ledger import Ledger
+from outbox.merge import merge_commit
 from outbox.snapshot_producer import fast_append
 
 log = logging.getLogger(__name__)
@@ -167,6 +169,17 @@ def shows_query(table: Table, query_id: str) -> bool:
     return any(s.summary is not None and s.summary.get(SUMMARY_QUERY_ID) == query_id for s in table.snapshots())
 
 
+def commit_entry(table: Table, entry: OutboxEntry, summary: Mapping[str, str], properties: Mapping[str, str]) -> Table:
+    """The one place the commit operation is chosen: an append registers the staged files as they are (each with
+    its partition values); a merge replaces the rows of the entry's keys (``outbox.merge``). Either is one
+    snapshot with the entry's intended id and ``summary``, and ``properties`` set in the same metadata commit."""
+    if entry.operation.kind == MERGE:
+        return merge_commit(table, entry, summary, properties)[0]
+    return fast_append(
+        table, [data_file(table, f.path) for f in entry.files], entry.intended_snapshot_id, summary, properties
+    )
+
+
 def _backoff(attempt: int) -> float:
     return min(RETRY_BACKOFF_START_S * (2**attempt), RETRY_BACKOFF_MAX_S) * random.uniform(0.5, 1.0)
 
@@ -199,7 +212,7 @@ class CommitRelay:
         self._skips = {}
         table: Table | None = None
         for entry in pending:
-            if not entry.files or entry.record_count == 0:
+            if entry.changes_nothing:
                 self.ledger.mark_committed(entry, None)
                 report.empty.append(entry.batch_id)
                 continue
@@ -237,14 +250,12 @@ class CommitRelay:
                 report.recovered.append(entry.batch_id)
                 return table
             self._fail_closed(table, entry)
-            data_files = [self._data_file(table, f.path) for f in entry.files]
             started = time.perf_counter()
             try:
                 fault_point("relay.before_catalog_commit", entry.batch_id)
-                table = fast_append(
+                table = commit_entry(
                     table,
-                    data_files,
-                    entry.intended_snapshot_id,
+                    entry,
                     snapshot_summary(entry, self._skips_since(table, entry)),
                     {high_water_property(entry.query_id): str(entry.batch_id)},
                 )
@@ -260,6 +271,8 @@ class CommitRelay:
                 time.sleep(_backoff(conflicts))
                 table = self._load(entry.table)
                 continue
+            except OutboxError:
+                raise  # refused before the catalog was called (a staged file missing, a merge key null): certain
             except Exception as exc:
                 ambiguous += 1
                 if ambiguous > MAX_AMBIGUOUS_RECHECKS:
@@ -304,11 +317,3 @@ class CommitRelay:
                 "table was dropped, re-created or restored from an older copy. Refusing to append batch "
                 f"{entry.batch_id}; restore the table, or stage the pipeline into a new table"
             )
-
-    def _data_file(self, table: Table, path: str):
-        try:
-            return parquet_file_to_data_file(table.io, table.metadata, path)
-        except FileNotFoundError as exc:
-            raise StagedFileMissing(
-                f"staged file {path} of a pending entry is missing; refusing to commit a partial batch"
-            ) from exc

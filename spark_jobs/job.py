@@ -12,13 +12,18 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from krishiv_core.catalog import ensure_pipeline_tables, qualified
-from krishiv_core.spec import KrishivSpec, PipelineSpec
+from krishiv_core.spec import EVENTS, WINDOWED, KrishivSpec, PipelineSpec
+from krishiv_core.tables import output_tables
 from spark_jobs.checkpoint import Checkpoint
 from spark_jobs.errors import CheckpointMismatch
+from spark_jobs.events import EventsShape
 from spark_jobs.kafka_source import SOURCE_NAME, KafkaAdmin
 from spark_jobs.ports import RecordedBatches, StagerLeaseHandle, StagingLedger
-from spark_jobs.staging import BatchStager, StagedBatch
+from spark_jobs.staging import BatchShape, BatchStager, StagedBatch, Target
 from spark_jobs.transform import build_output
+from spark_jobs.upserts import UpsertShape
+from spark_jobs.window_state import WindowStateStore
+from spark_jobs.windowed import WindowedShape
 
 
 @dataclass
@@ -44,7 +49,7 @@ def _guard_checkpoint(checkpoint: Checkpoint, ledger: StagingLedger, pipeline: P
             shown = ", ".join(map(str, missing[:20])) + (f" and {len(missing) - 20} more" if len(missing) > 20 else "")
             raise CheckpointMismatch(
                 f"checkpoint {checkpoint.path} has finished batches {shown} of pipeline {pipeline.name!r} that ledger "
-                f"{ledger.path} does not hold; they would never reach {table}. Point storage.ledger_path (or "
+                f"{ledger.path} does not hold; they would never be committed. Point storage.ledger_path (or "
                 "KRISHIV_LEDGER_PATH) at the ledger this checkpoint staged into, for every process"
             )
         return
@@ -119,8 +124,10 @@ def start_pipeline(
     lease: StagerLeaseHandle | None = None,
 ) -> RunningPipeline:
     checkpoint = Checkpoint(spec.checkpoint_dir(pipeline))
-    _guard_checkpoint(checkpoint, ledger, pipeline, qualified(spec, pipeline.table))
-    table, rejects = ensure_pipeline_tables(catalog, spec, pipeline)
+    anchor = qualified(spec, pipeline.rejects_table)  # every kind records a rejects entry for every batch
+    _guard_checkpoint(checkpoint, ledger, pipeline, anchor)
+    tables = ensure_pipeline_tables(catalog, spec, pipeline)
+    targets = [Target(qualified(spec, t.name), t, tables[t.name]) for t in output_tables(pipeline)]
     starting, identity = _pin_source(checkpoint, spec, pipeline)
 
     raw = kafka_stream(
@@ -130,22 +137,14 @@ def start_pipeline(
         startingOffsets=json.dumps(starting),
         expectedIdentity=json.dumps(identity),
         checkpointPath=str(checkpoint.path),
-        recorded=_recorded(checkpoint, ledger, qualified(spec, pipeline.table), pipeline.topic).to_option(),
+        recorded=_recorded(checkpoint, ledger, anchor, pipeline.topic).to_option(),
     )
-    output = build_output(raw, pipeline)
     stager = BatchStager(
-        pipeline,
-        ledger,
-        checkpoint,
-        table,
-        rejects,
-        qualified(spec, pipeline.table),
-        qualified(spec, pipeline.rejects_table),
-        on_batch,
-        lease,
+        pipeline, ledger, checkpoint, targets, shape_of(pipeline, targets, checkpoint), on_batch, lease
     )
     writer = (
-        output.writeStream.queryName(pipeline.name)
+        build_output(raw, pipeline)
+        .writeStream.queryName(pipeline.name)
         .foreachBatch(stager)
         .option("checkpointLocation", str(checkpoint.path))
     )
@@ -155,3 +154,13 @@ def start_pipeline(
         else writer.trigger(processingTime=f"{pipeline.trigger_interval_ms} milliseconds")
     )
     return RunningPipeline(writer.start(), stager)
+
+
+def shape_of(pipeline: PipelineSpec, targets: list[Target], checkpoint: Checkpoint) -> BatchShape:
+    """The shape of the pipeline's kind, over its row tables (the rejects table is the stager's)."""
+    rows = [t for t in targets if not t.output.rejects]
+    if pipeline.kind == WINDOWED:
+        return WindowedShape(pipeline, rows[0], WindowStateStore(checkpoint.path))
+    if pipeline.kind == EVENTS:
+        return EventsShape(rows)
+    return UpsertShape(pipeline, rows[0])

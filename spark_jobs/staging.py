@@ -2,33 +2,29 @@
 
 For batch N of a query (``foreachBatch``):
 
-1. Read N's offsets from the Spark checkpoint (written before the batch ran).
-2. Run the batch once (cached, so Kafka is read once): rejects, the events that are late (their window
-   was closed by the watermark the batch before left), the other valid events' partial aggregates per
-   window, and the batch's latest event time. Merge the partials into the open windows after N-1, move
-   the watermark, close every window it has passed, and save the still-open ones with the watermark as
-   the state after N (``spark_jobs.window_state``). This runs even on replay, so the state after N is
-   always there for N+1.
-3. If the ledger already has N for both tables, stop: a replay changes nothing.
-4. Write windows and rejects as Parquet under a per-query, per-batch folder of each table's staging root,
-   beside the table's location and outside it (where no standard orphan-file removal looks), with fresh
-   file names (a retry never overwrites a file an earlier attempt may have published).
-5. Record one entry per table, with the intended snapshot id, in one ledger transaction. If another
-   attempt recorded N first, its entry wins and this attempt's files are removed (nothing references them).
+1. Read N's offsets from the Spark checkpoint (written before the batch ran), with the operator's skips.
+2. If the ledger already has N for every table of the pipeline, it is a replay: check it read the same offsets,
+   let a stateful shape carry its state through N (the windowed kind's open windows must exist after N for
+   N+1), write again the files of PENDING entries that are gone (``krishiv restage``), and stop.
+3. Otherwise run the pipeline's shape over the batch once (cached, so Kafka is read once): a
+   :class:`BatchResult` with, per table, rows the driver stages (window aggregates, rejects: small) or files the
+   Spark tasks already wrote (raw events, upserts: ``spark_jobs.task_writer``, so those rows never reach the
+   driver). Staged files go under a per-query, per-batch folder of each table's staging root, beside the
+   table's location and outside it (where no standard orphan-file removal looks), with fresh file names (a
+   retry never overwrites a file an earlier attempt may have published), one file per partition value.
+4. Record one entry per table, with its commit operation (``krishiv_core.tables.output_tables``: append, or
+   merge on key columns) and the intended snapshot id, in one ledger transaction. If another attempt recorded
+   N first, its entries win and this attempt's files are removed (nothing references them).
 """
 
 from __future__ import annotations
 
 import logging
-import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
-from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.table import Table
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -36,20 +32,11 @@ from pyspark.sql import functions as F
 from krishiv_core.entries import PENDING, OffsetSkip, OutboxEntry, StagedFile, new_snapshot_id
 from krishiv_core.errors import BatchReplayMismatch, StagerLeaseLost
 from krishiv_core.faults import fault_point
-from krishiv_core.spec import PipelineSpec
-from krishiv_core.tables import REJECT_COLUMNS, WINDOW_END, WINDOW_START
+from krishiv_core.parquet_files import write_staged_files
+from krishiv_core.spec import WINDOWED, PipelineSpec
+from krishiv_core.tables import REJECT_COLUMNS, OutputTable
 from spark_jobs.checkpoint import BatchOffsets, Checkpoint
 from spark_jobs.ports import StagerLeaseHandle, StagingLedger, apply_skips
-from spark_jobs.transform import EVENT_TIME, tumbling_window
-from spark_jobs.window_state import (
-    WindowState,
-    WindowStateStore,
-    advance,
-    close,
-    final_values,
-    merge,
-    partial_columns,
-)
 
 log = logging.getLogger(__name__)
 
@@ -61,20 +48,44 @@ QUERY_REJECT_COLUMNS = tuple(c for c in REJECT_COLUMNS if c != "batch_id")  # th
 
 
 @dataclass(frozen=True)
-class BatchOutput:
-    """What one batch computes: the windows it closes, its rejects, and its counts and watermarks."""
+class Target:
+    """A table the pipeline writes, as phase 1 stages it: its qualified name, layout and loaded table."""
 
-    windows: pa.Table
-    rejects: pa.Table
-    records: int  # Kafka records in the batch (offsets of aborted transactions or compaction hold none)
-    late_events: int
-    watermark_ms: int  # after this batch: windows ending at or before it are closed
-    late_watermark_ms: int  # after the batch before: this batch's events in windows ending at or before it are late
+    name: str  # namespace.table, as the ledger and the relay name it
+    output: OutputTable
+    table: Table
 
-    def staged(self, batch_id: int, recorded: bool) -> StagedBatch:
-        return StagedBatch(
-            batch_id, self.records, self.windows.num_rows, self.rejects.num_rows, self.late_events, recorded
-        )
+
+@dataclass
+class BatchResult:
+    """What a shape computed from one batch's valid events, by (unqualified) table name.
+
+    ``rows`` are small enough for the driver to stage (window aggregates); ``files`` were written by the Spark
+    tasks (raw events, upserts). ``metrics`` go to the entry of the pipeline's first table.
+    """
+
+    records: int  # valid events read
+    rows: dict[str, pa.Table] = field(default_factory=dict)
+    files: dict[str, tuple[StagedFile, ...]] = field(default_factory=dict)
+    late_events: int = 0
+    metrics: dict[str, int] = field(default_factory=dict)
+
+    def row_count(self, table: str) -> int:
+        if table in self.rows:
+            return self.rows[table].num_rows
+        return sum(f.records for f in self.files.get(table, ()))
+
+
+class BatchShape(Protocol):
+    """How a pipeline kind turns a batch's valid events into table output (``spark_jobs.windowed``, ``.events``,
+    ``.upserts``)."""
+
+    #: Whether the shape carries state from batch to batch, so it must run on a replay too.
+    stateful: bool
+
+    def compute(self, valid: DataFrame, offsets: BatchOffsets, folder: Callable[[Target], str]) -> BatchResult:
+        """``valid``: the batch's rows without a reject reason (cached). ``folder``: where a table's files go."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -83,10 +94,11 @@ class StagedBatch:
 
     batch_id: int
     records_read: int
-    windows: int
+    rows: int  # rows staged for the pipeline's tables (windows, events or upserted keys), rejects aside
     rejects: int
     late_events: int
     recorded: bool
+    kind: str = WINDOWED
 
 
 def staging_root(table: Table) -> str:
@@ -99,15 +111,9 @@ def staging_folder(table: Table, query_id: str, batch_id: int) -> str:
     return f"{staging_root(table)}/query={query_id}/batch={batch_id:012d}"
 
 
-def write_parquet(table: Table, rows: pa.Table, folder: str) -> StagedFile:
-    """Write ``rows`` (cast to the table's schema, with Iceberg field ids) as one new Parquet file."""
-    target = schema_to_pyarrow(table.schema(), include_field_ids=True)
-    rows = rows.select([f.name for f in target]).cast(target)
-    path = f"{folder}/part-{uuid.uuid4().hex}.parquet"
-    output = table.io.new_output(path)
-    with output.create(overwrite=False) as stream:
-        pq.write_table(rows, stream, compression="zstd")
-    return StagedFile(path=path, records=rows.num_rows, bytes=len(table.io.new_input(path)))
+def write_parquet(table: Table, rows: pa.Table, folder: str) -> tuple[StagedFile, ...]:
+    """Write ``rows`` (cast to the table's schema, with Iceberg field ids) as new Parquet files, one per partition."""
+    return write_staged_files(table.io, table.schema(), table.spec(), rows, folder)
 
 
 class BatchStager:
@@ -118,21 +124,20 @@ class BatchStager:
         pipeline: PipelineSpec,
         ledger: StagingLedger,
         checkpoint: Checkpoint,
-        table: Table,
-        rejects_table: Table,
-        table_name: str,
-        rejects_table_name: str,
+        targets: Sequence[Target],
+        shape: BatchShape,
         on_batch: Callable[[StagedBatch], None] | None = None,
         lease: StagerLeaseHandle | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.ledger = ledger
         self.checkpoint = checkpoint
-        self.table, self.rejects_table = table, rejects_table
-        self.table_name, self.rejects_table_name = table_name, rejects_table_name
+        self.targets = list(targets)
+        self.rows_targets = [t for t in self.targets if not t.output.rejects]
+        self.rejects_target = next(t for t in self.targets if t.output.rejects)
+        self.shape = shape
         self.history: list[StagedBatch] = []
         self.on_batch = on_batch
-        self.window_state = WindowStateStore(checkpoint.path)
         self.lease = lease
         self._query_id: str | None = None
         self._skips: list[OffsetSkip] | None = None
@@ -148,61 +153,68 @@ class BatchStager:
         if self.lease is not None:
             self.lease.ensure_held()  # a stager that lost its lease stops before staging another batch
         offsets = self._offsets(batch_id)
-        out = self._compute(batch, offsets)
-        fault_point("stage.after_compute", batch_id)
-        rejects = out.rejects
-
         recorded = self.ledger.batch(self.query_id, batch_id)
-        if self.table_name in recorded and self.rejects_table_name in recorded:
+        replay = all(t.name in recorded for t in self.targets)
+        missing = [t for t in self.targets if replay and self._files_gone(recorded[t.name], t)]
+        if replay:
             self._check_same_offsets(list(recorded.values()), offsets)
-            self._restage_missing(recorded, out, batch_id)
-            self._done(out.staged(batch_id, False))
+            if not (self.shape.stateful or missing):
+                self._done(StagedBatch(batch_id, 0, 0, 0, 0, False, self.pipeline.kind))
+                return
+
+        batch.persist()
+        try:
+            rejects = batch.where(F.col("reason").isNotNull()).select(*QUERY_REJECT_COLUMNS).toArrow()
+            result = self.shape.compute(
+                batch.where(F.col("reason").isNull()),
+                offsets,
+                lambda t: staging_folder(t.table, self.query_id, batch_id),
+            )
+        finally:
+            batch.unpersist()
+        result.rows[self.rejects_target.output.name] = self._reject_rows(rejects, batch_id)
+        fault_point("stage.after_compute", batch_id)
+        staged = StagedBatch(
+            batch_id,
+            result.records + rejects.num_rows,
+            sum(result.row_count(t.output.name) for t in self.rows_targets),
+            rejects.num_rows,
+            result.late_events,
+            False,
+            self.pipeline.kind,
+        )
+
+        if replay:
+            self._restage(recorded, missing, result, batch_id)
+            self._done(staged)
             return
 
-        ranges = {self.pipeline.topic: offsets.ranges()}
-        metrics = {
-            "records_read": out.records,
-            "windows": out.windows.num_rows,
-            "rejects": rejects.num_rows,
-            "late_events": out.late_events,
-            "watermark_ms": out.watermark_ms,
-            "late_watermark_ms": out.late_watermark_ms,
-        }
-        window_files = self._stage(self.table, out.windows, batch_id)
-        reject_files = self._stage(self.rejects_table, self._reject_rows(rejects, batch_id), batch_id)
+        files = {t.name: self._stage(t, result, batch_id) for t in self.targets}
         fault_point("stage.after_files", batch_id)
-
+        ranges = {self.pipeline.topic: offsets.ranges()}
+        first = self.rows_targets[0].name
         entries = [
             OutboxEntry(
                 self.query_id,
                 self.pipeline.name,
-                self.table_name,
+                t.name,
                 batch_id,
                 ranges,
-                window_files,
+                files[t.name],
                 new_snapshot_id(),
-                metrics,
-            ),
-            OutboxEntry(
-                self.query_id,
-                self.pipeline.name,
-                self.rejects_table_name,
-                batch_id,
-                ranges,
-                reject_files,
-                new_snapshot_id(),
-                {"rejects": rejects.num_rows},
-            ),
+                self._metrics(t, first, staged, result),
+                operation=t.output.operation,
+            )
+            for t in self.targets
         ]
         try:
             inserted = self.ledger.record_batch(entries, lease=self.lease.lease if self.lease else None)
         except StagerLeaseLost:
-            inserted = [False] * len(entries)  # another stager owns the query now: nothing refers to these files
-            self._remove_files(entries, inserted)
+            self._remove_files(entries, [False] * len(entries))  # another stager owns the query now
             raise
         self._remove_files(entries, inserted)
         fault_point("stage.after_ledger", batch_id)
-        self._done(out.staged(batch_id, any(inserted)))
+        self._done(replace(staged, recorded=any(inserted)))
 
     # ------------------------------------------------------------------------------------ steps
 
@@ -226,90 +238,70 @@ class BatchStager:
         self._skips = after
         return replace(offsets, start=start) if start != offsets.start else offsets
 
+    def _metrics(self, target: Target, first: str, staged: StagedBatch, result: BatchResult) -> dict[str, int]:
+        """The batch's counts go with its first table's entry; every other entry counts its own rows."""
+        if target.output.rejects:
+            return {"rejects": staged.rejects}
+        rows = result.row_count(target.output.name)
+        if target.name != first:
+            return {"rows": rows}
+        metrics = {"records_read": staged.records_read, "rejects": staged.rejects, "late_events": staged.late_events}
+        return {**metrics, **result.metrics, ("windows" if self.pipeline.kind == WINDOWED else "rows"): rows}
+
     def _reject_rows(self, rejects: pa.Table, batch_id: int) -> pa.Table:
         rejects = rejects.append_column("batch_id", pa.array([batch_id] * rejects.num_rows, pa.int64()))
         return rejects.select(list(REJECT_COLUMNS))
 
-    def _restage_missing(self, recorded: dict[str, OutboxEntry], out: BatchOutput, batch_id: int) -> None:
+    def _stage(self, target: Target, result: BatchResult, batch_id: int) -> tuple[StagedFile, ...]:
+        name = target.output.name
+        if name in result.files:
+            return result.files[name]
+        rows = result.rows.get(name)
+        if rows is None or rows.num_rows == 0:
+            return ()
+        return write_parquet(target.table, rows, staging_folder(target.table, self.query_id, batch_id))
+
+    @staticmethod
+    def _files_gone(entry: OutboxEntry, target: Target) -> bool:
+        return entry.status == PENDING and not all(target.table.io.new_input(f.path).exists() for f in entry.files)
+
+    def _restage(
+        self, recorded: dict[str, OutboxEntry], missing: list[Target], result: BatchResult, batch_id: int
+    ) -> None:
         """Write again the files of a replayed batch's PENDING entries that are gone (``krishiv restage``).
 
         The replay computes the same rows from the same offsets and state, so the entry keeps its offsets and
-        intended snapshot id and only its file list changes; a COMMITTED entry is never touched.
+        intended snapshot id and only its file list changes; a COMMITTED entry is never touched. Files the tasks
+        wrote for the tables whose entries are whole are removed again.
         """
-        for name, entry in recorded.items():
-            table = self.table if name == self.table_name else self.rejects_table
-            if entry.status != PENDING or all(table.io.new_input(f.path).exists() for f in entry.files):
+        for target in self.targets:
+            if target not in missing:
+                for f in result.files.get(target.output.name, ()):
+                    target.table.io.delete(f.path)
                 continue
-            rows = out.windows if name == self.table_name else self._reject_rows(out.rejects, batch_id)
-            files = self._stage(table, rows, batch_id)
-            if sum(f.records for f in files) != entry.record_count:
+            entry = recorded[target.name]
+            files = self._stage(target, result, batch_id)
+            if sum(f.records for f in files) != sum(f.records for f in entry.files):
                 raise BatchReplayMismatch(
-                    f"batch {batch_id} of query {self.query_id} staged {entry.record_count} rows for {name}, but its "
-                    f"replay computes {sum(f.records for f in files)}; the checkpoint's window state does not match"
+                    f"batch {batch_id} of query {self.query_id} staged {sum(f.records for f in entry.files)} rows for "
+                    f"{target.name}, but its replay computes {sum(f.records for f in files)}; the checkpoint's state "
+                    "does not match"
                 )
             if not self.ledger.replace_files(entry, files):
                 for f in files:
-                    table.io.delete(f.path)
+                    target.table.io.delete(f.path)
             else:
-                log.warning("batch %s: staged %s again for %s (its files were gone)", batch_id, len(files), name)
+                log.warning(
+                    "batch %s: staged %s file(s) again for %s (its files were gone)", batch_id, len(files), target.name
+                )
 
     def _remove_files(self, entries: list[OutboxEntry], inserted: list[bool]) -> None:
         """Delete the files of entries that were not recorded: another attempt's entry, or none, won."""
+        tables = {t.name: t.table for t in self.targets}
         for entry, new in zip(entries, inserted, strict=True):
             if not new:
-                table = self.table if entry.table == self.table_name else self.rejects_table
                 for f in entry.files:
-                    table.io.delete(f.path)
-
-    def _compute(self, batch: DataFrame, offsets: BatchOffsets) -> BatchOutput:
-        """One batch's closed windows, rejects and late events, saving the windows it leaves open."""
-        late_rows, window_rows, latest = "__late", "__rows", "__latest"
-        before = self.window_state.load_before(offsets.batch_id)
-        window = tumbling_window(self.pipeline)
-        late = F.lit(False)
-        if before.watermark_ms > 0:
-            late = F.col("__window.end") <= F.timestamp_millis(F.lit(before.watermark_ms))
-        batch.persist()
-        try:
-            rejects = batch.where(F.col("reason").isNotNull()).select(*QUERY_REJECT_COLUMNS).toArrow()
-            groups = (
-                batch.where(F.col("reason").isNull())
-                .withColumn("__window", window)
-                .groupBy(
-                    F.col("__window.start").alias(WINDOW_START),
-                    F.col("__window.end").alias(WINDOW_END),
-                    late.alias(late_rows),
-                )
-                .agg(
-                    *partial_columns(self.pipeline),
-                    F.count(F.lit(1)).alias(window_rows),
-                    F.max(F.unix_millis(F.col(EVENT_TIME))).alias(latest),
-                )
-                .toArrow()
-            )
-        finally:
-            batch.unpersist()
-        is_late = groups.column(late_rows)
-        late_events = pc.sum(groups.filter(is_late).column(window_rows)).as_py() or 0
-        valid_events = pc.sum(groups.column(window_rows)).as_py() or 0
-        latest_ms = pc.max(groups.column(latest)).as_py()
-        watermark = advance(before.watermark_ms, latest_ms, self.pipeline.watermark_delay_ms)
-        partials = groups.filter(pc.invert(is_late)).drop_columns([late_rows, window_rows, latest])
-        closed, still_open = close(merge(before.windows, partials, self.pipeline), watermark)
-        self.window_state.save(offsets.batch_id, WindowState(still_open, watermark))
-        return BatchOutput(
-            final_values(closed, self.pipeline),
-            rejects,
-            records=rejects.num_rows + valid_events,
-            late_events=late_events,
-            watermark_ms=watermark,
-            late_watermark_ms=before.watermark_ms,
-        )
-
-    def _stage(self, table: Table, rows: pa.Table, batch_id: int) -> tuple[StagedFile, ...]:
-        if rows.num_rows == 0:
-            return ()
-        return (write_parquet(table, rows, staging_folder(table, self.query_id, batch_id)),)
+                    tables[entry.table].io.delete(f.path)
 
     def _check_same_offsets(self, existing: list[Any], offsets: BatchOffsets) -> None:
         ranges = {self.pipeline.topic: offsets.ranges()}
@@ -325,10 +317,10 @@ class BatchStager:
         if self.on_batch is not None:
             self.on_batch(staged)
         log.info(
-            "batch %s: %s records, %s windows, %s rejects, %s late, %s",
+            "batch %s: %s records, %s rows, %s rejects, %s late, %s",
             staged.batch_id,
             staged.records_read,
-            staged.windows,
+            staged.rows,
             staged.rejects,
             staged.late_events,
             "staged" if staged.recorded else "replayed",

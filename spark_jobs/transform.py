@@ -1,12 +1,19 @@
 """The streaming plan: parse Kafka values and route rejects.
 
-The query is stateless: one row per Kafka record with its coordinates, the fields the aggregations read,
-its event time (null for a reject, so a reject never moves the watermark) and, for a reject, the raw
-key, value and reason. The staging sink aggregates tumbling windows and carries the event-time watermark
-itself (``spark_jobs.window_state``), so each batch reads Kafka once and closes every window its own
-events move the watermark past.
-``window_aggregates`` is Spark's own stateful aggregation of the same events, which the benchmark's
-at-least-once baseline uses.
+The query is stateless: one row per Kafka record with its coordinates, ``reason`` (null for a valid event) and,
+for a reject, the raw key and value. What else a row carries depends on the pipeline's kind (:func:`build_output`):
+
+- ``windowed``: the fields the aggregations and the group-by read, and the event time (null for a reject, so a
+  reject never moves the watermark). The staging sink aggregates windows and carries the event-time watermark
+  itself (``spark_jobs.window_state``), so each batch reads Kafka once and closes every window its own events
+  move the watermark past.
+- ``events``: every field and the Kafka metadata columns asked for, and :data:`TARGET`, the table the row goes to
+  (a route's, the default table, or none: an event without a route is a reject when the spec says so).
+- ``upsert``: as ``events``, plus :data:`DELETE` (a tombstone: a null value, whose key fields come from the Kafka
+  key, or the spec's delete flag set).
+
+``window_aggregates`` is Spark's own stateful aggregation of the same events, which the benchmark's at-least-once
+baseline uses.
 """
 
 from __future__ import annotations
@@ -25,11 +32,21 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from krishiv_core.spec import Aggregation, FieldType, PipelineSpec
+from krishiv_core.spec import EVENTS, KAFKA_METADATA_PREFIX, REJECTS, UPSERT, Aggregation, FieldType, PipelineSpec
 from krishiv_core.tables import WINDOW_END, WINDOW_START, aggregate_type, spark_type
 
 EVENT_TIME = "__event_time"
 CORRUPT = "_corrupt_record"
+TARGET = "__target"  # the (unqualified) table an events row goes to
+DELETE = "__delete"  # an upsert row that deletes its key
+REJECT_COLUMNS = ("topic", "partition", "offset", "kafka_timestamp", "key", "value", "reason")
+_KAFKA_COLUMNS = {
+    "topic": "topic",
+    "partition": "partition",
+    "offset": "offset",
+    "timestamp": "timestamp",
+    "key": "key",
+}
 
 
 def _json_type(t: FieldType) -> DataType:
@@ -147,19 +164,101 @@ def window_aggregates(events: DataFrame, pipeline: PipelineSpec) -> DataFrame:
     )
 
 
-def build_output(raw: DataFrame, pipeline: PipelineSpec) -> DataFrame:
-    """The streaming DataFrame the staging sink receives each micro-batch: one row per Kafka record."""
-    events = parse_events(raw, pipeline)
-    is_reject = F.col("reason").isNotNull()
-    aggregated = sorted({a.field for a in pipeline.aggregations if a.field})
-    return events.select(
-        F.when(~is_reject, F.col(pipeline.event_time_field)).alias(EVENT_TIME),
-        *aggregated,
-        "topic",
-        "partition",
-        "offset",
+def _reject_columns(reason: Column) -> list[Column]:
+    is_reject = reason.isNotNull()
+    return [
+        F.col("topic"),
+        F.col("partition"),
+        F.col("offset"),
         F.col("timestamp").alias("kafka_timestamp"),
         F.when(is_reject, F.col("key")).alias("key"),
         F.when(is_reject, F.col("value")).alias("value"),
-        "reason",
+        reason.alias("reason"),
+    ]
+
+
+def _metadata_columns(pipeline: PipelineSpec) -> list[Column]:
+    return [F.col(_KAFKA_COLUMNS[m]).alias(KAFKA_METADATA_PREFIX + m) for m in pipeline.kafka_metadata]
+
+
+def _route(events: DataFrame, pipeline: PipelineSpec) -> tuple[Column, Column]:
+    """(the table each valid event goes to, the reason updated for events without a route)."""
+    reason = F.col("reason")
+    if not pipeline.routes:
+        return F.when(reason.isNull(), F.lit(pipeline.table)), reason
+    value = F.col(pipeline.route_by).cast("string")
+    target = F.lit(None).cast("string") if pipeline.unrouted == REJECTS else F.lit(pipeline.unrouted)
+    for route in reversed(pipeline.routes):
+        target = F.when(value == route.value, F.lit(route.table)).otherwise(target)
+    unrouted = F.concat(F.lit(f"no route for {pipeline.route_by}="), F.coalesce(value, F.lit("null")))
+    reason = F.when(reason.isNull() & target.isNull(), unrouted).otherwise(reason)
+    return F.when(reason.isNull(), target), reason
+
+
+def _tombstone_key(pipeline: PipelineSpec) -> list[Column]:
+    """The key fields of a tombstone (a null value), from the Kafka key: the key itself for a one-field key, else
+    a JSON object holding the key fields."""
+    text = F.col("key").cast("string")
+    if len(pipeline.key) == 1:
+        f = pipeline.field(pipeline.key[0])
+        value = text if f.type.name == "string" else text.try_cast(_json_type(f.type))
+        if f.type.name == "timestamp_ms":
+            value = F.timestamp_millis(value)
+        elif f.type.is_decimal:
+            value = text.try_cast(spark_type(f.type))
+        return [value.alias(f.name)]
+    schema = StructType([StructField(k, _json_type(pipeline.field(k).type)) for k in pipeline.key])
+    parsed = F.from_json(text, schema)
+    out = []
+    for k in pipeline.key:
+        c, t = parsed[k], pipeline.field(k).type
+        out.append(
+            (
+                F.timestamp_millis(c) if t.name == "timestamp_ms" else c.try_cast(spark_type(t)) if t.is_decimal else c
+            ).alias(k)
+        )
+    return out
+
+
+def build_output(raw: DataFrame, pipeline: PipelineSpec) -> DataFrame:
+    """The streaming DataFrame the staging sink receives each micro-batch: one row per Kafka record."""
+    events = parse_events(raw, pipeline)
+    if pipeline.kind == EVENTS:
+        target, reason = _route(events, pipeline)
+        return events.select(
+            *[F.col(f.name) for f in pipeline.fields],
+            *_metadata_columns(pipeline),
+            target.alias(TARGET),
+            *_reject_columns(reason),
+        )
+    if pipeline.kind == UPSERT:
+        tombstone = F.col("value").isNull()
+        tombstone_key = _tombstone_key(pipeline)
+        key_missing = F.lit(False)
+        for c in tombstone_key:
+            key_missing = key_missing | c.isNull()
+        reason = F.when(
+            tombstone,
+            F.when(
+                key_missing, F.lit(f"tombstone without a key: expected the Kafka key to hold {', '.join(pipeline.key)}")
+            ),
+        ).otherwise(F.col("reason"))
+        deleting = tombstone | (
+            F.coalesce(F.col(pipeline.delete_field), F.lit(False)) if pipeline.delete_field else F.lit(False)
+        )
+        keys = {c: t for c, t in zip(pipeline.key, tombstone_key, strict=True)}
+        columns = [
+            F.when(tombstone, keys[f.name]).otherwise(F.col(f.name)).alias(f.name) if f.name in keys else F.col(f.name)
+            for f in pipeline.fields
+        ]
+        return events.select(
+            *columns,
+            *_metadata_columns(pipeline),
+            F.when(reason.isNull(), deleting).alias(DELETE),
+            *_reject_columns(reason),
+        )
+    is_reject = F.col("reason").isNotNull()
+    read = sorted({a.field for a in pipeline.aggregations if a.field} | set(pipeline.group_by))
+    return events.select(
+        F.when(~is_reject, F.col(pipeline.event_time_field)).alias(EVENT_TIME), *read, *_reject_columns(F.col("reason"))
     )

@@ -7,8 +7,9 @@ tracks the event-time watermark in its offset log) and the sink aggregates each 
 
 1. the batch's valid events whose window ended at or before the watermark the batch before left behind
    are late: dropped and counted (those windows were written already);
-2. the other valid events become partial aggregates per window (``partial_columns``) and are merged with
-   the open windows left by the batch before (``merge``);
+2. the other valid events become partial aggregates per window and group-by key (``partial_columns``; with
+   hopping windows an event belongs to several) and are merged with the open windows left by the batch before
+   (``merge``);
 3. the watermark moves to ``max(previous, max event time of the batch - delay)`` (``advance``), and every
    window that ends at or before it is closed and written by this batch (``close``); the rest are saved,
    with the watermark, as the state after this batch (``WindowStateStore``).
@@ -99,10 +100,16 @@ def merge(previous: pa.Table | None, partials: pa.Table, pipeline: PipelineSpec)
     if previous is not None and previous.num_rows:
         partials = pa.concat_tables([previous, partials.select(previous.column_names).cast(previous.schema)])
     buffers = [b for agg in pipeline.aggregations for b in _buffers(agg)]
-    merged = partials.group_by([WINDOW_START, WINDOW_END], use_threads=False).aggregate(
+    keys = window_key(pipeline)
+    merged = partials.group_by(keys, use_threads=False).aggregate(
         [(b.column, b.merge, pc.ScalarAggregateOptions(min_count=1)) for b in buffers]
     )
-    return merged.rename_columns([WINDOW_START, WINDOW_END, *[b.column for b in buffers]]).sort_by(WINDOW_START)
+    return merged.rename_columns([*keys, *[b.column for b in buffers]]).sort_by([(k, "ascending") for k in keys])
+
+
+def window_key(pipeline: PipelineSpec) -> list[str]:
+    """The columns naming one row of a windowed table: the window, then the group-by fields."""
+    return [WINDOW_START, WINDOW_END, *pipeline.group_by]
 
 
 def close(state: pa.Table, watermark_ms: int) -> tuple[pa.Table, pa.Table]:
@@ -115,8 +122,8 @@ def close(state: pa.Table, watermark_ms: int) -> tuple[pa.Table, pa.Table]:
 
 
 def final_values(closed: pa.Table, pipeline: PipelineSpec) -> pa.Table:
-    """Closed windows' aggregates in the table's types; an average divides as Spark's does (decimal: half up)."""
-    columns = {WINDOW_START: closed.column(WINDOW_START), WINDOW_END: closed.column(WINDOW_END)}
+    """Windows' aggregates in the table's types; an average divides as Spark's does (decimal: half up)."""
+    columns = {k: closed.column(k) for k in window_key(pipeline)}
     for agg in pipeline.aggregations:
         result = aggregate_type(agg, pipeline)
         if agg.function != "avg":

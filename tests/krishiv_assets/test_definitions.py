@@ -175,7 +175,7 @@ def test_a_password_in_the_spec_file_never_reaches_resource_config_but_runs_reac
     assert spec.iceberg.catalog_uri == uri
     pipeline = spec.pipeline()
     # A snapshot written outside Dagster, with the real URI: the run must find it.
-    table, _rejects = ensure_pipeline_tables(load_catalog(spec), spec, pipeline)
+    table = ensure_pipeline_tables(load_catalog(spec), spec, pipeline)[pipeline.table]
     schema = table.schema().as_arrow()
     row = {
         "window_start": [1_767_225_600_000_000],

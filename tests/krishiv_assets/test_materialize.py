@@ -83,7 +83,7 @@ def _one_window(table) -> pa.Table:
 def test_duplicate_check_fails_naming_the_windows_and_snapshots(make_spec):
     spec = make_spec()
     pipeline = spec.pipeline()
-    table, _rejects = ensure_pipeline_tables(load_catalog(spec), spec, pipeline)
+    table = ensure_pipeline_tables(load_catalog(spec), spec, pipeline)[pipeline.table]
     once = _one_window(table)
     table.append(once)
     table.append(once)  # the same window again, written directly by a second writer
@@ -146,7 +146,7 @@ def test_a_commit_run_writes_to_the_resources_catalog_and_ledger_not_the_specs(m
         iceberg=replace(spec.iceberg, catalog_uri=f"sqlite:///{other}/catalog.db", warehouse=str(other / "warehouse")),
         storage=replace(spec.storage, ledger_path=str(other / "ledger.duckdb")),
     )
-    table, _rejects = ensure_pipeline_tables(load_catalog(elsewhere), elsewhere, pipeline)
+    table = ensure_pipeline_tables(load_catalog(elsewhere), elsewhere, pipeline)[pipeline.table]
     staged = other / "staged" / "part-0.parquet"
     staged.parent.mkdir(parents=True)
     pq.write_table(_one_window(table), staged)

@@ -19,8 +19,8 @@ import duckdb
 import pytest
 
 from krishiv_core.entries import COMMITTED, PENDING, OffsetRanges, OutboxEntry, StagedFile
+from krishiv_core.errors import BatchReplayMismatch
 from outbox.errors import (
-    BatchReplayMismatch,
     LedgerBusyError,
     LedgerCorrupt,
     LedgerSchemaError,

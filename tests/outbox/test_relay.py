@@ -48,7 +48,7 @@ def stage(catalog: Catalog, ledger: Ledger, batch_id: int, minute: int) -> Outbo
             "amount_total": pa.array([Decimal("10.25")], pa.decimal128(22, 2)),
         }
     )
-    staged = write_parquet(table, rows, staging_folder(table, "q1", batch_id))
+    (staged,) = write_parquet(table, rows, staging_folder(table, "q1", batch_id))
     entry = OutboxEntry(
         "q1",
         "orders_per_minute",

@@ -71,7 +71,7 @@ def _windows(batch_id: int, windows: int = 3) -> pa.Table:
 
 
 def _stage(table: Table, batch_id: int, windows: int = 3) -> tuple[StagedFile, DataFile]:
-    staged = write_parquet(table, _windows(batch_id, windows), staging_folder(table, QUERY_ID, batch_id))
+    (staged,) = write_parquet(table, _windows(batch_id, windows), staging_folder(table, QUERY_ID, batch_id))
     return staged, parquet_file_to_data_file(table.io, table.metadata, staged.path)
 
 
@@ -238,7 +238,7 @@ def test_fast_append_on_the_rejects_table(catalog: SqlCatalog) -> None:
             "batch_id": pa.array([0, 0], pa.int64()),
         }
     )
-    staged = write_parquet(rejects, rows, staging_folder(rejects, QUERY_ID, 0))
+    (staged,) = write_parquet(rejects, rows, staging_folder(rejects, QUERY_ID, 0))
     data_file = parquet_file_to_data_file(rejects.io, rejects.metadata, staged.path)
     snapshot_id = new_snapshot_id()
 

@@ -1,0 +1,116 @@
+"""The ``windowed`` kind: aggregates per event-time window and group-by key, closed by the watermark.
+
+One Spark aggregation over the batch's valid events gives, per window (tumbling, or hopping: an event belongs
+to every window of ``window`` length starting at a multiple of ``slide`` that holds it) and group-by key, the
+partial aggregates, the rows, the latest event time, whether the window was closed by the watermark the batch
+before left (its events are late: dropped) and whether it is the event's last window (so each event is counted
+once, whatever the number of windows it falls in: an event is late when its last window is closed).
+:mod:`spark_jobs.window_state` merges the partials into the open windows and moves the watermark.
+
+Output mode ``append`` writes a window once, when the watermark passes it. ``update`` writes, in each batch,
+the current row of every window the batch's events touched (open or closing), committed as a merge on the
+window and group-by key, so a dashboard sees a window before it closes; its last row equals the append row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from krishiv_core.spec import PipelineSpec
+from krishiv_core.tables import WINDOW_END, WINDOW_START
+from spark_jobs.checkpoint import BatchOffsets
+from spark_jobs.staging import BatchResult, Target
+from spark_jobs.transform import EVENT_TIME
+from spark_jobs.window_state import (
+    WindowState,
+    WindowStateStore,
+    advance,
+    close,
+    final_values,
+    merge,
+    partial_columns,
+    window_key,
+)
+
+_LATE, _LAST, _ROWS, _LATEST = "__late", "__last", "__rows", "__latest"
+
+
+def event_windows(pipeline: PipelineSpec):
+    """The windows of an event, as the struct Spark's ``window`` gives (``start``, ``end``): one when tumbling,
+    ``window / slide`` when hopping."""
+    size = f"{pipeline.window_ms} milliseconds"
+    if pipeline.slide_ms is None:
+        return F.window(EVENT_TIME, size)
+    return F.window(EVENT_TIME, size, f"{pipeline.slide_ms} milliseconds")
+
+
+def last_window_end_ms(pipeline: PipelineSpec):
+    """The end (epoch ms) of the latest window holding the event: its slide-aligned start plus the window."""
+    slide = pipeline.window_slide_ms
+    ms = F.unix_millis(F.col(EVENT_TIME))
+    return F.floor(ms / F.lit(slide)) * F.lit(slide) + F.lit(pipeline.window_ms)
+
+
+class WindowedShape:
+    stateful = True  # the open windows after each batch are the next batch's start
+
+    def __init__(self, pipeline: PipelineSpec, target: Target, store: WindowStateStore) -> None:
+        self.pipeline = pipeline
+        self.target = target
+        self.store = store
+
+    def compute(self, valid: DataFrame, offsets: BatchOffsets, folder: Callable[[Target], str]) -> BatchResult:
+        """One batch's windows to write, its late events, and the open windows it leaves (saved as its state)."""
+        before = self.store.load_before(offsets.batch_id)
+        windows = event_windows(self.pipeline)
+        late = F.lit(False)
+        if before.watermark_ms > 0:
+            late = F.col("__window.end") <= F.timestamp_millis(F.lit(before.watermark_ms))
+        is_last = F.unix_millis(F.col("__window.end")) == last_window_end_ms(self.pipeline)
+        groups = (
+            valid.withColumn("__window", windows)
+            .groupBy(
+                F.col("__window.start").alias(WINDOW_START),
+                F.col("__window.end").alias(WINDOW_END),
+                *self.pipeline.group_by,
+                late.alias(_LATE),
+                is_last.alias(_LAST),
+            )
+            .agg(
+                *partial_columns(self.pipeline),
+                F.count(F.lit(1)).alias(_ROWS),
+                F.max(F.unix_millis(F.col(EVENT_TIME))).alias(_LATEST),
+            )
+            .toArrow()
+        )
+        lasts = groups.filter(groups.column(_LAST))
+        late_events = pc.sum(lasts.filter(lasts.column(_LATE)).column(_ROWS)).as_py() or 0
+        valid_events = pc.sum(lasts.column(_ROWS)).as_py() or 0
+        latest_ms = pc.max(groups.column(_LATEST)).as_py()
+        watermark = advance(before.watermark_ms, latest_ms, self.pipeline.watermark_delay_ms)
+        partials = groups.filter(pc.invert(groups.column(_LATE))).drop_columns([_LATE, _LAST, _ROWS, _LATEST])
+        merged = merge(before.windows, partials, self.pipeline)
+        closed, still_open = close(merged, watermark)
+        self.store.save(offsets.batch_id, WindowState(still_open, watermark))
+        rows = final_values(
+            closed if self.pipeline.output_mode == "append" else _touched(merged, partials, self.pipeline),
+            self.pipeline,
+        )
+        return BatchResult(
+            valid_events,
+            rows={self.target.output.name: rows},
+            late_events=late_events,
+            metrics={"watermark_ms": watermark, "late_watermark_ms": before.watermark_ms},
+        )
+
+
+def _touched(merged: pa.Table, partials: pa.Table, pipeline: PipelineSpec) -> pa.Table:
+    """The windows of ``merged`` that this batch's ``partials`` added to (update mode writes them all)."""
+    keys = window_key(pipeline)
+    touched = partials.select(keys).group_by(keys, use_threads=False).aggregate([])
+    return merged.join(touched, keys, join_type="inner").sort_by([(k, "ascending") for k in keys])
