@@ -47,7 +47,7 @@ def _missing_batches(spec: KrishivSpec, pipeline: PipelineSpec) -> list[int]:
 
     catalog, ledger = load_catalog(spec), open_ledger(spec)
     missing: set[int] = set()
-    for name in (pipeline.table, pipeline.rejects_table):
+    for name in pipeline.all_tables:
         table_name = qualified(spec, name)
         pending = ledger.pending(table_name)
         if not pending:
@@ -131,7 +131,7 @@ def clean_staging(
     catalog, ledger = load_catalog(spec), open_ledger(spec)
     now = time.time()
     results = []
-    for name in (pipeline.table, pipeline.rejects_table):
+    for name in pipeline.all_tables:
         table_name = qualified(spec, name)
         table = catalog.load_table(table_name)
         cleaned = Cleaned(table_name)
