@@ -17,6 +17,7 @@ from krishiv_core.spec import (
     FieldType,
     KrishivSpec,
     PipelineSpec,
+    Route,
     load_spec,
     parse_duration_ms,
     parse_spec,
@@ -590,3 +591,527 @@ def test_aggregate_table_schema_min_max_avg() -> None:
     assert schema.find_field("amount_min").field_type == DecimalType(12, 2)
     assert schema.find_field("amount_max").field_type == DecimalType(12, 2)
     assert schema.find_field("amount_avg").field_type == DecimalType(16, 6)
+
+
+# ------------------------------------------------------------------------------------------- pipeline kinds
+
+KIND_FIELDS = {
+    "order_id": "string",
+    "customer_id": "string",
+    "region": {"type": "string", "required": False},
+    "amount": "decimal(12,2)",
+    "price": "double",
+    "quantity": "long",
+    "small": "int",
+    "paid": "boolean",
+    "deleted": "boolean",
+    "event_time": "timestamp_ms",
+}
+
+
+def _kind_doc(kind: str, **keys: Any) -> dict[str, Any]:
+    """A one-pipeline document of ``kind`` (``events`` or ``upsert``) over :data:`KIND_FIELDS`."""
+    pipeline: dict[str, Any] = {"name": "orders", "kind": kind, "topic": "orders", "fields": dict(KIND_FIELDS)}
+    if kind == "upsert":
+        pipeline["key"] = ["order_id"]
+    pipeline.update(keys)
+    return {"pipelines": [pipeline]}
+
+
+def _windowed(**keys: Any) -> dict[str, Any]:
+    return _doc(fields=dict(KIND_FIELDS), **keys)
+
+
+def _one_refusal(doc: dict[str, Any], field: str, *fragments: str) -> ConfigError:
+    """The document is refused with ONE ConfigError, naming ``field`` and every fragment, on one line."""
+    error = _config_error(doc)
+    _assert_names_field(error, field, *fragments)
+    assert "\n" not in str(error), str(error)
+    assert error.__cause__ is None and error.__context__ is None, "one error, not one raised while handling another"
+    return error
+
+
+def _parse(doc: dict[str, Any]) -> PipelineSpec:
+    return parse_spec(doc, env={}).pipeline()
+
+
+# windowed ------------------------------------------------------------------------------------------------------
+
+
+def test_windowed_is_the_default_kind_with_its_defaults() -> None:
+    p = _parse(_doc())
+    assert p.kind == "windowed"
+    assert (p.slide_ms, p.window_slide_ms, p.group_by, p.output_mode, p.partition_by) == (
+        None,
+        60_000,
+        (),
+        "append",
+        (),
+    )
+    assert (p.kafka_metadata, p.routes, p.route_by, p.key, p.version_field, p.delete_field) == (
+        (),
+        (),
+        None,
+        (),
+        None,
+        None,
+    )
+    assert _parse(_doc(kind="windowed")) == p
+
+
+def test_hopping_window_slide_and_group_by() -> None:
+    p = _parse(_windowed(window="1m", slide="15s", group_by=["customer_id", "paid"], output_mode="update"))
+    assert (p.window_ms, p.slide_ms, p.window_slide_ms) == (60_000, 15_000, 15_000)
+    assert p.group_by == ("customer_id", "paid")
+    assert p.output_mode == "update"
+    assert p.tables == ("orders_per_minute",)
+
+
+def test_group_by_may_be_one_name() -> None:
+    assert _parse(_windowed(group_by="customer_id")).group_by == ("customer_id",)
+
+
+def test_slide_equal_to_the_window_is_a_tumbling_window() -> None:
+    p = _parse(_windowed(window="2m", slide=120_000))
+    assert (p.slide_ms, p.window_slide_ms) == (None, 120_000)
+
+
+@pytest.mark.parametrize(
+    ("slide", "fragments"),
+    [
+        ("25s", ("60000 ms", "25000 ms", "divides")),
+        ("2m", ("60000 ms", "120000 ms")),
+        ("7 fortnights", ("'7 fortnights'", "duration")),
+        (0, ("positive",)),
+    ],
+)
+def test_bad_slide(slide: object, fragments: tuple[str, ...]) -> None:
+    _one_refusal(_windowed(slide=slide), "pipelines[0].slide", *fragments)
+
+
+def test_slide_is_checked_against_the_declared_window() -> None:
+    _one_refusal(_windowed(window="90s", slide="1m"), "pipelines[0].slide", "90000 ms", "60000 ms")
+    assert _parse(_windowed(window="90s", slide="30s")).slide_ms == 30_000
+
+
+@pytest.mark.parametrize(
+    ("group_by", "field", "fragments"),
+    [
+        (["customer_id", "shop"], "pipelines[0].group_by[1]", ("'shop'", "customer_id")),
+        (["customer_id", "customer_id"], "pipelines[0].group_by", ("named twice", "customer_id")),
+        (["region"], "pipelines[0].group_by[0]", ("required", "region is optional")),
+        (["order_id", "price"], "pipelines[0].group_by[1]", ("not a double", "price is double")),
+        (5, "pipelines[0].group_by", ("a list of event fields", "5")),
+    ],
+)
+def test_bad_group_by(group_by: object, field: str, fragments: tuple[str, ...]) -> None:
+    _one_refusal(_windowed(group_by=group_by), field, *fragments)
+
+
+def test_group_by_field_that_is_also_an_aggregation_output() -> None:
+    aggs = [{"name": "customer_id", "function": "count"}]
+    _one_refusal(
+        _windowed(group_by=["customer_id"], aggregations=aggs),
+        "pipelines[0].aggregations",
+        "['customer_id']",
+        "group-by",
+    )
+
+
+@pytest.mark.parametrize("mode", ["complete", "Append", 1])
+def test_bad_output_mode(mode: object) -> None:
+    _one_refusal(_windowed(output_mode=mode), "pipelines[0].output_mode", repr(mode), "append", "update")
+
+
+def test_windowed_needs_aggregations() -> None:
+    doc = _windowed()
+    del doc["pipelines"][0]["aggregations"]
+    _one_refusal(doc, "pipelines[0].aggregations", "a list of {name, function, field}", "None")
+    _one_refusal(_windowed(aggregations=[]), "pipelines[0].aggregations", "at least one aggregation")
+
+
+def test_windowed_needs_an_event_time_field() -> None:
+    doc = _windowed()
+    del doc["pipelines"][0]["event_time_field"]
+    _one_refusal(doc, "pipelines[0].event_time_field", "None", "event_time")
+
+
+def test_windowed_partition_by_names_the_window_and_group_columns_only() -> None:
+    p = _parse(_windowed(group_by=["customer_id"], partition_by=["day(window_start)", "bucket(4, customer_id)"]))
+    assert [str(f) for f in p.partition_by] == ["day(window_start)", "bucket(4, customer_id)"]
+    # An event field that is not a group-by field, or an aggregation, is not a column of the windowed table.
+    for column in ("quantity", "order_count"):
+        _one_refusal(
+            _windowed(group_by=["customer_id"], partition_by=[column]),
+            "pipelines[0].partition_by[0]",
+            f"unknown column {column!r}",
+            "window_start, window_end, customer_id",
+        )
+
+
+# kind-specific keys --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kind", "key", "value"),
+    [
+        ("windowed", "kafka_metadata", True),
+        ("windowed", "route_by", "customer_id"),
+        ("windowed", "key", ["order_id"]),
+        ("events", "slide", "30s"),
+        ("events", "group_by", ["customer_id"]),
+        ("events", "output_mode", "update"),
+        ("events", "aggregations", [{"name": "n", "function": "count"}]),
+        ("events", "watermark_delay", "5s"),
+        ("events", "window", "1m"),
+        ("events", "key", ["order_id"]),
+        ("events", "version_field", "quantity"),
+        ("upsert", "route_by", "customer_id"),
+        ("upsert", "routes", {"a": "t"}),
+        ("upsert", "unrouted", "t"),
+        ("upsert", "slide", "30s"),
+        ("upsert", "group_by", ["customer_id"]),
+        ("upsert", "aggregations", [{"name": "n", "function": "count"}]),
+    ],
+)
+def test_a_key_of_another_kind_is_refused(kind: str, key: str, value: object) -> None:
+    doc = _windowed(**{key: value}) if kind == "windowed" else _kind_doc(kind, **{key: value})
+    error = _one_refusal(doc, "pipelines[0]", f"unknown keys [{key!r}]", kind, "expected some of")
+    expected = str(error).split("expected some of ", 1)[1]
+    assert key not in expected and "partition_by" in expected and "fields" in expected
+
+
+@pytest.mark.parametrize("kind", ["stream", "Events", None])
+def test_unknown_kind(kind: object) -> None:
+    _one_refusal(_doc(kind=kind), "pipelines[0].kind", repr(kind), "windowed", "events", "upsert")
+
+
+# events --------------------------------------------------------------------------------------------------------
+
+
+def test_events_defaults() -> None:
+    p = _parse(_kind_doc("events"))
+    assert (p.kind, p.table, p.event_time_field, p.kafka_metadata, p.metadata_columns) == (
+        "events",
+        "orders",
+        None,
+        (),
+        (),
+    )
+    assert (p.route_by, p.routes, p.unrouted, p.aggregations, p.group_by) == (None, (), "rejects", (), ())
+    assert (p.tables, p.all_tables) == (("orders",), ("orders", "orders_rejects"))
+
+
+def test_events_event_time_field_is_optional_but_checked() -> None:
+    assert _parse(_kind_doc("events", event_time_field="event_time")).event_time_field == "event_time"
+    _one_refusal(
+        _kind_doc("events", event_time_field="quantity"),
+        "pipelines[0].event_time_field",
+        "timestamp",
+        "quantity is long",
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "chosen"),
+    [
+        (True, ("topic", "partition", "offset", "timestamp", "key")),
+        (False, ()),
+        ([], ()),
+        (["offset", "partition"], ("partition", "offset")),  # in the columns' own order
+        (["key"], ("key",)),
+    ],
+)
+def test_kafka_metadata(value: object, chosen: tuple[str, ...]) -> None:
+    for kind in ("events", "upsert"):
+        p = _parse(_kind_doc(kind, kafka_metadata=value))
+        assert p.kafka_metadata == chosen
+        assert p.metadata_columns == tuple(f"_kafka_{m}" for m in chosen)
+
+
+@pytest.mark.parametrize(
+    ("value", "field", "fragments"),
+    [
+        ("offset", "pipelines[0].kafka_metadata", ("true or a list of", "'offset'", "'partition'")),
+        (1, "pipelines[0].kafka_metadata", ("true or a list of", "1")),
+        (["offset", "headers"], "pipelines[0].kafka_metadata[1]", ("'headers'", "'timestamp'")),
+        (["Offset"], "pipelines[0].kafka_metadata[0]", ("'Offset'",)),
+    ],
+)
+def test_bad_kafka_metadata(value: object, field: str, fragments: tuple[str, ...]) -> None:
+    _one_refusal(_kind_doc("events", kafka_metadata=value), field, *fragments)
+
+
+def test_kafka_metadata_column_clashing_with_an_event_field() -> None:
+    fields = {**KIND_FIELDS, "_kafka_offset": "long"}
+    _one_refusal(
+        _kind_doc("events", fields=fields, kafka_metadata=True),
+        "pipelines[0].kafka_metadata",
+        "['_kafka_offset']",
+        "clash",
+    )
+    # Without that metadata column the field is an ordinary field.
+    assert _parse(_kind_doc("events", fields=fields, kafka_metadata=["partition"])).kafka_metadata == ("partition",)
+
+
+def test_partition_by_a_kafka_metadata_column() -> None:
+    p = _parse(
+        _kind_doc(
+            "events",
+            kafka_metadata=["partition", "timestamp"],
+            partition_by=["_kafka_partition", "hour(_kafka_timestamp)"],
+        )
+    )
+    assert [str(f) for f in p.partition_by] == ["_kafka_partition", "hour(_kafka_timestamp)"]
+    _one_refusal(
+        _kind_doc("events", partition_by=["_kafka_partition"]),
+        "pipelines[0].partition_by[0]",
+        "unknown column '_kafka_partition'",
+    )
+    _one_refusal(
+        _kind_doc("events", kafka_metadata=["key"], partition_by=["bucket(4, _kafka_key)"]),
+        "pipelines[0].partition_by[0]",
+        "'_kafka_key' is binary",
+    )
+
+
+def test_events_partition_by_any_event_field() -> None:
+    p = _parse(_kind_doc("events", partition_by=["day(event_time)", "truncate(2, customer_id)", "region"]))
+    assert [f.name for f in p.partition_by] == ["event_time_day", "customer_id_trunc", "region"]
+
+
+def test_fan_out_routes_and_tables() -> None:
+    p = _parse(
+        _kind_doc(
+            "events",
+            route_by="customer_id",
+            routes={"c-001": "orders_a", "c-002": "orders_b", "c-003": "orders_a"},
+            unrouted="orders_other",
+        )
+    )
+    assert p.route_by == "customer_id"
+    assert p.routes == (Route("c-001", "orders_a"), Route("c-002", "orders_b"), Route("c-003", "orders_a"))
+    assert p.unrouted == "orders_other"
+    assert p.tables == ("orders_a", "orders_b", "orders_other")  # each once, in order, the default last
+    assert p.all_tables == ("orders_a", "orders_b", "orders_other", "orders_rejects")
+    assert p.rejects_table == "orders_rejects"
+
+
+def test_fan_out_without_a_default_table_rejects_unrouted_events() -> None:
+    p = _parse(_kind_doc("events", route_by="paid", routes={"true": "paid_orders"}))
+    assert p.unrouted == "rejects"
+    assert (p.tables, p.all_tables) == (("paid_orders",), ("paid_orders", "orders_rejects"))
+
+
+def test_fan_out_default_table_that_is_also_a_route_is_listed_once() -> None:
+    p = _parse(_kind_doc("events", route_by="quantity", routes={"1": "one", "2": "many"}, unrouted="many"))
+    assert p.tables == ("one", "many")
+
+
+@pytest.mark.parametrize("key", ["routes", "unrouted"])
+def test_routes_need_route_by(key: str) -> None:
+    value = {"a": "t"} if key == "routes" else "t"
+    _one_refusal(_kind_doc("events", **{key: value}), f"pipelines[0].{key}", "route_by")
+
+
+@pytest.mark.parametrize(
+    ("route_by", "fragments"),
+    [
+        ("shop", ("'shop'", "customer_id")),
+        ("price", ("string or long or int or boolean", "price is double")),
+        ("amount", ("amount is decimal(12,2)",)),
+        ("event_time", ("event_time is timestamp_ms",)),
+    ],
+)
+def test_bad_route_by(route_by: str, fragments: tuple[str, ...]) -> None:
+    _one_refusal(_kind_doc("events", route_by=route_by, routes={"a": "t"}), "pipelines[0].route_by", *fragments)
+
+
+@pytest.mark.parametrize(
+    ("keys", "field", "fragments"),
+    [
+        ({}, "pipelines[0].routes", ("a table of field value = table name", "None")),
+        ({"routes": {}}, "pipelines[0].routes", ("at least one route",)),
+        ({"routes": ["orders_a"]}, "pipelines[0].routes", ("a table of field value = table name", "['orders_a']")),
+        ({"routes": {"c-001": "orders a"}}, "pipelines[0].routes.c-001", ("'orders a'", "letters, digits")),
+        ({"routes": {"c-001": 7}}, "pipelines[0].routes.c-001", ("a name", "7")),
+        ({"routes": {"c-001": "t"}, "unrouted": "other table"}, "pipelines[0].unrouted", ("'other table'",)),
+        ({"routes": {"c-001": "t"}, "unrouted": False}, "pipelines[0].unrouted", ("a name", "False")),
+    ],
+)
+def test_bad_routes(keys: dict[str, Any], field: str, fragments: tuple[str, ...]) -> None:
+    _one_refusal(_kind_doc("events", route_by="customer_id", **keys), field, *fragments)
+
+
+# upsert --------------------------------------------------------------------------------------------------------
+
+
+def test_upsert_keys() -> None:
+    p = _parse(
+        _kind_doc(
+            "upsert",
+            key=["customer_id", "order_id"],
+            version_field="event_time",
+            delete_field="deleted",
+            kafka_metadata=["offset"],
+            partition_by=["bucket(8, customer_id)"],
+        )
+    )
+    assert (p.kind, p.key, p.version_field, p.delete_field) == (
+        "upsert",
+        ("customer_id", "order_id"),
+        "event_time",
+        "deleted",
+    )
+    assert p.metadata_columns == ("_kafka_offset",)
+    assert (p.tables, p.all_tables) == (("orders",), ("orders", "orders_rejects"))
+    assert _parse(_kind_doc("upsert", key="order_id")).key == ("order_id",)
+    assert (_parse(_kind_doc("upsert")).version_field, _parse(_kind_doc("upsert")).delete_field) == (None, None)
+
+
+@pytest.mark.parametrize("version", ["quantity", "small", "event_time", "amount"])
+def test_upsert_version_field_types(version: str) -> None:
+    assert _parse(_kind_doc("upsert", version_field=version)).version_field == version
+
+
+def test_upsert_needs_a_key() -> None:
+    doc = _kind_doc("upsert")
+    del doc["pipelines"][0]["key"]
+    _one_refusal(doc, "pipelines[0].key", "key = [field, ...]")
+
+
+@pytest.mark.parametrize(
+    ("key", "field", "fragments"),
+    [
+        ([], "pipelines[0].key", ("at least one key field",)),
+        (["order_id", "shop"], "pipelines[0].key[1]", ("'shop'", "order_id")),
+        (["order_id", "order_id"], "pipelines[0].key", ("named twice",)),
+        (["region"], "pipelines[0].key[0]", ("required", "region is optional")),
+        (["price"], "pipelines[0].key[0]", ("not a double", "price is double")),
+        ({"order_id": True}, "pipelines[0].key", ("a list of event fields",)),
+    ],
+)
+def test_bad_upsert_key(key: object, field: str, fragments: tuple[str, ...]) -> None:
+    _one_refusal(_kind_doc("upsert", key=key), field, *fragments)
+
+
+@pytest.mark.parametrize(
+    ("keys", "field", "fragments"),
+    [
+        (
+            {"version_field": "customer_id"},
+            "pipelines[0].version_field",
+            ("long or int or timestamp_ms", "customer_id is string"),
+        ),
+        ({"version_field": "price"}, "pipelines[0].version_field", ("price is double",)),
+        ({"version_field": "seq"}, "pipelines[0].version_field", ("'seq'", "quantity")),
+        ({"delete_field": "quantity"}, "pipelines[0].delete_field", ("boolean", "quantity is long")),
+        ({"delete_field": "gone"}, "pipelines[0].delete_field", ("'gone'",)),
+    ],
+)
+def test_bad_upsert_version_and_delete_fields(keys: dict[str, Any], field: str, fragments: tuple[str, ...]) -> None:
+    _one_refusal(_kind_doc("upsert", **keys), field, *fragments)
+
+
+def test_upsert_partition_by_checks_event_fields_and_metadata() -> None:
+    _one_refusal(
+        _kind_doc("upsert", partition_by=["day(order_id)"]), "pipelines[0].partition_by[0]", "order_id", "string"
+    )
+    p = _parse(_kind_doc("upsert", kafka_metadata=["timestamp"], partition_by=["day(_kafka_timestamp)"]))
+    assert [str(f) for f in p.partition_by] == ["day(_kafka_timestamp)"]
+
+
+# one pipeline per table ------------------------------------------------------------------------------------------
+
+
+def _two(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
+    return {"pipelines": [first["pipelines"][0], second["pipelines"][0]]}
+
+
+@pytest.mark.parametrize(
+    ("second", "tables"),
+    [
+        # a route's table is another pipeline's table
+        ({"name": "raw", "table": "orders_a"}, ["orders_a"]),
+        # the default table of a fan-out is another pipeline's table
+        ({"name": "raw", "table": "orders_other"}, ["orders_other"]),
+        # another pipeline's table is this fan-out's rejects table
+        ({"name": "raw", "table": "orders_rejects"}, ["orders_rejects"]),
+        # two pipelines share a rejects table, their row tables differing
+        (
+            {"name": "raw", "table": "orders", "route_by": "customer_id", "routes": {"x": "elsewhere"}},
+            ["orders_rejects"],
+        ),
+    ],
+)
+def test_each_table_is_written_by_one_pipeline_only(second: dict[str, Any], tables: list[str]) -> None:
+    fan_out = _kind_doc(
+        "events", route_by="customer_id", routes={"c-001": "orders_a", "c-002": "orders_b"}, unrouted="orders_other"
+    )
+    doc = _two(fan_out, _kind_doc("events", **second))
+    _one_refusal(doc, "pipelines.table", "each table is written by one pipeline only", repr(tables))
+
+
+def test_a_route_may_not_be_its_own_pipelines_rejects_table() -> None:
+    _one_refusal(
+        _kind_doc("events", route_by="customer_id", routes={"c-001": "orders_rejects"}),
+        "pipelines.table",
+        "['orders_rejects']",
+    )
+    _one_refusal(
+        _kind_doc("events", route_by="customer_id", routes={"c-001": "a"}, unrouted="orders_rejects"),
+        "pipelines.table",
+        "['orders_rejects']",
+    )
+
+
+def test_pipelines_of_every_kind_on_their_own_tables() -> None:
+    doc = {
+        "pipelines": [
+            _windowed(name="per_minute", table="per_minute")["pipelines"][0],
+            _kind_doc("events", name="raw", table="raw")["pipelines"][0],
+            _kind_doc("events", name="routed", route_by="customer_id", routes={"a": "ra"}, unrouted="rb")["pipelines"][
+                0
+            ],
+            _kind_doc("upsert", name="latest", table="latest")["pipelines"][0],
+        ]
+    }
+    spec = parse_spec(doc, env={})
+    assert [p.all_tables for p in spec.pipelines] == [
+        ("per_minute", "per_minute_rejects"),
+        ("raw", "raw_rejects"),
+        ("ra", "rb", "routed_rejects"),
+        ("latest", "latest_rejects"),
+    ]
+
+
+# known gaps (strict xfail: each turns into a failure once spec.py is fixed; then drop the mark) ------------------
+
+
+@pytest.mark.xfail(raises=TypeError, strict=True, reason="a list or table where a field name is expected: TypeError")
+@pytest.mark.parametrize(
+    ("doc", "field"),
+    [
+        (_windowed(group_by=[["customer_id"]]), "pipelines[0].group_by[0]"),
+        (_kind_doc("upsert", key=[{"order_id": 1}]), "pipelines[0].key[0]"),
+        (_kind_doc("events", route_by=["customer_id"], routes={"a": "t"}), "pipelines[0].route_by"),
+        (_kind_doc("upsert", version_field=["quantity"]), "pipelines[0].version_field"),
+        (_kind_doc("upsert", delete_field={"deleted": True}), "pipelines[0].delete_field"),
+        (_kind_doc("events", event_time_field=["event_time"]), "pipelines[0].event_time_field"),
+    ],
+)
+def test_a_field_name_that_is_not_a_string_is_a_config_error(doc: dict[str, Any], field: str) -> None:
+    _one_refusal(doc, field, "expected")
+
+
+@pytest.mark.xfail(
+    raises=pytest.fail.Exception, strict=True, reason="route values are not checked against route_by's type"
+)
+@pytest.mark.parametrize(
+    ("route_by", "value"),
+    [("quantity", "01"), ("quantity", "abc"), ("small", "1.0"), ("paid", "True"), ("paid", "yes")],
+)
+def test_a_route_value_route_by_can_never_hold_is_refused(route_by: str, value: str) -> None:
+    """Spark compares ``cast(route_by as string)`` with the value: a long is "1", a boolean "true"; "01" or "True"
+    never match, so every such event would silently go to the default table or the rejects."""
+    _one_refusal(_kind_doc("events", route_by=route_by, routes={value: "t"}), f"pipelines[0].routes.{value}", value)
