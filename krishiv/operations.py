@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # Spark and pyiceberg load only when an operation runs, keepi
     from pyiceberg.catalog import Catalog
     from pyspark.sql import SparkSession
 
+    from krishiv.verify import Verification
     from outbox.relay import TableCommitReport
     from spark_jobs.job import RunningPipeline
     from spark_jobs.staging import StagedBatch
@@ -173,17 +174,27 @@ def commit_pipelines(
 
 def verify_pipelines(
     spec: KrishivSpec, pipelines: list[PipelineSpec], *, catalog: Catalog | None = None, ledger: Ledger | None = None
-) -> list:
-    """The exactly-once invariants of each pipeline's table and rejects table (``catalog``, ``ledger``: the spec's
-    unless given)."""
-    from krishiv.verify import verify_table
+) -> list[Verification]:
+    """The exactly-once invariants of every table of each pipeline (``pipeline.all_tables``: its row tables, a
+    fan-out's routes among them, then its rejects table), each checked by its row key and commit operation; an
+    events pipeline with Kafka coordinates also has each offset in one table at most (``catalog``, ``ledger``:
+    the spec's unless given)."""
+    from krishiv.verify import checks_offsets, offset_violations, repeated_offsets, verify_output
     from krishiv_core.catalog import load_catalog, qualified
+    from krishiv_core.tables import output_tables
 
     catalog = load_catalog(spec) if catalog is None else catalog
     ledger = open_ledger(spec) if ledger is None else ledger
     results = []
     for p in pipelines:
-        for name, windows in ((p.table, True), (p.rejects_table, False)):
-            q = qualified(spec, name)
-            results.append(verify_table(catalog.load_table(q), q, ledger, windows=windows))
+        outputs = output_tables(p)
+        tables = {qualified(spec, o.name): catalog.load_table(qualified(spec, o.name)) for o in outputs}
+        verified = [
+            verify_output(tables[qualified(spec, o.name)], qualified(spec, o.name), ledger, p, o) for o in outputs
+        ]
+        if checks_offsets(p):  # an event in two tables (two routes, or a route and the rejects) is counted twice
+            repeats = repeated_offsets(tables, rejects=qualified(spec, p.rejects_table))
+            for v in verified:
+                v.violations += offset_violations(repeats, v.table)
+        results += verified
     return results

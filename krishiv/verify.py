@@ -1,24 +1,51 @@
 """Invariant checks over a pipeline's tables and the ledger; every violation is named, none is fatal here.
 
-- no window appears twice in the aggregate table;
+Per table of ``pipeline.all_tables``:
+
+- no two rows share the table's row key (:func:`row_key`): a windowed table's ``(window_start, window_end,
+  *group_by)``, an upsert table's ``key``, a raw events table's ``(_kafka_partition, _kafka_offset)`` when it
+  has both metadata columns (each Kafka offset at most once); a rejects table has none. An events pipeline's
+  offsets are also checked across its tables (routes and rejects): an event is in one table only;
 - lineage is linear: each snapshot's parent is the one before it, one snapshot per batch, batch ids rising;
 - ledger and table agree: every COMMITTED entry's snapshot is in the table (or expired, at or below the
-  query's high-water mark in the table's properties), every Krishiv snapshot has a COMMITTED entry, and row
-  counts match.
+  query's high-water mark in the table's properties) and every Krishiv snapshot has a COMMITTED entry; for an
+  append table the row counts match too (a merge replaces rows, so its counts are not the staged rows').
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.table import Table
 
 from krishiv.lineage import lineage
-from krishiv_core.tables import WINDOW_START
+from krishiv_core.entries import MERGE
+from krishiv_core.spec import EVENTS, KAFKA_METADATA_PREFIX, UPSERT, WINDOWED, PipelineSpec
+from krishiv_core.tables import WINDOW_END, WINDOW_START, OutputTable
 from outbox.ledger import Ledger
 from outbox.relay import high_water_marks
+
+#: A raw events table's row key, when it has both metadata columns: each Kafka offset at most once.
+OFFSET_KEY = (KAFKA_METADATA_PREFIX + "partition", KAFKA_METADATA_PREFIX + "offset")
+#: The same coordinates in a rejects table.
+REJECT_OFFSET_COLUMNS = ("partition", "offset")
+#: At most this many duplicates of a table are named one by one (the rest are counted).
+NAMED_DUPLICATES = 50
+
+
+@dataclass(frozen=True)
+class Duplicate:
+    """A row key more than one row holds: its values (in key order), how many rows, and in which tables."""
+
+    values: tuple[Any, ...]
+    rows: int
+    tables: tuple[tuple[str, int], ...] = ()  # (table, rows) when counted across tables
 
 
 @dataclass
@@ -26,36 +53,150 @@ class Verification:
     table: str
     rows: int = 0
     snapshots: int = 0
+    key: tuple[str, ...] = ()  # the row key checked for duplicates; empty when there is no per-row check
     violations: list[str] = field(default_factory=list)
-    duplicate_windows: list[str] = field(default_factory=list)
+    duplicates: list[Duplicate] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.violations
 
 
-def duplicate_windows(table: Table) -> list[str]:
-    starts = table.scan(selected_fields=(WINDOW_START,)).to_arrow().column(WINDOW_START)
-    counts = pc.value_counts(starts)
-    return [str(c["values"]) for c in counts.to_pylist() if c["counts"] > 1]
+def row_key(pipeline: PipelineSpec, output: OutputTable) -> tuple[str, ...]:
+    """The columns no two rows of ``output`` may share; empty when the table has no per-row check."""
+    if output.rejects:
+        return ()
+    if pipeline.kind == WINDOWED:
+        return (WINDOW_START, WINDOW_END, *pipeline.group_by)
+    if pipeline.kind == UPSERT:
+        return tuple(pipeline.key)
+    if pipeline.kind == EVENTS and set(OFFSET_KEY) <= set(pipeline.metadata_columns):
+        return OFFSET_KEY
+    return ()
 
 
-def duplicate_window_sources(table: Table, windows: list[str]) -> dict[str, list[int]]:
-    """For each duplicated window, the ids of the snapshots that added a data file holding it."""
-    if not windows:
+def checks_offsets(pipeline: PipelineSpec) -> bool:
+    """Whether the pipeline's tables carry the Kafka coordinates of each event (an events pipeline with both)."""
+    return pipeline.kind == EVENTS and set(OFFSET_KEY) <= set(pipeline.metadata_columns)
+
+
+# ------------------------------------------------------------------------------------------ naming rows
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, datetime):
+        return str(value)
+    if isinstance(value, str | bytes):
+        return repr(value)
+    return str(value)
+
+
+def describe_key(key: Sequence[str], values: Sequence[Any]) -> str:
+    """A row key as a person reads it: ``window 2026-… to 2026-…, customer_id='c-1'``, ``key id=4``,
+    ``Kafka partition 2 offset 17``."""
+    by_column = dict(zip(key, values, strict=True))
+    if tuple(key[:2]) == (WINDOW_START, WINDOW_END):
+        rest = "".join(f", {c}={_shown(by_column[c])}" for c in key[2:])
+        return f"window {_shown(by_column[WINDOW_START])} to {_shown(by_column[WINDOW_END])}{rest}"
+    if tuple(key) == OFFSET_KEY:
+        return f"Kafka partition {by_column[OFFSET_KEY[0]]} offset {by_column[OFFSET_KEY[1]]}"
+    return "key " + ", ".join(f"{c}={_shown(by_column[c])}" for c in key)
+
+
+def _without_nulls(rows: pa.Table, key: Sequence[str]) -> pa.Table:
+    """Rows with a null key column are no row Krishiv wrote under that key; they name nothing."""
+    mask = None
+    for c in key:
+        valid = pc.is_valid(rows.column(c))
+        mask = valid if mask is None else pc.and_(mask, valid)
+    return rows.filter(mask) if mask is not None else rows
+
+
+def _key_counts(table: Table, key: Sequence[str], columns: Sequence[str] | None = None) -> pa.Table:
+    """Each non-null key of ``table`` with how many rows hold it (``columns``: the key's names in this table)."""
+    columns = tuple(columns or key)
+    rows = table.scan(selected_fields=columns).to_arrow().select(list(columns)).rename_columns(list(key))
+    return _without_nulls(rows, key).group_by(list(key)).aggregate([([], "count_all")])
+
+
+def duplicate_rows(table: Table, key: Sequence[str]) -> list[Duplicate]:
+    """The keys more than one row of ``table`` holds, sorted by key."""
+    if not key:
+        return []
+    counts = _key_counts(table, key)
+    counts = counts.filter(pc.greater(counts.column("count_all"), 1)).sort_by([(c, "ascending") for c in key])
+    columns = [counts.column(c).to_pylist() for c in (*key, "count_all")]
+    return [Duplicate(tuple(r[:-1]), r[-1]) for r in zip(*columns, strict=True)]
+
+
+def repeated_offsets(tables: Mapping[str, Table], rejects: str | None = None) -> list[Duplicate]:
+    """Kafka offsets more than one row holds across ``tables`` (a table name -> table), with the rows per table.
+
+    ``rejects`` names the rejects table among them, whose coordinates are its ``partition`` and ``offset``.
+    """
+    parts = []
+    for name, table in tables.items():
+        counts = _key_counts(table, OFFSET_KEY, REJECT_OFFSET_COLUMNS if name == rejects else None)
+        parts.append(counts.append_column("table", pa.array([name] * counts.num_rows, pa.string())))
+    if not parts:
+        return []
+    every = pa.concat_tables(parts, promote_options="permissive")
+    per_offset = every.group_by(list(OFFSET_KEY)).aggregate(
+        [("count_all", "sum"), ("table", "list"), ("count_all", "list")]
+    )
+    per_offset = per_offset.filter(pc.greater(per_offset.column("count_all_sum"), 1))
+    out = []
+    for row in per_offset.sort_by([(c, "ascending") for c in OFFSET_KEY]).to_pylist():
+        where = tuple(sorted(zip(row["table_list"], row["count_all_list"], strict=True)))
+        out.append(Duplicate((row[OFFSET_KEY[0]], row[OFFSET_KEY[1]]), row["count_all_sum"], where))
+    return out
+
+
+def duplicate_sources(table: Table, key: Sequence[str], duplicates: Sequence[Duplicate]) -> dict[str, list[int]]:
+    """For each duplicated key (by :func:`describe_key`), the ids of the snapshots that added a data file
+    holding it: which writer put the second row there."""
+    if not duplicates:
         return {}
-    wanted = set(windows)
-    sources: dict[str, list[int]] = {w: [] for w in windows}
-    entries = table.inspect.entries().to_pylist()
-    for entry in entries:
+    wanted = {d.values: describe_key(key, d.values) for d in duplicates}
+    sources: dict[str, set[int]] = {label: set() for label in wanted.values()}
+    for entry in table.inspect.entries().to_pylist():
         data_file = entry["data_file"]
         if entry["status"] == 2 or data_file["content"] != 0:  # deleted entries and delete files hold no rows
             continue
         with table.io.new_input(data_file["file_path"]).open() as stream:
-            starts = pq.read_table(stream, columns=[WINDOW_START]).column(WINDOW_START)
-        for value in {str(v) for v in starts.to_pylist()} & wanted:
-            sources[value].append(entry["snapshot_id"])
-    return {w: sorted(set(ids)) for w, ids in sources.items()}
+            rows = pq.read_table(stream, columns=list(key))
+        for values in set(zip(*(rows.column(c).to_pylist() for c in key), strict=True)) & wanted.keys():
+            sources[wanted[values]].add(entry["snapshot_id"])
+    return {label: sorted(ids) for label, ids in sources.items()}
+
+
+def _duplicate_violations(table: Table, key: Sequence[str], duplicates: Sequence[Duplicate]) -> list[str]:
+    named = duplicates[:NAMED_DUPLICATES]
+    sources = duplicate_sources(table, key, named)
+    problems = []
+    for d in named:
+        label = describe_key(key, d.values)
+        snapshots = sources.get(label)
+        added = f", added by snapshots {snapshots}" if snapshots else ""
+        problems.append(f"{label} appears more than once ({d.rows} rows{added})")
+    if len(duplicates) > len(named):
+        problems.append(f"... and {len(duplicates) - len(named)} more keys appear more than once")
+    return problems
+
+
+def offset_violations(repeats: Sequence[Duplicate], table_name: str) -> list[str]:
+    """The offsets of ``repeats`` that ``table_name`` shares with another table, one line each."""
+    problems = []
+    shared = [r for r in repeats if len(r.tables) > 1 and any(t == table_name for t, _ in r.tables)]
+    for r in shared[:NAMED_DUPLICATES]:
+        where = ", ".join(f"{t} ({n} {'row' if n == 1 else 'rows'})" for t, n in r.tables)
+        problems.append(f"{describe_key(OFFSET_KEY, r.values)} is in more than one table: {where}")
+    if len(shared) > NAMED_DUPLICATES:
+        problems.append(f"... and {len(shared) - NAMED_DUPLICATES} more offsets in more than one table")
+    return problems
+
+
+# ------------------------------------------------------------------------------------------ lineage and ledger
 
 
 def check_lineage(table: Table) -> list[str]:
@@ -90,7 +231,17 @@ def check_lineage(table: Table) -> list[str]:
     return problems
 
 
-def check_ledger_agreement(table: Table, table_name: str, ledger: Ledger) -> list[str]:
+def table_rows(table: Table) -> int:
+    """The rows of the table's current snapshot, from its summary."""
+    current = table.current_snapshot()
+    return int(current.summary.get("total-records", 0)) if current and current.summary else 0
+
+
+def check_ledger_agreement(table: Table, table_name: str, ledger: Ledger, *, merge: bool = False) -> list[str]:
+    """Every COMMITTED batch with rows is in ``table`` (a snapshot, or at or below the query's high-water mark)
+    and every Krishiv snapshot is COMMITTED in the ledger. For an append table (``merge`` false) each snapshot
+    added the rows its batch staged and, without foreign snapshots, the table holds the rows the ledger
+    committed; a merge replaces the rows of its keys, so its counts are not compared."""
     problems = []
     rows = lineage(table)
     by_batch = {(r.query_id, r.batch_id): r for r in rows if r.query_id is not None}
@@ -100,9 +251,8 @@ def check_ledger_agreement(table: Table, table_name: str, ledger: Ledger) -> lis
             high_water[r.query_id] = max(high_water.get(r.query_id, -1), r.high_water_batch_id)
     # Keys and record counts only, read in SQL; batches compacted out of the ledger count through the archive.
     committed = ledger.committed_batches(table_name)
-    committed_records = committed.total_records
     for (query_id, batch_id), record_count in committed.records.items():
-        if record_count == 0:
+        if record_count == 0:  # an empty batch makes no snapshot (and a delete-only merge is found from its side)
             continue
         row = by_batch.get((query_id, batch_id))
         if row is None:
@@ -111,7 +261,7 @@ def check_ledger_agreement(table: Table, table_name: str, ledger: Ledger) -> lis
                     f"ledger says batch {batch_id} of query {query_id} is COMMITTED but {table_name} "
                     "has no snapshot for it"
                 )
-        elif row.added_records != record_count:
+        elif not merge and row.added_records != record_count:
             problems.append(
                 f"batch {batch_id}: snapshot {row.snapshot_id} added {row.added_records} rows, "
                 f"the ledger staged {record_count}"
@@ -122,22 +272,27 @@ def check_ledger_agreement(table: Table, table_name: str, ledger: Ledger) -> lis
                 f"snapshot {row.snapshot_id} holds batch {batch_id} of query {query_id}, which the "
                 "ledger does not list as COMMITTED"
             )
-    foreign = [r for r in rows if r.query_id is None]
-    if not foreign:
-        current = table.current_snapshot()
-        total = int(current.summary.get("total-records", 0)) if current and current.summary else 0
-        if total != committed_records:
-            problems.append(f"{table_name} holds {total} rows but the ledger committed {committed_records}")
+    if not merge and not any(r.query_id is None for r in rows):
+        total = table_rows(table)
+        if total != committed.total_records:
+            problems.append(f"{table_name} holds {total} rows but the ledger committed {committed.total_records}")
     return problems
 
 
-def verify_table(table: Table, table_name: str, ledger: Ledger, *, windows: bool) -> Verification:
-    result = Verification(table_name, snapshots=len(table.snapshots()))
-    current = table.current_snapshot()
-    result.rows = int(current.summary.get("total-records", 0)) if current and current.summary else 0
-    if windows:
-        result.duplicate_windows = duplicate_windows(table)
-        result.violations += [f"window starting {w} appears more than once" for w in result.duplicate_windows]
+def verify_table(
+    table: Table, table_name: str, ledger: Ledger, *, key: Sequence[str] = (), merge: bool = False
+) -> Verification:
+    """Duplicates by ``key`` (none checked if empty), lineage, and agreement with the ledger (``merge``: the
+    table is committed by merges, whose row counts are not the staged rows')."""
+    result = Verification(table_name, rows=table_rows(table), snapshots=len(table.snapshots()), key=tuple(key))
+    if key:
+        result.duplicates = duplicate_rows(table, key)
+        result.violations += _duplicate_violations(table, key, result.duplicates)
     result.violations += check_lineage(table)
-    result.violations += check_ledger_agreement(table, table_name, ledger)
+    result.violations += check_ledger_agreement(table, table_name, ledger, merge=merge)
     return result
+
+
+def verify_output(table: Table, table_name: str, ledger: Ledger, pipeline: PipelineSpec, output: OutputTable):
+    """:func:`verify_table` with the row key and commit operation of one of the pipeline's tables."""
+    return verify_table(table, table_name, ledger, key=row_key(pipeline, output), merge=output.operation.kind == MERGE)
