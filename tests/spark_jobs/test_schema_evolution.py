@@ -310,3 +310,80 @@ def test_a_conflicting_spec_is_refused_before_spark_starts(tmp_path, broker):
     assert refused.returncode != 0
     lines = refused.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("krishiv run: table krishiv.orders: column 'qty'"), lines
+
+
+def test_partition_by_changed_while_batches_are_pending(tmp_path, broker, spark, topic):
+    """Files staged for the old partitioning wait in the outbox; the relay refuses to register one under the new
+    partitioning (it holds several of its partitions) and says how to get out; following that commits every
+    batch exactly once."""
+    bucketed = EVENTS + 'partition_by = ["bucket(4, customer_id)"]\n'
+    spec = _spec(tmp_path, broker.bootstrap, topic, pipeline=bucketed)
+    _produce(spec, [_order(s) for s in range(300)], 0)
+    run_pipelines(spec, [spec.pipeline()], once=True)  # staged, not committed
+
+    spec = _spec(tmp_path, broker.bootstrap, topic, pipeline=EVENTS + 'partition_by = ["customer_id"]\n')
+    _produce(spec, [_order(s) for s in range(300, 600)], 300)
+    run_pipelines(spec, [spec.pipeline()], once=True)  # the start evolves the table; new batches staged for it
+    assert [str(f.transform) for f in _table(spec).spec().fields] == ["identity"]
+    pending = open_ledger(spec).entries(status=PENDING)
+
+    with pytest.raises(SchemaConflict) as info:
+        commit_pipelines(spec, [spec.pipeline()])
+    message = str(info.value)
+    for fragment in ("batch=000000000000", "holds rows of", "[customer_id]", "set partition_by back"):
+        assert fragment in message, message
+    assert open_ledger(spec).entries(status=PENDING) == pending, "nothing committed past the refused batch"
+    assert _table(spec).scan().to_arrow().num_rows == 0
+
+    refused = krishiv_cli(tmp_path / "krishiv.toml", "commit")
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    line = refused.stderr.strip().splitlines()[-1]
+    assert line.startswith("krishiv commit: staged file ") and "set partition_by back" in line, line
+
+    # As the message says: partition_by back until the relay has committed, then change it again.
+    spec = _spec(tmp_path, broker.bootstrap, topic, pipeline=bucketed)
+    run_pipelines(spec, [spec.pipeline()], once=True)
+    commit_pipelines(spec, [spec.pipeline()])
+    assert not open_ledger(spec).entries(status=PENDING)
+    rows = _table(spec).scan().to_arrow()
+    assert rows.num_rows == 600
+    _exactly_once(spec, rows)
+
+
+@pytest.mark.xfail(
+    raises=AssertionError,
+    strict=True,
+    reason="krishiv.cli prints errors as Rich markup: '[customer_id]' is read as a style tag and dropped",
+)
+def test_the_cli_prints_a_partitioning_in_brackets_as_it_is(tmp_path, monkeypatch, capsys):
+    """Partitionings are shown as ``[day(event_time), customer_id]`` (``partitioning.describe_spec``)."""
+    from krishiv import cli
+
+    message = "table krishiv.orders is partitioned by [bucket(4, customer_id)] and the spec asks for [customer_id]"
+
+    def refuse(*_: object) -> int:
+        raise SchemaConflict(message)
+
+    _spec(tmp_path, "127.0.0.1:9092", "orders")
+    monkeypatch.setitem(cli.COMMANDS, "commit", refuse)
+    assert cli.main(["--spec", str(tmp_path / "krishiv.toml"), "commit"]) == 2
+    assert capsys.readouterr().err.strip() == f"krishiv commit: {message}"
+
+
+@pytest.mark.xfail(
+    raises=pytest.fail.Exception,
+    strict=True,
+    reason="evolution compares columns, not identifier fields: an upsert's key changed from customer_id to order_id "
+    "is accepted, the table keeps identifier customer_id while the relay merges by order_id",
+)
+def test_an_upsert_key_changed_on_an_existing_table_is_refused(tmp_path):
+    upsert = 'kind = "upsert"\nkey = ["{key}"]\n'
+    spec = _spec(tmp_path, "127.0.0.1:9092", "orders", pipeline=upsert.format(key="customer_id"))
+    ensure_pipeline_tables(load_catalog(spec), spec, spec.pipeline())
+
+    spec = _spec(tmp_path, "127.0.0.1:9092", "orders", pipeline=upsert.format(key="order_id"))
+    with pytest.raises(SchemaConflict) as info:
+        ensure_pipeline_tables(load_catalog(spec), spec, spec.pipeline())
+    assert "customer_id" in str(info.value) and "order_id" in str(info.value)
+    assert _table(spec).schema().identifier_field_names() == {"customer_id"}
