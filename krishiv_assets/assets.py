@@ -1,10 +1,11 @@
-"""The asset factory: one pipeline spec becomes its topic, staging and table assets.
+"""The asset factory: one pipeline spec, of any kind, becomes its topic, staging and table assets.
 
 - ``kafka/<topic>``: the topic, an external asset (Krishiv reads it, never writes it).
 - ``<pipeline>/staged_batches``: phase 1. Runs the Spark query once (``AvailableNow``) over what the topic
   holds, writing staged Parquet files and outbox entries.
-- ``iceberg/<namespace>/<table>`` and its rejects table: phase 2. The commit relay promotes pending entries
-  into snapshots, in batch order.
+- ``iceberg/<namespace>/<table>`` for each table of ``pipeline.all_tables`` (a windowed or upsert pipeline's
+  table, an events pipeline's table or each of its routes', then the rejects table): phase 2. The commit relay
+  promotes pending entries into snapshots, in batch order, and materializes every one of these tables.
 
 Every materialization reports numeric metadata, so the UI plots it over time. Pools (``dagster.yaml``) keep
 one staging run per pipeline (its checkpoint admits one query) and one commit run per table at a time.
@@ -13,7 +14,7 @@ one staging run per pipeline (its checkpoint admits one query) and one commit ru
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import dagster as dg
@@ -27,7 +28,7 @@ from krishiv_assets.resources import (
 )
 from krishiv_core.catalog import qualified
 from krishiv_core.errors import KrishivError
-from krishiv_core.spec import KrishivSpec, PipelineSpec
+from krishiv_core.spec import UPSERT, WINDOWED, KrishivSpec, PipelineSpec
 
 
 @dataclass(frozen=True)
@@ -36,18 +37,28 @@ class PipelineKeys:
 
     topic: dg.AssetKey
     staged: dg.AssetKey
-    table: dg.AssetKey
-    rejects: dg.AssetKey
+    tables: Mapping[str, dg.AssetKey]  # every table of ``pipeline.all_tables``, by unqualified name, in that order
 
     @classmethod
     def of(cls, spec: KrishivSpec, pipeline: PipelineSpec) -> PipelineKeys:
-        namespace = spec.iceberg.namespace
         return cls(
             topic=dg.AssetKey(["kafka", pipeline.topic]),
             staged=dg.AssetKey([pipeline.name, "staged_batches"]),
-            table=dg.AssetKey(["iceberg", namespace, pipeline.table]),
-            rejects=dg.AssetKey(["iceberg", namespace, pipeline.rejects_table]),
+            tables={name: table_key(spec, name) for name in pipeline.all_tables},
         )
+
+    @property
+    def table(self) -> dg.AssetKey:
+        """The pipeline's first table, whose entries carry each batch's counts."""
+        return next(iter(self.tables.values()))
+
+    @property
+    def rejects(self) -> dg.AssetKey:
+        return list(self.tables.values())[-1]
+
+
+def table_key(spec: KrishivSpec, table: str) -> dg.AssetKey:
+    return dg.AssetKey(["iceberg", spec.iceberg.namespace, table])
 
 
 def stage_pool(pipeline: PipelineSpec) -> str:
@@ -63,18 +74,67 @@ def _failure(exc: Exception) -> dg.Failure:
     return dg.Failure(description=f"{type(exc).__name__}: {exc}", allow_retries=False)
 
 
+def _seconds(ms: int) -> str:
+    return f"{ms / 1000:g}s"
+
+
+def _windows(pipeline: PipelineSpec) -> str:
+    hop = f" every {_seconds(pipeline.window_slide_ms)}" if pipeline.slide_ms else ""
+    by = f" per {', '.join(pipeline.group_by)}" if pipeline.group_by else ""
+    return f"{_seconds(pipeline.window_ms)} windows{hop}{by}"
+
+
+def shape_of(pipeline: PipelineSpec) -> str:
+    """What the pipeline's Spark query makes of each batch, in a few words."""
+    if pipeline.kind == WINDOWED:
+        return f"{_windows(pipeline)}, {_seconds(pipeline.watermark_delay_ms)} watermark, {pipeline.output_mode} mode"
+    if pipeline.kind == UPSERT:
+        return f"the latest row per {', '.join(pipeline.key)}"
+    routes = f", routed by {pipeline.route_by} to {len(pipeline.tables)} tables" if pipeline.routes else ""
+    return f"every valid event one row{routes}"
+
+
+def table_description(pipeline: PipelineSpec, table: str) -> str:
+    """An asset's description: what one of the pipeline's tables holds."""
+    if table == pipeline.rejects_table:
+        return f"Malformed events of {pipeline.topic} with their partition, offset and reason."
+    if pipeline.kind == WINDOWED:
+        how = "replaced as their events arrive" if pipeline.output_mode == "update" else "written once closed"
+        what = f"{_windows(pipeline)} of {pipeline.topic}, {how}"
+    elif pipeline.kind == UPSERT:
+        what = f"the latest row per {', '.join(pipeline.key)} of {pipeline.topic}, deleted by a tombstone"
+    else:
+        values = [r.value for r in pipeline.routes if r.table == table]
+        if values:
+            what = f"the events of {pipeline.topic} whose {pipeline.route_by} is {' or '.join(values)}"
+        elif pipeline.routes:
+            what = f"the events of {pipeline.topic} whose {pipeline.route_by} has no route"
+        else:
+            what = f"every valid event of {pipeline.topic}"
+        if pipeline.kafka_metadata:
+            what += f", with {', '.join(pipeline.metadata_columns)}"
+    return f"{table}: {what}; one Iceberg snapshot per staged batch, each event counted exactly once."
+
+
+def topic_asset(spec: KrishivSpec, topic: str) -> dg.AssetSpec:
+    """The topic's external asset, the same for every pipeline that reads it (the code location keeps one): in
+    the group of its one pipeline, or in ``kafka`` when several read it."""
+    readers = [p.name for p in spec.pipelines if p.topic == topic]
+    return dg.AssetSpec(
+        dg.AssetKey(["kafka", topic]),
+        description=f"Kafka topic {topic!r}, read by the Spark queries of {', '.join(readers)}.",
+        group_name=readers[0] if len(readers) == 1 else "kafka",
+        kinds={"kafka"},
+        metadata={"topic": topic},
+    )
+
+
 def pipeline_assets(spec: KrishivSpec, pipeline: PipelineSpec) -> list[dg.AssetsDefinition | dg.AssetSpec]:
     keys = PipelineKeys.of(spec, pipeline)
     group = pipeline.name
-    tables = {keys.table: pipeline.table, keys.rejects: pipeline.rejects_table}
+    first = qualified(spec, pipeline.tables[0])  # its entries carry each batch's counts
 
-    topic = dg.AssetSpec(
-        keys.topic,
-        description=f"Kafka topic {pipeline.topic!r}: order events, read by the {pipeline.name} Spark query.",
-        group_name=group,
-        kinds={"kafka"},
-        metadata={"topic": pipeline.topic},
-    )
+    topic = topic_asset(spec, pipeline.topic)
 
     @dg.asset(
         key=keys.staged,
@@ -83,9 +143,8 @@ def pipeline_assets(spec: KrishivSpec, pipeline: PipelineSpec) -> list[dg.Assets
         kinds={"spark", "duckdb"},
         pool=stage_pool(pipeline),
         description=(
-            f"Phase 1 of {pipeline.name}: the Spark query stages each micro-batch as Parquet files plus an outbox "
-            f"entry in the DuckDB ledger ({pipeline.window_ms // 1000}s windows, "
-            f"{pipeline.watermark_delay_ms // 1000}s watermark)."
+            f"Phase 1 of {pipeline.name} ({pipeline.kind}): the Spark query stages each micro-batch as Parquet "
+            f"files plus an outbox entry per table in the DuckDB ledger ({shape_of(pipeline)})."
         ),
     )
     def staged_batches(
@@ -108,7 +167,7 @@ def pipeline_assets(spec: KrishivSpec, pipeline: PipelineSpec) -> list[dg.Assets
                 ledger=book,
                 holder=f"dagster run {context.run.run_id}",
             )
-            summary = book.table_summary(qualified(spec, pipeline.table), topic=pipeline.topic)
+            summary = book.table_summary(first, topic=pipeline.topic)
         except KrishivError as exc:
             raise _failure(exc) from exc
         history = running[0].stager.history
@@ -130,22 +189,14 @@ def pipeline_assets(spec: KrishivSpec, pipeline: PipelineSpec) -> list[dg.Assets
     @dg.multi_asset(
         specs=[
             dg.AssetSpec(
-                keys.table,
+                key,
                 deps=[keys.staged],
                 group_name=group,
                 kinds={"iceberg"},
-                description=(
-                    f"{pipeline.table}: closed {pipeline.window_ms // 1000}s windows of {pipeline.topic}, "
-                    "one Iceberg snapshot per staged batch, each event counted exactly once."
-                ),
-            ),
-            dg.AssetSpec(
-                keys.rejects,
-                deps=[keys.staged],
-                group_name=group,
-                kinds={"iceberg"},
-                description=f"Malformed events of {pipeline.topic} with their partition, offset and reason.",
-            ),
+                description=table_description(pipeline, name),
+                metadata={"table": qualified(spec, name)},
+            )
+            for name, key in keys.tables.items()
         ],
         name=f"{pipeline.name}_commit_relay",
         pool=commit_pool(pipeline),
@@ -154,16 +205,17 @@ def pipeline_assets(spec: KrishivSpec, pipeline: PipelineSpec) -> list[dg.Assets
     def commit(iceberg: IcebergCatalogResource, ledger: LedgerResource) -> Iterator[dg.MaterializeResult]:
         from krishiv.operations import commit_pipelines
 
+        names = {key: qualified(spec, name) for name, key in keys.tables.items()}
         try:
             catalog, book = iceberg.catalog(), ledger.ledger()
             reports = commit_pipelines(spec, [pipeline], catalog=catalog, ledger=book)
-            pending = book.pending_batches([qualified(spec, name) for name in tables.values()])
+            pending = book.pending_batches(list(names.values()))
         except KrishivError as exc:
             raise _failure(exc) from exc
         by_table = {r.table: r for r in reports}
-        for key, name in tables.items():
-            report = by_table[qualified(spec, name)]
-            table = catalog.load_table(report.table)
+        for key, name in names.items():
+            report = by_table[name]
+            table = catalog.load_table(name)
             current = table.current_snapshot()
             latencies = report.commit_latencies_ms
             yield dg.MaterializeResult(
@@ -178,7 +230,7 @@ def pipeline_assets(spec: KrishivSpec, pipeline: PipelineSpec) -> list[dg.Assets
                     "dagster/row_count": int(current.summary.get("total-records", 0)) if current else 0,
                     "commit_latency_p50_ms": float(statistics.median(latencies)) if latencies else 0.0,
                     "commit_latency_max_ms": float(max(latencies)) if latencies else 0.0,
-                    "pending_entries": sum(1 for e in pending if e.table == report.table),
+                    "pending_entries": sum(1 for e in pending if e.table == name),
                     "committed_batches": dg.MetadataValue.json(report.committed),
                 },
             )

@@ -1,9 +1,23 @@
-"""Asset checks on a pipeline's table: each result carries the metadata that explains a failure.
+"""Asset checks on every table of a pipeline: each result carries the metadata that explains a failure.
 
-- ``no_duplicate_windows`` (blocking): each window appears once; names the windows and the snapshots.
+On each row table, by the pipeline's kind (blocking: a row counted twice stops what depends on the table):
+
+- ``no_duplicate_windows`` (windowed): no two rows share ``(window_start, window_end, *group_by)``; names the
+  windows and the snapshots that added them;
+- ``no_duplicate_keys`` (upsert): no two rows share the pipeline's ``key``; names the keys and the snapshots;
+- ``offsets_at_most_once`` (events): each Kafka offset of the topic is in at most one row across the
+  pipeline's tables (its routes and its rejects), when the tables carry ``_kafka_partition`` and
+  ``_kafka_offset``; without them, the table holds exactly the rows the ledger committed to it.
+
+On every table, rejects included:
+
 - ``lineage_linear``: each snapshot's parent is the previous one, one snapshot per batch, in batch order.
 - ``ledger_agreement``: every COMMITTED entry is in the table, every Krishiv snapshot is COMMITTED in the
-  ledger, row counts match, and no entry has been PENDING longer than the threshold.
+  ledger, row counts match (append tables; a merge replaces rows), and no entry has been PENDING longer than
+  the threshold.
+
+And on the pipeline's first table, whose entries carry each batch's counts:
+
 - ``rejects_rate``: malformed events stay under a share of the events read (a warning, not an error).
 """
 
@@ -17,7 +31,12 @@ import dagster as dg
 from krishiv_assets.assets import PipelineKeys
 from krishiv_assets.resources import IcebergCatalogResource, LedgerResource
 from krishiv_core.catalog import qualified
-from krishiv_core.spec import KrishivSpec, PipelineSpec
+from krishiv_core.entries import MERGE
+from krishiv_core.spec import EVENTS, UPSERT, WINDOWED, KrishivSpec, PipelineSpec
+from krishiv_core.tables import OutputTable, output_tables
+
+#: At most this many offending rows are listed in a check's metadata.
+LISTED = 100
 
 
 @dataclass(frozen=True)
@@ -28,40 +47,141 @@ class CheckThresholds:
 
 DEFAULT_THRESHOLDS = CheckThresholds()
 
+#: The row check of each kind: its name and the metadata labels of its count and its offending rows.
+ROW_CHECKS = {
+    WINDOWED: ("no_duplicate_windows", "duplicate_windows", "offending_windows"),
+    UPSERT: ("no_duplicate_keys", "duplicate_keys", "offending_keys"),
+    EVENTS: ("offsets_at_most_once", "repeated_offsets", "offending_offsets"),
+}
 
-def pipeline_checks(
-    spec: KrishivSpec, pipeline: PipelineSpec, thresholds: CheckThresholds = DEFAULT_THRESHOLDS
-) -> list[dg.AssetChecksDefinition]:
-    keys = PipelineKeys.of(spec, pipeline)
-    table_name = qualified(spec, pipeline.table)
+
+def _current(table) -> dict[str, int]:
+    from krishiv.verify import table_rows
+
+    current = table.current_snapshot()
+    return {"rows": table_rows(table), "snapshot_id": current.snapshot_id if current else 0}
+
+
+def _duplicates_check(spec: KrishivSpec, pipeline: PipelineSpec, output: OutputTable) -> dg.AssetChecksDefinition:
+    """``no_duplicate_windows`` or ``no_duplicate_keys``: no two rows of the table share its row key."""
+    name, count_label, rows_label = ROW_CHECKS[pipeline.kind]
+    table_name = qualified(spec, output.name)
+    what = "window" if pipeline.kind == WINDOWED else "key"
 
     @dg.asset_check(
-        asset=keys.table,
-        name="no_duplicate_windows",
+        asset=PipelineKeys.of(spec, pipeline).tables[output.name],
+        name=name,
         blocking=True,
-        description="Every window appears at most once: an event counted twice would show up here.",
+        description=(
+            f"Every {what} appears at most once (by {', '.join(_key(pipeline, output))}): an event counted twice "
+            "would show up here."
+        ),
     )
-    def no_duplicate_windows(iceberg: IcebergCatalogResource) -> dg.AssetCheckResult:
-        from krishiv.verify import duplicate_window_sources, duplicate_windows
+    def check(iceberg: IcebergCatalogResource) -> dg.AssetCheckResult:
+        from krishiv.verify import describe_key, duplicate_rows, duplicate_sources
 
+        key = _key(pipeline, output)
         table = iceberg.catalog().load_table(table_name)
-        duplicates = duplicate_windows(table)
-        current = table.current_snapshot()
+        duplicates = duplicate_rows(table, key)
+        first = f"{describe_key(key, duplicates[0].values)} ({duplicates[0].rows} rows)" if duplicates else ""
         return dg.AssetCheckResult(
             passed=not duplicates,
             description=(
-                f"{len(duplicates)} windows appear more than once" if duplicates else "every window appears once"
+                f"{len(duplicates)} {what}s appear more than once, first {first}"
+                if duplicates
+                else f"every {what} appears once"
             ),
             metadata={
-                "duplicate_windows": len(duplicates),
-                "rows": int(current.summary.get("total-records", 0)) if current else 0,
-                "snapshot_id": current.snapshot_id if current else 0,
-                "offending_windows": dg.MetadataValue.json(duplicate_window_sources(table, duplicates[:100])),
+                count_label: len(duplicates),
+                **_current(table),
+                rows_label: dg.MetadataValue.json(duplicate_sources(table, key, duplicates[:LISTED])),
             },
         )
 
+    return check
+
+
+def _key(pipeline: PipelineSpec, output: OutputTable) -> tuple[str, ...]:
+    from krishiv.verify import row_key
+
+    return row_key(pipeline, output)
+
+
+def _offsets_check(spec: KrishivSpec, pipeline: PipelineSpec, output: OutputTable) -> dg.AssetChecksDefinition:
+    """``offsets_at_most_once``: each Kafka offset in one row of the pipeline's tables at most; without the
+    metadata columns, the table holds exactly the rows the ledger committed to it."""
+    name, count_label, rows_label = ROW_CHECKS[EVENTS]
+    table_name = qualified(spec, output.name)
+
     @dg.asset_check(
-        asset=keys.table,
+        asset=PipelineKeys.of(spec, pipeline).tables[output.name],
+        name=name,
+        blocking=True,
+        description=(
+            f"Each Kafka offset of {pipeline.topic} is in at most one row of {pipeline.name}'s tables (by "
+            "_kafka_partition and _kafka_offset; without them, the table holds the rows the ledger committed)."
+        ),
+    )
+    def check(iceberg: IcebergCatalogResource, ledger: LedgerResource) -> dg.AssetCheckResult:
+        from krishiv.verify import (
+            OFFSET_KEY,
+            checks_offsets,
+            describe_key,
+            duplicate_sources,
+            repeated_offsets,
+            table_rows,
+        )
+
+        catalog = iceberg.catalog()
+        table = catalog.load_table(table_name)
+        if not checks_offsets(pipeline):
+            committed = ledger.ledger().committed_batches(table_name).total_records
+            rows = table_rows(table)
+            return dg.AssetCheckResult(
+                passed=rows == committed,
+                description=(
+                    f"{table_name} holds {rows} rows, the ledger committed {committed}"
+                    + ("" if rows == committed else ": rows were added or lost outside Krishiv")
+                    + " (no _kafka_partition and _kafka_offset columns to check each offset)"
+                ),
+                metadata={**_current(table), "ledger_committed_rows": committed, "by_offset": False},
+            )
+        names = [qualified(spec, t) for t in pipeline.all_tables]
+        tables = {n: table if n == table_name else catalog.load_table(n) for n in names}
+        repeats = [r for r in repeated_offsets(tables, rejects=names[-1]) if any(t == table_name for t, _ in r.tables)]
+        sources = duplicate_sources(table, OFFSET_KEY, repeats[:LISTED])
+        offending = {
+            describe_key(OFFSET_KEY, r.values): {
+                "tables": dict(r.tables),
+                "snapshots": sources.get(describe_key(OFFSET_KEY, r.values), []),
+            }
+            for r in repeats[:LISTED]
+        }
+        first = ""
+        if repeats:
+            where = ", ".join(f"{t} {n}" for t, n in repeats[0].tables)
+            first = f", first {describe_key(OFFSET_KEY, repeats[0].values)} (rows: {where})"
+        return dg.AssetCheckResult(
+            passed=not repeats,
+            description=(
+                f"{len(repeats)} Kafka offsets are in more than one row{first}"
+                if repeats
+                else f"each Kafka offset is in one row of {len(names)} tables at most"
+            ),
+            metadata={
+                count_label: len(repeats),
+                **_current(table),
+                "by_offset": True,
+                rows_label: dg.MetadataValue.json(offending),
+            },
+        )
+
+    return check
+
+
+def _lineage_check(asset: dg.AssetKey, table_name: str) -> dg.AssetChecksDefinition:
+    @dg.asset_check(
+        asset=asset,
         name="lineage_linear",
         description="Each snapshot's parent is the one before it; one snapshot per batch, batch ids rising.",
     )
@@ -85,12 +205,20 @@ def pipeline_checks(
             },
         )
 
+    return lineage_linear
+
+
+def _ledger_check(
+    asset: dg.AssetKey, table_name: str, merge: bool, thresholds: CheckThresholds
+) -> dg.AssetChecksDefinition:
+    counts = "" if merge else ", row counts match"
+
     @dg.asset_check(
-        asset=keys.table,
+        asset=asset,
         name="ledger_agreement",
         description=(
-            "Every COMMITTED outbox entry is visible in the table and vice versa, and no entry stays PENDING "
-            f"longer than {thresholds.pending_max_age_s:.0f}s."
+            f"Every COMMITTED outbox entry is visible in the table and vice versa{counts}, and no entry stays "
+            f"PENDING longer than {thresholds.pending_max_age_s:.0f}s."
         ),
     )
     def ledger_agreement(iceberg: IcebergCatalogResource, ledger: LedgerResource) -> dg.AssetCheckResult:
@@ -98,7 +226,7 @@ def pipeline_checks(
 
         table = iceberg.catalog().load_table(table_name)
         book = ledger.ledger()
-        problems = check_ledger_agreement(table, table_name, book)
+        problems = check_ledger_agreement(table, table_name, book, merge=merge)
         now = datetime.now(UTC)
         summary = book.table_summary(table_name)
         pending = book.pending_batches([table_name])
@@ -116,17 +244,22 @@ def pipeline_checks(
                 "committed_entries": summary.committed,
                 "pending_entries": len(pending),
                 "oldest_pending_age_s": float(max(ages, default=0.0)),
+                "commit_operation": MERGE if merge else "append",
                 "problems": dg.MetadataValue.json(problems),
             },
         )
 
+    return ledger_agreement
+
+
+def _rejects_rate_check(asset: dg.AssetKey, table_name: str, thresholds: CheckThresholds) -> dg.AssetChecksDefinition:
     @dg.asset_check(
-        asset=keys.table,
+        asset=asset,
         name="rejects_rate",
         description=f"Malformed events stay under {thresholds.rejects_rate_max:.1%} of the events read.",
     )
     def rejects_rate(ledger: LedgerResource) -> dg.AssetCheckResult:
-        summary = ledger.ledger().table_summary(table_name)
+        summary = ledger.ledger().table_summary(table_name)  # the first table's entries carry the batch counts
         read, rejects = summary.records_read, summary.rejects
         rate = rejects / read if read else 0.0
         return dg.AssetCheckResult(
@@ -141,4 +274,25 @@ def pipeline_checks(
             },
         )
 
-    return [no_duplicate_windows, lineage_linear, ledger_agreement, rejects_rate]
+    return rejects_rate
+
+
+def pipeline_checks(
+    spec: KrishivSpec, pipeline: PipelineSpec, thresholds: CheckThresholds = DEFAULT_THRESHOLDS
+) -> list[dg.AssetChecksDefinition]:
+    """The checks of every table of ``pipeline.all_tables``: its kind's row check on each row table, lineage and
+    ledger agreement on each table, and the rejects rate on the first."""
+    keys = PipelineKeys.of(spec, pipeline)
+    checks = []
+    for output in output_tables(pipeline):
+        asset, table_name = keys.tables[output.name], qualified(spec, output.name)
+        if not output.rejects:
+            checks.append(
+                _offsets_check(spec, pipeline, output)
+                if pipeline.kind == EVENTS
+                else _duplicates_check(spec, pipeline, output)
+            )
+        checks.append(_lineage_check(asset, table_name))
+        checks.append(_ledger_check(asset, table_name, output.operation.kind == MERGE, thresholds))
+    checks.append(_rejects_rate_check(keys.table, qualified(spec, pipeline.tables[0]), thresholds))
+    return checks

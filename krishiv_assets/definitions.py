@@ -57,7 +57,7 @@ def pipeline_definitions(
     )
     commit = dg.define_asset_job(
         commit_job_name(pipeline),
-        selection=dg.AssetSelection.assets(keys.table, keys.rejects),
+        selection=dg.AssetSelection.assets(*keys.tables.values()),  # every table of the pipeline, routes too
         tags={**tags, "krishiv/step": "commit"},
         executor_def=dg.in_process_executor,
         description=f"Phase 2 of {pipeline.name}: commit pending batches, then check (the outbox sensor starts it).",
@@ -101,8 +101,12 @@ def build_definitions(
     spec: KrishivSpec, env_overrides: Collection[str] = (), thresholds: CheckThresholds = DEFAULT_THRESHOLDS
 ) -> dg.Definitions:
     parts = [pipeline_definitions(spec, p, thresholds) for p in spec.pipelines]
+    assets: dict[object, dg.AssetsDefinition | dg.AssetSpec] = {}
+    for a in (a for p in parts for a in p.assets):
+        # A topic several pipelines read is one external asset (the same spec from each pipeline).
+        assets.setdefault(a.key if isinstance(a, dg.AssetSpec) else a, a)
     return dg.Definitions(
-        assets=[a for p in parts for a in p.assets],
+        assets=list(assets.values()),
         asset_checks=[c for p in parts for c in p.checks],
         jobs=[j for p in parts for j in p.jobs],
         sensors=[s for p in parts for s in p.sensors],

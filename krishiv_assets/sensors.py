@@ -1,9 +1,10 @@
-"""The sensors that keep a pipeline's table current without anyone clicking.
+"""The sensors that keep a pipeline's tables current without anyone clicking.
 
-- The **outbox sensor** is the continuous commit loop: when the ledger holds PENDING entries of the
-  pipeline beyond the cursor (the highest batch id already requested, per query), it requests a commit run
-  whose run key names the batch range, unless a commit run is still waiting to start (the relay commits
-  everything pending when it starts, so that run takes them). A range whose run failed is requested again,
+- The **outbox sensor** is the continuous commit loop: when the ledger holds PENDING entries of any of the
+  pipeline's tables (``pipeline.all_tables``: a fan-out's routes too) beyond the cursor (the highest batch
+  id already requested, per query), it requests a commit run whose run key names the batch range, unless a
+  commit run is still waiting to start (the relay commits everything pending when it starts, so that run
+  takes them). A range whose run failed is requested again,
   with a new run key, once no commit run is in flight and ``RETRY_AFTER_S`` has passed.
 - The **Kafka sensor** requests a staging run when the topic holds records beyond what the ledger has
   staged, unless a staging run is in flight or ``krishiv run`` stages the pipeline continuously (it holds
@@ -68,22 +69,23 @@ def _has_runs(context: SensorEvaluationContext, job_name: str, statuses: list[dg
 def outbox_sensor(
     spec: KrishivSpec, pipeline: PipelineSpec, job: dg.UnresolvedAssetJobDefinition
 ) -> dg.SensorDefinition:
-    tables = {qualified(spec, pipeline.table), qualified(spec, pipeline.rejects_table)}
+    tables = sorted(qualified(spec, t) for t in pipeline.all_tables)  # every route of a fan-out, and the rejects
+    what = f"{pipeline.name}'s {len(tables)} tables"
 
     @dg.sensor(
         name=f"{pipeline.name}_outbox_sensor",
         job=job,
         minimum_interval_seconds=OUTBOX_SENSOR_INTERVAL_S,
         default_status=dg.DefaultSensorStatus.RUNNING,
-        description=f"Requests a commit run of {pipeline.table} whenever the outbox holds pending batches.",
+        description=f"Requests a commit run of {what} whenever the outbox holds pending batches.",
     )
     def sensor(context: SensorEvaluationContext, ledger: LedgerResource) -> dg.SensorResult | dg.SkipReason:
         try:
-            pending = ledger.ledger(SENSOR_LEDGER_TIMEOUT_S).pending_batches(sorted(tables))
+            pending = ledger.ledger(SENSOR_LEDGER_TIMEOUT_S).pending_batches(tables)
         except (LedgerBusyError, LedgerCorrupt) as exc:
             return dg.SkipReason(str(exc))
         if not pending:
-            return dg.SkipReason(f"no pending outbox entries for {pipeline.table}")
+            return dg.SkipReason(f"no pending outbox entries for {what}")
         cursor = SensorCursor.parse(context.cursor)
         batches: dict[str, list[int]] = {}
         for e in pending:
@@ -92,7 +94,7 @@ def outbox_sensor(
         new = {q: ids for q, ids in new.items() if ids}
         if new and _has_runs(context, job.name, WAITING):
             # The relay commits every pending entry when it starts, so the waiting run covers these too.
-            return dg.SkipReason(f"a commit run of {pipeline.table} is waiting to start; it will take these")
+            return dg.SkipReason(f"a commit run of {what} is waiting to start; it will take these")
         if new:
             label = ",".join(f"{q[:8]}:{ids[0]}-{ids[-1]}" for q, ids in new.items())
             cursor.requested.update({q: ids[-1] for q, ids in new.items()})
@@ -123,7 +125,7 @@ def outbox_sensor(
 def kafka_sensor(
     spec: KrishivSpec, pipeline: PipelineSpec, job: dg.UnresolvedAssetJobDefinition
 ) -> dg.SensorDefinition:
-    table = qualified(spec, pipeline.table)
+    table = qualified(spec, pipeline.tables[0])  # every table has an entry per batch; the first carries its counts
 
     @dg.sensor(
         name=f"{pipeline.name}_kafka_sensor",

@@ -55,6 +55,10 @@ def test_every_pipeline_gets_its_assets_checks_jobs_and_sensors():
             "ledger_agreement",
             "rejects_rate",
         }
+        assert {k.name for k in graph.get_check_keys_for_assets({rejects_key})} == {
+            "lineage_linear",
+            "ledger_agreement",
+        }
         check = graph.get_check_spec(dg.AssetCheckKey(table_key, "no_duplicate_windows"))
         assert check.blocking
         for sensor_name, job in (
@@ -72,6 +76,85 @@ def test_every_pipeline_gets_its_assets_checks_jobs_and_sensors():
         "krishiv_stage_refunds_per_minute",
         "krishiv_commit_refunds_per_minute",
     }
+
+
+def every_kind():
+    """A windowed pipeline in update mode, an upsert, raw events and a fan-out, three of them on one topic."""
+    fields = {"order_id": "string", "customer_id": "string", "amount": "decimal(12,2)", "event_time": "timestamp_ms"}
+    return parse_spec(
+        {
+            "pipelines": [
+                {
+                    "name": "customer_minutes",
+                    "topic": "orders",
+                    "event_time_field": "event_time",
+                    "group_by": ["customer_id"],
+                    "output_mode": "update",
+                    "fields": fields,
+                    "aggregations": [{"name": "n", "function": "count"}],
+                },
+                {"name": "latest_order", "kind": "upsert", "topic": "orders", "key": ["customer_id"], "fields": fields},
+                {"name": "raw", "kind": "events", "topic": "refunds", "fields": fields},
+                {
+                    "name": "routed",
+                    "kind": "events",
+                    "topic": "orders",
+                    "route_by": "customer_id",
+                    "routes": {"c-001": "orders_c001", "c-002": "orders_c002"},
+                    "unrouted": "orders_other",
+                    "kafka_metadata": True,
+                    "fields": fields,
+                },
+            ]
+        },
+        env={},
+    )
+
+
+def test_every_kind_gets_its_row_check_and_a_fan_out_its_routes_as_assets():
+    defs = build_definitions(every_kind())
+    repo = defs.get_repository_def()
+    graph = repo.asset_graph
+
+    def key(table: str) -> dg.AssetKey:
+        return dg.AssetKey(["iceberg", "krishiv", table])
+
+    def checks(table: str) -> set[str]:
+        return {k.name for k in graph.get_check_keys_for_assets({key(table)})}
+
+    common = {"lineage_linear", "ledger_agreement"}
+    assert checks("customer_minutes") == {"no_duplicate_windows", "rejects_rate", *common}
+    assert checks("latest_order") == {"no_duplicate_keys", "rejects_rate", *common}
+    assert checks("raw") == {"offsets_at_most_once", "rejects_rate", *common}
+    # The fan-out's routes and its default table are assets of the pipeline, each with its checks; the counts of
+    # a batch are on the first route's entries, so the rejects rate is checked there.
+    staged = dg.AssetKey(["routed", "staged_batches"])
+    assert checks("orders_c001") == {"offsets_at_most_once", "rejects_rate", *common}
+    for table in ("orders_c002", "orders_other"):
+        assert graph.get(key(table)).parent_keys == {staged}
+        assert checks(table) == {"offsets_at_most_once", *common}
+    assert not graph.has(key("routed")), "a fan-out writes no table of the pipeline's name"
+    for table in ("customer_minutes_rejects", "latest_order_rejects", "raw_rejects", "routed_rejects"):
+        assert checks(table) == common
+    for table, name in (
+        ("customer_minutes", "no_duplicate_windows"),
+        ("latest_order", "no_duplicate_keys"),
+        ("orders_c002", "offsets_at_most_once"),
+    ):
+        assert graph.get_check_spec(dg.AssetCheckKey(key(table), name)).blocking
+    assert (
+        "customer_id"
+        in graph.get_check_spec(dg.AssetCheckKey(key("customer_minutes"), "no_duplicate_windows")).description
+    )
+
+    # One commit run materializes every table the pipeline writes; three pipelines share one topic asset.
+    commit = repo.get_job("routed_commit_job")
+    assert commit.asset_layer.selected_asset_keys == {
+        key(t) for t in ("orders_c001", "orders_c002", "orders_other", "routed_rejects")
+    }
+    assert graph.get(dg.AssetKey(["kafka", "orders"])).group_name == "kafka"
+    assert graph.get(dg.AssetKey(["kafka", "refunds"])).group_name == "raw"
+    assert graph.get(dg.AssetKey(["latest_order", "staged_batches"])).parent_keys == {dg.AssetKey(["kafka", "orders"])}
 
 
 def test_addresses_from_the_environment_are_env_vars_not_values():

@@ -10,8 +10,9 @@ import pytest
 
 from krishiv.operations import open_ledger
 from krishiv_assets.assets import PipelineKeys
-from krishiv_assets.definitions import build_resources, pipeline_definitions
+from krishiv_assets.definitions import build_definitions, build_resources, pipeline_definitions
 from krishiv_core.catalog import ensure_pipeline_tables, load_catalog, qualified
+from tests.krishiv.test_verify import append, first_row, kinds_spec, load, produce_kinds
 from tests.spark_jobs.pipeline_helpers import assert_exactly_once, produce_orders
 
 
@@ -95,7 +96,93 @@ def test_duplicate_check_fails_naming_the_windows_and_snapshots(make_spec):
     assert not evaluation.passed
     assert evaluation.metadata["duplicate_windows"].value == 1
     offending = evaluation.metadata["offending_windows"].value
-    assert offending == {"2026-01-01 00:00:00+00:00": sorted(snapshots)}
+    assert offending == {"window 2026-01-01 00:00:00+00:00 to 2026-01-01 00:01:00+00:00": sorted(snapshots)}
+    assert evaluation.description == (
+        "1 windows appear more than once, first window 2026-01-01 00:00:00+00:00 to 2026-01-01 00:01:00+00:00 (2 rows)"
+    )
+
+
+def _checks(result: dg.ExecuteInProcessResult) -> dict[tuple[str, str], dg.AssetCheckEvaluation]:
+    """Each check evaluation of the run, by (table, check name)."""
+    return {(e.asset_key.path[-1], e.check_name): e for e in result.get_asset_check_evaluations()}
+
+
+def test_every_kind_materializes_and_its_checks_pass_then_fail_naming_a_second_writers_rows(
+    tmp_path, broker, spark, topic
+):
+    """Four pipelines of every kind from one topic, staged and committed by Dagster; then a second writer appends
+    rows that are already there and each kind's check names them."""
+    spec = kinds_spec(tmp_path, broker.bootstrap, topic)
+    produce_kinds(spec)
+    defs = build_definitions(spec)
+    everything = [*defs.assets, *defs.asset_checks]
+    result = dg.materialize(everything, resources=build_resources(spec), raise_on_error=False)
+    assert result.success, [e.message for e in result.all_events if e.is_failure]
+
+    checks = _checks(result)
+    tables = [t for p in spec.pipelines for t in p.all_tables]
+    rows = {"customer_minutes": "no_duplicate_windows", "latest_order": "no_duplicate_keys"}
+    rows |= {t: "offsets_at_most_once" for t in ("orders_plain", "orders_c001", "orders_c002", "orders_other")}
+    expected = {(t, c) for t in tables for c in ("lineage_linear", "ledger_agreement")}
+    expected |= set(rows.items())
+    expected |= {(p.tables[0], "rejects_rate") for p in spec.pipelines}
+    assert set(checks) == expected
+    failed = {k: e.description for k, e in checks.items() if not e.passed and k[1] != "rejects_rate"}
+    assert failed == {}
+    for p in spec.pipelines:
+        staged = _metadata(result, dg.AssetKey([p.name, "staged_batches"]))
+        assert staged["records_read"] == 2_000 and staged["rows_staged"] > 0 and staged["rejects"] == 20
+        for t in p.all_tables:  # the commit run materialized every table it committed, routes too
+            assert _metadata(result, dg.AssetKey(["iceberg", "krishiv", t]))["pending_entries"] == 0
+    assert checks[("orders_other", "offsets_at_most_once")].metadata["by_offset"].value is True
+    assert checks[("orders_plain", "offsets_at_most_once")].metadata["by_offset"].value is False
+
+    window = append(spec, "customer_minutes", first_row(spec, "customer_minutes"))
+    key = append(spec, "latest_order", first_row(spec, "latest_order"))["customer_id"]
+    routed = load(spec, "orders_other").scan().to_arrow()
+    event = append(spec, "orders_other", routed.slice(0, 1))
+    moved = append(spec, "orders_c001", routed.slice(1, 1))
+    plain_rows = load(spec, "orders_plain").scan().to_arrow().num_rows
+    append(spec, "orders_plain", first_row(spec, "orders_plain"))
+
+    selection = dg.AssetSelection.checks(
+        *(dg.AssetCheckKey(dg.AssetKey(["iceberg", "krishiv", t]), c) for t, c in rows.items())
+    )
+    checks = _checks(
+        dg.materialize(everything, resources=build_resources(spec), selection=selection, raise_on_error=False)
+    )
+    assert {k for k, e in checks.items() if not e.passed} == {
+        (t, rows[t]) for t in ("customer_minutes", "latest_order", "orders_other", "orders_c001", "orders_plain")
+    }
+    assert checks[("orders_c002", "offsets_at_most_once")].passed
+
+    windows = checks[("customer_minutes", "no_duplicate_windows")]
+    label = f"window {window['window_start']} to {window['window_end']}, customer_id='{window['customer_id']}'"
+    assert windows.metadata["duplicate_windows"].value == 1
+    assert list(windows.metadata["offending_windows"].value) == [label]
+    assert windows.description.endswith(f"first {label} (2 rows)")
+
+    keys = checks[("latest_order", "no_duplicate_keys")]
+    assert keys.metadata["duplicate_keys"].value == 1
+    (snapshots,) = keys.metadata["offending_keys"].value.values()
+    assert list(keys.metadata["offending_keys"].value) == [f"key customer_id='{key}'"] and len(snapshots) == 2
+
+    other, c001 = (qualified(spec, t) for t in ("orders_other", "orders_c001"))
+    at = f"Kafka partition {event['_kafka_partition']} offset {event['_kafka_offset']}"
+    moved_at = f"Kafka partition {moved['_kafka_partition']} offset {moved['_kafka_offset']}"
+    offsets = checks[("orders_other", "offsets_at_most_once")].metadata
+    assert offsets["repeated_offsets"].value == 2
+    named = offsets["offending_offsets"].value
+    assert named[at]["tables"] == {other: 2} and len(named[at]["snapshots"]) == 2
+    assert named[moved_at]["tables"] == {c001: 1, other: 1}
+    offsets = checks[("orders_c001", "offsets_at_most_once")].metadata
+    assert list(offsets["offending_offsets"].value) == [moved_at]
+
+    plain = checks[("orders_plain", "offsets_at_most_once")]
+    assert plain.description.startswith(
+        f"{qualified(spec, 'orders_plain')} holds {plain_rows + 1} rows, the ledger committed {plain_rows}: rows "
+        "were added or lost outside Krishiv"
+    )
 
 
 def test_commit_with_the_catalog_down_fails_naming_it_and_leaves_work_pending(make_spec):

@@ -19,6 +19,7 @@ from krishiv_assets.sensors import RETRY_AFTER_S, SensorCursor
 from krishiv_core.catalog import qualified
 from krishiv_core.entries import OutboxEntry
 from krishiv_core.spec import KrishivSpec
+from tests.krishiv.test_verify import kinds_spec, produce_kinds
 from tests.spark_jobs.pipeline_helpers import produce_orders
 
 QUERY = "0f0e0d0c-0000-4000-8000-000000000001"
@@ -86,6 +87,42 @@ def test_outbox_sensor_requests_each_pending_range_once(make_spec, instance):
     retry = _tick(spec, name, stale.dumps(), instance)
     (request,) = retry.run_requests
     assert request.run_key == f"orders_per_minute:commit:{QUERY[:8]}:0-3:retry-1"
+
+
+def test_sensors_of_a_fan_out_watch_every_route(tmp_path, broker, topic, instance):
+    """The outbox sensor requests a commit for a batch pending in any route's table; the Kafka sensor reads what
+    the ledger staged from the first route's entries (a fan-out has no table of the pipeline's name)."""
+    spec = kinds_spec(tmp_path, broker.bootstrap, topic)
+    pipeline = spec.pipeline("orders_routed")
+    outbox, kafka = "orders_routed_outbox_sensor", "orders_routed_kafka_sensor"
+    ledger = open_ledger(spec)
+
+    def entry(table: str, batch_id: int, ends: dict[str, int]) -> OutboxEntry:
+        offsets = {pipeline.topic: {p: [0, end] for p, end in ends.items()}}
+        return OutboxEntry(QUERY, pipeline.name, qualified(spec, table), batch_id, offsets, (), 1_000 + batch_id, {})
+
+    tick = _tick(spec, outbox, None, instance)
+    assert not tick.run_requests and tick.skip_message == "no pending outbox entries for orders_routed's 4 tables"
+
+    produce_kinds(spec, 30)
+    ends = SensorCursor.parse(_tick(spec, kafka, None, instance).cursor).requested
+    assert sum(ends.values()) == 30
+    ledger.record_batch([entry(t, 0, ends) for t in pipeline.all_tables])
+    for e in ledger.entries():
+        if e.table != qualified(spec, "orders_c002"):
+            ledger.mark_committed(e, None)
+    done = _tick(spec, kafka, None, instance)
+    assert not done.run_requests and "nothing beyond the staged offsets" in done.skip_message
+
+    # Only the second route's entry is pending: a commit of the pipeline's tables is requested for it.
+    tick = _tick(spec, outbox, None, instance)
+    (request,) = tick.run_requests
+    assert request.run_key == f"orders_routed:commit:{QUERY[:8]}:0-0"
+    job = build_definitions(spec).resolve_job_def("orders_routed_commit_job")
+    assert job.asset_layer.selected_asset_keys == {
+        dg.AssetKey(["iceberg", "krishiv", t])
+        for t in ("orders_c001", "orders_c002", "orders_other", "orders_routed_rejects")
+    }
 
 
 def test_kafka_sensor_requests_staging_for_new_records_only(make_spec, broker, instance):
