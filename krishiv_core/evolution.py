@@ -91,6 +91,15 @@ def schema_changes(
     """The changes that bring ``current`` to ``wanted`` (matched by top-level column name), or SchemaConflict."""
     changes = SchemaChanges()
     identifiers = set(current.identifier_field_ids)
+    have_key = sorted(current.find_column_name(i) or str(i) for i in identifiers)
+    want_key = sorted(wanted.find_column_name(i) or str(i) for i in wanted.identifier_field_ids)
+    if have_key != want_key:
+        raise SchemaConflict(
+            f"table {table_name}: its rows are keyed by ({', '.join(map(repr, have_key)) or 'nothing'}) and the spec "
+            f"keys them by ({', '.join(map(repr, want_key)) or 'nothing'}) (an upsert's key, or a window's group_by); "
+            "a table's key cannot "
+            "change, so nothing was changed: give the pipeline a new table"
+        )
     wanted_names = {f.name for f in wanted.fields}
     for spec_field in wanted.fields:
         try:

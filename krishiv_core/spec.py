@@ -371,7 +371,7 @@ _KIND_KEYS = {
 def _field_names(raw: Any, where: str, by_name: Mapping[str, EventField], what: str) -> tuple[str, ...]:
     names = [raw] if isinstance(raw, str) else _expect(raw, list, where, f"a list of {what}")
     for i, name in enumerate(names):
-        if name not in by_name:
+        if not isinstance(name, str) or name not in by_name:
             raise ConfigError(f"{where}[{i}]", f"expected one of the event fields {sorted(by_name)}, got {name!r}")
     if len(set(names)) != len(names):
         raise ConfigError(where, f"a field is named twice: {names}")
@@ -379,7 +379,7 @@ def _field_names(raw: Any, where: str, by_name: Mapping[str, EventField], what: 
 
 
 def _one_field(raw: Any, where: str, by_name: Mapping[str, EventField], types: tuple[str, ...], what: str) -> str:
-    if raw not in by_name:
+    if not isinstance(raw, str) or raw not in by_name:
         raise ConfigError(where, f"expected one of the event fields {sorted(by_name)}, got {raw!r}")
     if by_name[raw].type.name not in types:
         raise ConfigError(where, f"{what} must be of type {' or '.join(types)}; {raw} is {by_name[raw].type}")
@@ -440,6 +440,16 @@ def _parse_metadata(raw: Any, where: str, fields: tuple[EventField, ...]) -> tup
     return chosen
 
 
+def _route_value(value: str, field_type: str, where: str) -> str:
+    """A route's value as the event's field reads as text (``"1"``, ``"true"``): one it can hold, written so."""
+    if field_type in ("long", "int"):
+        if not re.match(r"^-?(0|[1-9][0-9]*)$", value):
+            raise ConfigError(where, f"the route_by field is a whole number; expected a value like 42, got {value!r}")
+    elif field_type == "boolean" and value not in ("true", "false"):
+        raise ConfigError(where, f"the route_by field is a boolean; expected 'true' or 'false', got {value!r}")
+    return value
+
+
 def _parse_routes(raw: Mapping[str, Any], where: str, fields: tuple[EventField, ...]) -> dict[str, Any]:
     by_name = {f.name: f for f in fields}
     if "route_by" not in raw:
@@ -453,7 +463,11 @@ def _parse_routes(raw: Mapping[str, Any], where: str, fields: tuple[EventField, 
     routes_raw = _expect(raw.get("routes"), dict, f"{where}.routes", "a table of field value = table name")
     if not routes_raw:
         raise ConfigError(f"{where}.routes", "expected at least one route")
-    routes = tuple(Route(str(v), _identifier(t, f"{where}.routes.{v}")) for v, t in routes_raw.items())
+    kind = by_name[route_by].type.name
+    routes = tuple(
+        Route(_route_value(v, kind, f"{where}.routes.{v}"), _identifier(t, f"{where}.routes.{v}"))
+        for v, t in routes_raw.items()
+    )
     unrouted = raw.get("unrouted", REJECTS)
     if unrouted != REJECTS:
         unrouted = _identifier(unrouted, f"{where}.unrouted")
@@ -510,7 +524,9 @@ def _parse_pipeline(raw: Any, where: str) -> PipelineSpec:
     unknown = set(raw) - known
     if unknown:
         raise ConfigError(
-            where, f"unknown keys {sorted(unknown)} for a {kind} pipeline; expected some of {sorted(known)}"
+            where,
+            f"unknown keys {sorted(unknown)} for {'an' if kind == EVENTS else 'a'} {kind} pipeline; "
+            f"expected some of {sorted(known)}",
         )
     name = _identifier(raw.get("name"), f"{where}.name")
     topic = _expect(raw.get("topic"), str, f"{where}.topic", "a Kafka topic name")

@@ -39,10 +39,10 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
 from krishiv_core.entries import MERGE, OffsetSkip, OutboxEntry
-from krishiv_core.errors import CatalogUnavailable
+from krishiv_core.errors import CatalogUnavailable, KrishivError
 from krishiv_core.faults import fault_point
 from outbox.data_files import data_file
-from outbox.errors import CommitConflict, CommittedBatchesMissing, OutboxError
+from outbox.errors import CommitConflict, CommittedBatchesMissing
 from outbox.ledger import Ledger
 from outbox.merge import merge_commit
 from outbox.snapshot_producer import fast_append
@@ -271,7 +271,7 @@ class CommitRelay:
                 time.sleep(_backoff(conflicts))
                 table = self._load(entry.table)
                 continue
-            except OutboxError:
+            except KrishivError:
                 raise  # refused before the catalog was called (a staged file missing, a merge key null): certain
             except Exception as exc:
                 ambiguous += 1

@@ -1085,10 +1085,9 @@ def test_pipelines_of_every_kind_on_their_own_tables() -> None:
     ]
 
 
-# known gaps (strict xfail: each turns into a failure once spec.py is fixed; then drop the mark) ------------------
+# field names and route values --------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(raises=TypeError, strict=True, reason="a list or table where a field name is expected: TypeError")
 @pytest.mark.parametrize(
     ("doc", "field"),
     [
@@ -1104,9 +1103,6 @@ def test_a_field_name_that_is_not_a_string_is_a_config_error(doc: dict[str, Any]
     _one_refusal(doc, field, "expected")
 
 
-@pytest.mark.xfail(
-    raises=pytest.fail.Exception, strict=True, reason="route values are not checked against route_by's type"
-)
 @pytest.mark.parametrize(
     ("route_by", "value"),
     [("quantity", "01"), ("quantity", "abc"), ("small", "1.0"), ("paid", "True"), ("paid", "yes")],
