@@ -121,6 +121,8 @@ def cmd_commit(args: argparse.Namespace, spec: KrishivSpec) -> int:
 def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
     from krishiv.status import pipeline_status
     from krishiv_core.catalog import qualified
+    from krishiv_core.entries import MERGE
+    from krishiv_core.tables import output_tables
     from spark_jobs.errors import KafkaSourceError
     from spark_jobs.kafka_source import latest_offsets
 
@@ -131,14 +133,21 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
             latest = latest_offsets(spec.kafka.bootstrap_servers, p.topic, spec.kafka.consumer)
         except KafkaSourceError as exc:
             broker_error = str(exc)
-        s = pipeline_status(ledger, p.name, qualified(spec, p.table), p.topic, latest, broker_error)
-        console.print(f"[bold]{p.name}[/] → {s.table}")
-        console.print(
-            f"  outbox: {s.pending} pending, {s.committed} committed; last commit "
-            f"{s.last_commit_at.isoformat() if s.last_commit_at else 'never'} "
-            f"(snapshot {s.last_snapshot_id})"
-        )
+        merged = {qualified(spec, o.name) for o in output_tables(p) if o.operation.kind == MERGE}
+        names = [qualified(spec, t) for t in p.all_tables]  # the first table's entries carry the batch counts
+        s = pipeline_status(ledger, p.name, names[0], p.topic, latest, broker_error, other_tables=names[1:])
+        console.print(f"[bold]{p.name}[/] ({p.kind}) reads {p.topic} into {len(names)} tables")
         console.print(f"  events: {s.records_read} read, {s.rejects} rejected, {s.late_events} dropped as late")
+        for t in s.tables:
+            console.print(
+                f"  {t.table}: {t.pending} pending, {t.committed} committed, "
+                f"{t.rows_staged} rows {'merged' if t.table in merged else 'appended'}"
+            )
+            if t.last_commit_at is None:
+                console.print("    no commit yet")
+            else:
+                snapshot = f" (snapshot {t.last_snapshot_id})" if t.last_snapshot_id is not None else ""
+                console.print(f"    last commit {t.last_commit_at.isoformat(timespec='seconds')}{snapshot}")
         if broker_error:
             console.print(f"  [red]broker: {broker_error}[/]")
         lag = RichTable("partition", "latest", "staged", "committed", "lag")
@@ -212,7 +221,7 @@ def cmd_lineage(args: argparse.Namespace, spec: KrishivSpec) -> int:
 
     catalog = load_catalog(spec)
     for p in _pipelines(spec, args.pipeline):
-        for name in (p.table, p.rejects_table):
+        for name in p.all_tables:  # the row tables (each route of a fan-out), then the rejects table
             table = catalog.load_table(qualified(spec, name))
             out = RichTable(title=f"lineage of {qualified(spec, name)} (newest last)")
             for col in ("snapshot", "parent", "committed at", "batch", "rows added", "offsets"):
@@ -235,6 +244,7 @@ def cmd_verify(args: argparse.Namespace, spec: KrishivSpec) -> int:
     for r in results:
         mark = "[green]ok[/]" if r.ok else "[red]VIOLATIONS[/]"
         console.print(f"{r.table}: {mark} ({r.rows} rows, {r.snapshots} snapshots)")
+        console.print(f"  unique by {', '.join(r.key)}" if r.key else "  no per-row key")
         for v in r.violations:
             console.print(f"  - {v}")
     return 0 if all(r.ok for r in results) else 1

@@ -1,7 +1,12 @@
-"""Operational status of a pipeline: outbox backlog, totals, last commit and consumer lag per partition."""
+"""Operational status of a pipeline: outbox backlog per table, totals, last commit and consumer lag per partition.
+
+A batch's counts (records read, rejects, late events) are on the entry of the pipeline's first table
+(``pipeline.tables[0]``); each other table's entries count its own rows.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -22,9 +27,21 @@ class PartitionLag:
 
 
 @dataclass
+class TableStatus:
+    """One table's outbox: entries by status, the rows its committed entries staged, its last commit."""
+
+    table: str
+    pending: int = 0
+    committed: int = 0
+    rows_staged: int = 0  # an append table received these rows; a merge table had rows of these keys replaced
+    last_commit_at: datetime | None = None
+    last_snapshot_id: int | None = None
+
+
+@dataclass
 class PipelineStatus:
     pipeline: str
-    table: str
+    table: str  # the first table: the batch's counts and the offsets come from its entries
     pending: int = 0
     committed: int = 0
     records_read: int = 0
@@ -34,6 +51,7 @@ class PipelineStatus:
     last_snapshot_id: int | None = None
     partitions: list[PartitionLag] = field(default_factory=list)
     broker_error: str | None = None
+    tables: list[TableStatus] = field(default_factory=list)  # the first table, then ``other_tables``
 
 
 def end_offsets(entries: list[OutboxEntry], topic: str) -> dict[str, int]:
@@ -52,8 +70,10 @@ def pipeline_status(
     topic: str,
     latest: dict[str, int] | None,
     broker_error: str | None = None,
+    other_tables: Sequence[str] = (),
 ) -> PipelineStatus:
-    """The pipeline's status from one aggregate read of the ledger (compacted entries included)."""
+    """The pipeline's status from aggregate reads of the ledger (compacted entries included): the batch counts
+    and offsets from ``table``, the first table's entries, and the outbox of it and each of ``other_tables``."""
     summary = ledger.table_summary(table, pipeline=pipeline, topic=topic)
     status = PipelineStatus(
         pipeline,
@@ -67,6 +87,11 @@ def pipeline_status(
         last_snapshot_id=summary.last_snapshot_id,
         broker_error=broker_error,
     )
+    for name in (table, *other_tables):
+        t = summary if name == table else ledger.table_summary(name, pipeline=pipeline)
+        status.tables.append(
+            TableStatus(name, t.pending, t.committed, t.committed_records, t.last_commit_at, t.last_snapshot_id)
+        )
     staged, done = summary.staged_offsets, summary.committed_offsets
     for p in sorted(set(staged) | set(latest or {}), key=int):
         status.partitions.append(PartitionLag(p, (latest or {}).get(p), staged.get(p, 0), done.get(p, 0)))

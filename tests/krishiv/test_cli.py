@@ -11,6 +11,7 @@ from benchmarks.__main__ import main as bench_main
 from krishiv.cli import main
 from krishiv.operations import run_pipelines
 from krishiv_core.catalog import load_catalog, qualified
+from krishiv_core.spec import load_spec
 from tests.spark_jobs.pipeline_helpers import produce_orders
 
 
@@ -36,6 +37,85 @@ def test_status_lineage_and_verify_catch_a_duplicate_window(make_spec, spec_file
     out = capsys.readouterr().out
     assert "VIOLATIONS" in out and "appears more than once" in out
     assert str(first.column("window_start")[0].as_py().date()) in out
+
+
+FAN_OUT_SPEC = """
+[kafka]
+bootstrap_servers = "{bootstrap}"
+partitions = 2
+
+[iceberg]
+catalog_uri = "sqlite:///catalog.db"
+warehouse = "warehouse"
+
+[storage]
+ledger_path = "ledger.duckdb"
+checkpoint_location = "checkpoints"
+
+[spark]
+master = "local[2]"
+shuffle_partitions = 2
+
+[[pipelines]]
+name = "orders_routed"
+kind = "events"
+topic = "{topic}"
+route_by = "customer_id"
+routes = {{ "c-001" = "orders_c001", "c-002" = "orders_c002" }}
+unrouted = "orders_other"
+kafka_metadata = ["partition", "offset"]
+max_records_per_batch = 400
+
+[pipelines.fields]
+order_id = "string"
+customer_id = "string"
+amount = "decimal(12,2)"
+event_time = "timestamp_ms"
+"""
+
+
+def test_status_lineage_and_verify_show_every_route_of_a_fan_out(tmp_path, broker, spark, topic, capsys):
+    spec_file = tmp_path / "krishiv.toml"
+    spec_file.write_text(FAN_OUT_SPEC.format(bootstrap=broker.bootstrap, topic=topic))
+    spec = load_spec(spec_file, env={})
+    produce_orders(spec, 1_000, malformed=7)
+    run_pipelines(spec, list(spec.pipelines), once=True)
+    tables = [qualified(spec, t) for t in ("orders_c001", "orders_c002", "orders_other", "orders_routed_rejects")]
+
+    assert main(["--spec", str(spec_file), "status"]) == 0
+    out = capsys.readouterr().out
+    assert f"orders_routed (events) reads {topic} into 4 tables" in out
+    assert "events: 1000 read, 7 rejected, 0 dropped as late" in out  # the counts of the first route's entries
+    for table in tables:
+        assert f"  {table}: 3 pending, 0 committed, 0 rows appended\n    no commit yet\n" in out
+    assert max(len(line) for line in out.splitlines()) <= 80
+
+    assert main(["--spec", str(spec_file), "commit"]) == 0
+    capsys.readouterr()
+    assert main(["--spec", str(spec_file), "status"]) == 0
+    out = capsys.readouterr().out
+    for table in tables:
+        assert f"  {table}: 0 pending, 3 committed, " in out
+    assert f"  {tables[3]}: 0 pending, 3 committed, 7 rows appended\n    last commit " in out
+    assert max(len(line) for line in out.splitlines()) <= 80
+
+    assert main(["--spec", str(spec_file), "lineage"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"lineage of {table} (newest last)" in out for table in tables)
+
+    assert main(["--spec", str(spec_file), "verify"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"{table}: ok (" in out for table in tables)
+    assert out.count("  unique by _kafka_partition, _kafka_offset") == 3 and "  no per-row key" in out
+
+    # An event of the default table copied into a route by a second writer: both tables name its offset.
+    event = load_catalog(spec).load_table(tables[2]).scan().to_arrow().slice(0, 1)
+    load_catalog(spec).load_table(tables[0]).append(event.cast(pa.schema(list(event.schema))))
+    assert main(["--spec", str(spec_file), "verify"]) == 1
+    out = capsys.readouterr().out
+    at = f"Kafka partition {event['_kafka_partition'][0]} offset {event['_kafka_offset'][0]}"
+    line = f"  - {at} is in more than one table: {tables[0]} (1 row), {tables[2]} (1 row)"
+    assert out.count(line) == 2 and out.count("VIOLATIONS") == 2
 
 
 def test_bad_config_is_reported_with_the_field(tmp_path: Path, capsys) -> None:
