@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections.abc import Callable
 from urllib.parse import unquote
 
 from pyiceberg.catalog import Catalog
@@ -20,9 +21,9 @@ from pyiceberg.exceptions import (
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
-from krishiv_core.errors import CatalogUnavailable
-from krishiv_core.evolution import evolve_partitioning, evolve_schema
-from krishiv_core.partitioning import PartitionField, partition_spec
+from krishiv_core.errors import CatalogUnavailable, SchemaConflict
+from krishiv_core.evolution import evolve_partitioning, evolve_schema, partitioning_differs
+from krishiv_core.partitioning import PartitionField, describe_spec, partition_spec
 from krishiv_core.spec import KrishivSpec, PipelineSpec
 from krishiv_core.tables import output_tables
 
@@ -136,13 +137,16 @@ def ensure_table(
     schema: Schema,
     *,
     partition_by: tuple[PartitionField, ...] = (),
+    pending: int = 0,
 ) -> Table:
     """Load the table, creating the namespace and table on first use (concurrent creators are fine), and bring
     an existing table to ``schema`` and ``partition_by`` as ``krishiv_core.evolution`` allows, or raise
     :class:`~krishiv_core.errors.SchemaConflict`.
 
     A new table gets ``partition_by`` as its partition spec. Evolving is idempotent: a table that already fits is
-    not touched. When another process changes the table's metadata at the same moment (two creators evolving it
+    not touched. ``pending``: batches staged for the table and not yet committed; its partitioning does not change
+    under them (their files were written per partition of the current spec), so the start is refused instead.
+    When another process changes the table's metadata at the same moment (two creators evolving it
     alike, say), the commit fails, the table is reloaded and compared again.
     """
     name = ".".join(identifier)
@@ -160,6 +164,13 @@ def ensure_table(
             )
         except TableAlreadyExistsError:
             table = catalog.load_table(identifier)
+    if pending and partitioning_differs(table, partition_by):
+        shown = "[" + ", ".join(map(str, partition_by)) + "]" if partition_by else "unpartitioned"
+        raise SchemaConflict(
+            f"table {name} is partitioned by {describe_spec(table.spec(), table.schema())} and the spec asks for "
+            f"{shown}, but {pending} batch(es) staged for the current partitioning are not committed yet; nothing "
+            "was changed: run krishiv commit first, then start again"
+        )
     attempts = 5  # a concurrent metadata change won the commit: reload, compare again (bounded)
     for _ in range(attempts - 1):
         try:
@@ -169,10 +180,19 @@ def ensure_table(
     return evolve_partitioning(evolve_schema(table, schema, name), partition_by, name)
 
 
-def ensure_pipeline_tables(catalog: Catalog, spec: KrishivSpec, pipeline: PipelineSpec) -> dict[str, Table]:
+def ensure_pipeline_tables(
+    catalog: Catalog, spec: KrishivSpec, pipeline: PipelineSpec, pending: Callable[[str], int] | None = None
+) -> dict[str, Table]:
     """Every table the pipeline writes (``krishiv_core.tables.output_tables``), by unqualified name, created from
-    the spec if missing and evolved to it otherwise."""
+    the spec if missing and evolved to it otherwise. ``pending``: how many batches of a (qualified) table are staged
+    and not committed (see :func:`ensure_table`)."""
     return {
-        t.name: ensure_table(catalog, table_identifier(spec, t.name), t.schema, partition_by=t.partition_by)
+        t.name: ensure_table(
+            catalog,
+            table_identifier(spec, t.name),
+            t.schema,
+            partition_by=t.partition_by,
+            pending=pending(qualified(spec, t.name)) if pending else 0,
+        )
         for t in output_tables(pipeline)
     }

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from pyiceberg.exceptions import ValidationError
 from pyiceberg.schema import Schema
@@ -164,6 +165,16 @@ def evolve_schema(table: Table, wanted: Schema, table_name: str) -> Table:
     return table
 
 
+def _current_partitioning(table: Table) -> dict[PartitionField, Any]:
+    schema = table.schema()
+    return {from_iceberg(f, schema): f for f in table.spec().fields if str(f.transform) != "void"}
+
+
+def partitioning_differs(table: Table, partition_by: Sequence[PartitionField]) -> bool:
+    """Whether ``partition_by`` would change the table's partitioning (the order of fields aside)."""
+    return set(_current_partitioning(table)) != set(partition_by)
+
+
 def evolve_partitioning(table: Table, partition_by: Sequence[PartitionField], table_name: str) -> Table:
     """Bring the table's partition spec to ``partition_by`` with one ``update_spec()`` commit (see the module's
     docstring), or raise SchemaConflict naming both partitionings; returns the table.
@@ -171,7 +182,7 @@ def evolve_partitioning(table: Table, partition_by: Sequence[PartitionField], ta
     A concurrent change surfaces as pyiceberg's ``CommitFailedException``: reload the table and call again.
     """
     schema, spec = table.schema(), table.spec()
-    current = {from_iceberg(f, schema): f for f in spec.fields if str(f.transform) != "void"}
+    current = _current_partitioning(table)
     wanted = list(dict.fromkeys(partition_by))
     if set(current) == set(wanted):
         return table

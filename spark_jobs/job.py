@@ -126,7 +126,7 @@ def start_pipeline(
     checkpoint = Checkpoint(spec.checkpoint_dir(pipeline))
     anchor = qualified(spec, pipeline.rejects_table)  # every kind records a rejects entry for every batch
     _guard_checkpoint(checkpoint, ledger, pipeline, anchor)
-    tables = ensure_pipeline_tables(catalog, spec, pipeline)
+    tables = ensure_pipeline_tables(catalog, spec, pipeline, pending=lambda t: len(ledger.pending_batches([t])))
     targets = [Target(qualified(spec, t.name), t, tables[t.name]) for t in output_tables(pipeline)]
     starting, identity = _pin_source(checkpoint, spec, pipeline)
 
