@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table as RichTable
 
 from krishiv.operations import commit_pipelines, open_ledger, run_pipelines, verify_pipelines
@@ -390,7 +391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_broker(args)
         return COMMANDS[args.command](args, load_spec(args.spec))
     except KrishivError as exc:
-        err_console.print(f"[red]krishiv {args.command}: {exc}[/]")
+        err_console.print(f"[red]krishiv {args.command}: {escape(str(exc))}[/]")  # [brackets] in it are text
         return 2
 
 

@@ -103,7 +103,7 @@ def run_pipelines(
     """
     from pyspark.errors import StreamingQueryException
 
-    from krishiv_core.catalog import load_catalog
+    from krishiv_core.catalog import ensure_pipeline_tables, load_catalog
     from outbox.lease import LEASE_TTL_S, stager_lease
     from spark_jobs.job import start_pipeline, stop_between_batches
     from spark_jobs.session import build_session
@@ -112,8 +112,10 @@ def run_pipelines(
     with ExitStack() as stack:
         ttl_s = _seconds_from_env(STAGER_LEASE_TTL_ENV, LEASE_TTL_S)
         leases = {p.name: stack.enter_context(stager_lease(ledger, p.name, holder, ttl_s)) for p in pipelines}
-        spark = build_session(spec) if spark is None else spark
         catalog = load_catalog(spec) if catalog is None else catalog
+        for p in pipelines:  # a table the spec cannot evolve is refused before Spark's JVM starts
+            ensure_pipeline_tables(catalog, spec, p, pending=lambda t: len(ledger.pending_batches([t])))
+        spark = build_session(spec) if spark is None else spark
         running = [
             start_pipeline(
                 spark,

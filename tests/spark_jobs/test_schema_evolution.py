@@ -287,12 +287,6 @@ def test_partition_by_changed_between_runs(tmp_path, broker, spark, topic):
     assert len(list(table.scan(row_filter=EqualTo("customer_id", "c-003")).plan_files())) < len(files)
 
 
-@pytest.mark.xfail(
-    raises=AssertionError,
-    strict=True,
-    reason="run_pipelines builds the Spark session before ensure_pipeline_tables: the refusal comes after a JVM "
-    "start (tens of seconds) and 8 lines of Spark's start-up log on stderr",
-)
 def test_a_conflicting_spec_is_refused_before_spark_starts(tmp_path, broker):
     """``krishiv run`` with a spec its table cannot take prints one line and nothing else (no JVM started)."""
     spec = _spec(tmp_path, broker.bootstrap, "orders-unused")
@@ -348,11 +342,6 @@ def test_partition_by_changed_while_batches_are_pending(tmp_path, broker, spark,
     assert open_ledger(spec).entries(status=PENDING) == pending, "nothing committed past the refused batch"
 
 
-@pytest.mark.xfail(
-    raises=AssertionError,
-    strict=True,
-    reason="krishiv.cli prints errors as Rich markup: '[customer_id]' is read as a style tag and dropped",
-)
 def test_the_cli_prints_a_partitioning_in_brackets_as_it_is(tmp_path, monkeypatch, capsys):
     """Partitionings are shown as ``[day(event_time), customer_id]`` (``partitioning.describe_spec``)."""
     from krishiv import cli
