@@ -1,7 +1,9 @@
 """One scenario's world: a spec file in a folder of its own, and the real ``krishiv`` command run against it.
 
 Every step runs as its own process (``python -m krishiv.cli``), so a fault point can SIGKILL it, and the
-harness can SIGSTOP the broker or the catalog under it.
+harness can SIGSTOP the broker or the catalog under it. A workspace starts with the one windowed pipeline of
+:data:`SPEC_TEMPLATE`; :meth:`Workspace.write_kinds_spec` replaces it with :data:`KINDS_SPEC_TEMPLATE`, the three
+newer kinds reading the one topic (run together by one ``krishiv run``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from krishiv.operations import open_ledger
-from krishiv.produce import DEFAULT_SPACING_MS, demo_orders, ensure_topic, produce
+from krishiv.produce import DEFAULT_SPACING_MS, OrderEvent, demo_orders, ensure_topic, produce
 from krishiv_core.faults import FAULTS_ENV, FAULTS_LOG_ENV, FAULTS_SYNC_ENV
 from krishiv_core.spec import KrishivSpec, load_spec
 from outbox.ledger import Ledger
@@ -85,6 +87,81 @@ field = "amount"
 """
 
 
+#: The fan-out's routes: the demo's customers c-000 to c-099 to one table, c-100 to c-199 to another.
+KINDS_ROUTES = {f"c-{n:03d}": "orders_a" if n < 100 else "orders_b" for n in range(200)}
+
+KINDS_FIELDS = """
+[pipelines.fields]
+order_id = "string"
+customer_id = "string"
+amount = "decimal(12,2)"
+event_time = "timestamp_ms"
+"""
+
+#: The kinds scenarios' spec, adapted from ``tests/spark_jobs/test_kinds.py``: raw events fanned out by customer
+#: to routed tables (the others to a default table), with Kafka metadata so each offset is checked to be in one
+#: table once; the latest order per customer (an upsert with tombstones); per-customer hopping windows in update
+#: mode. All read the one topic and run in one ``krishiv run``.
+KINDS_SPEC_TEMPLATE = """
+[kafka]
+bootstrap_servers = "{bootstrap}"
+partitions = {partitions}
+
+[iceberg]
+catalog_uri = "{catalog_uri}"
+warehouse = "{warehouse}"
+namespace = "krishiv"
+
+[storage]
+ledger_path = "ledger.duckdb"
+checkpoint_location = "checkpoints"
+
+[spark]
+master = "local[2]"
+shuffle_partitions = 2
+
+[[pipelines]]
+name = "orders_routed"
+kind = "events"
+topic = "{topic}"
+kafka_metadata = true
+route_by = "customer_id"
+routes = {{ {routes} }}
+unrouted = "orders_other"
+partition_by = ["bucket(4, customer_id)"]
+max_records_per_batch = {max_records}
+{fields}
+[[pipelines]]
+name = "latest_order"
+kind = "upsert"
+topic = "{topic}"
+key = ["customer_id"]
+version_field = "event_time"
+partition_by = ["bucket(8, customer_id)"]
+max_records_per_batch = {max_records}
+{fields}
+[[pipelines]]
+name = "customer_minutes"
+topic = "{topic}"
+event_time_field = "event_time"
+watermark_delay = "5s"
+window = "1m"
+slide = "30s"
+group_by = ["customer_id"]
+output_mode = "update"
+max_records_per_batch = {max_records}
+{fields}
+[[pipelines.aggregations]]
+name = "orders"
+function = "count"
+
+[[pipelines.aggregations]]
+name = "amount_total"
+function = "sum"
+field = "amount"
+"""
+
+
 class HarnessStopping(RuntimeError):
     """The harness is being stopped: no step starts any more."""
 
@@ -133,21 +210,34 @@ class Workspace:
     def __post_init__(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.spec_file = self.folder / "krishiv.toml"
+        self._write_spec(SPEC_TEMPLATE)
+        self.sync_dir = self.folder / "fault-sync"
+        self.sync_dir.mkdir(exist_ok=True)
+        self.faults_log = self.folder / "faults.jsonl"
+        self.next_start_ms: int | None = None
+
+    def _write_spec(self, template: str, **values: object) -> None:
         self.spec_file.write_text(
-            SPEC_TEMPLATE.format(
+            template.format(
                 bootstrap=self.bootstrap,
                 partitions=4,
                 catalog_uri=self.catalog_uri,
                 warehouse="warehouse",
                 topic=self.topic,
                 max_records=self.max_records,
+                **values,
             )
         )
         self.spec: KrishivSpec = load_spec(self.spec_file, env={})
-        self.sync_dir = self.folder / "fault-sync"
-        self.sync_dir.mkdir(exist_ok=True)
-        self.faults_log = self.folder / "faults.jsonl"
-        self.next_start_ms: int | None = None
+
+    def write_kinds_spec(self, max_records: int | None = None, routes: dict[str, str] | None = None) -> None:
+        """Replace the spec with :data:`KINDS_SPEC_TEMPLATE` (before anything ran): ``max_records`` per batch of every
+        pipeline (default: the workspace's); ``routes`` maps a customer id to its table (default: :data:`KINDS_ROUTES`,
+        a tenth of the demo's customers each to two tables, the rest to the default table)."""
+        if max_records is not None:
+            self.max_records = max_records
+        text = ", ".join(f'"{customer}" = "{table}"' for customer, table in (routes or KINDS_ROUTES).items())
+        self._write_spec(KINDS_SPEC_TEMPLATE, routes=text, fields=KINDS_FIELDS)
 
     def ledger(self) -> Ledger:
         return open_ledger(self.spec)
@@ -224,7 +314,7 @@ class Workspace:
             process.wait()
             raise
 
-    def produce(self, records: int, *, seed: int, late: int = 0, malformed: int = 0) -> None:
+    def produce(self, records: int, *, seed: int, late: int = 0, malformed: int = 0) -> list[OrderEvent]:
         """Seeded orders after everything produced so far (so earlier windows close), late and malformed mixed in."""
         partitions = ensure_topic(self.bootstrap, self.topic, self.spec.kafka.partitions)
         extra = {"start_ms": self.next_start_ms} if self.next_start_ms is not None else {}
@@ -240,6 +330,26 @@ class Workspace:
         produce(self.bootstrap, self.topic, events)
         last = max(e.event_time_ms for e in events if e.event_time_ms is not None)
         self.next_start_ms = last + 90_000
+        return events
+
+    def produce_tombstones(self, keys: list[bytes]) -> None:
+        """A tombstone (null value) per key, spread over the partitions, ONE record per produce request: Tansu's high
+        watermark is the last produce batch's base offset + 1, so a batch of several would hide all but its first."""
+        from confluent_kafka import Producer
+
+        partitions = ensure_topic(self.bootstrap, self.topic, self.spec.kafka.partitions)
+        producer = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": False})
+        failures: list[str] = []
+        for n, key in enumerate(keys):
+            producer.produce(
+                self.topic,
+                key=key,
+                value=None,
+                partition=n % partitions,
+                on_delivery=lambda err, _msg: failures.append(str(err)) if err is not None else None,
+            )
+            if producer.flush(30) or failures:
+                raise RuntimeError(f"tombstone {key!r} was not acknowledged by {self.bootstrap}: {failures}")
 
     def recreate_topic(self, timeout_s: float = 30.0) -> None:
         """Delete the topic and create it again with as many partitions: a new topic id, offsets from 0 again."""
