@@ -9,7 +9,9 @@ plain Python, from the semantics the README states, not from Krishiv's code:
   across batches a table row with a higher version survives, a tombstone always deletes;
 - ``windowed`` with ``group_by`` and hopping windows in update mode: the table holds, per (window, group), the
   aggregate of every event of a batch whose window had not ended at or before the watermark the batch before
-  left; an event falls in every window of the slide grid that holds it.
+  left; an event falls in every window of the slide grid that holds it;
+- rejects: every record that is no valid order, by the batch that read it, except an upsert's tombstones (and an
+  events pipeline's events routed to ``rejects``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from decimal import Decimal
 
 from chaos.oracle import Records, parse
 from krishiv_core.entries import OutboxEntry
-from krishiv_core.spec import PipelineSpec
+from krishiv_core.spec import EVENTS, UPSERT, PipelineSpec
 
 
 @dataclass(frozen=True)
@@ -122,3 +124,20 @@ def expected_grouped_windows(
         if latest is not None:
             watermark = max(watermark, latest - pipeline.watermark_delay_ms)
     return {k: (v[0], v[1]) for k, v in state.items()}
+
+
+def expected_rejects(
+    records: Records, keys: Records, entries: list[OutboxEntry], pipeline: PipelineSpec
+) -> set[tuple[int, int, int]]:
+    """(batch id, partition, offset) of every record the pipeline's rejects table must hold once: each record that
+    is no valid order (a tombstone too, except in an upsert, where one with a key deletes it), and an events
+    pipeline's events without a route when its default is ``rejects``."""
+    routed_away = expected_events(records, pipeline).rejects if pipeline.kind == EVENTS else set()
+    out = set()
+    for batch, offsets in _batches(entries, pipeline.topic):
+        for p, o in offsets:
+            if pipeline.kind == UPSERT and records[(p, o)] is None and keys.get((p, o)):
+                continue
+            if order(records, p, o) is None or (p, o) in routed_away:
+                out.add((batch, p, o))
+    return out
