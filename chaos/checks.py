@@ -7,6 +7,11 @@
   of the old topic's);
 - lineage is linear with one snapshot per batch, and the ledger agrees with the table (``krishiv verify``);
 - nothing is left PENDING, and no staged file of a PENDING or COMMITTED entry was deleted.
+
+A spec of the newer kinds (the kinds scenarios' three pipelines on one topic) is checked per kind instead
+(:func:`check_kinds_contract`), against ``chaos.kinds_oracle``: each table's rows, each rejects table, no row key
+twice, every offset staged once per pipeline, lineage linear with every committed batch in its table once, and
+``krishiv verify``'s ledger agreement.
 """
 
 from __future__ import annotations
@@ -14,14 +19,22 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from decimal import Decimal
 
+from chaos.kinds_oracle import (
+    expected_events,
+    expected_grouped_windows,
+    expected_rejects,
+    expected_upsert,
+    order,
+)
 from chaos.oracle import Expected, Records, expected_output, read_topic
 from krishiv.lineage import lineage
 from krishiv.operations import open_ledger, verify_pipelines
 from krishiv_core.catalog import load_catalog, qualified
-from krishiv_core.entries import PENDING, OffsetSkip, OutboxEntry
-from krishiv_core.spec import KrishivSpec
+from krishiv_core.entries import COMMITTED, PENDING, OffsetSkip, OutboxEntry
+from krishiv_core.spec import EVENTS, UPSERT, WINDOWED, KrishivSpec, PipelineSpec
 from outbox.ledger import Ledger
 from spark_jobs.checkpoint import Checkpoint
 
@@ -30,9 +43,12 @@ from spark_jobs.checkpoint import Checkpoint
 class ContractCheck:
     expected: Expected
     violations: list[str] = field(default_factory=list)
+    events: int | None = None  # records checked, when not counted by ``expected`` (the kinds check)
 
     @property
     def events_checked(self) -> int:
+        if self.events is not None:
+            return self.events
         return self.expected.valid_events + len(self.expected.rejects)
 
 
@@ -47,13 +63,20 @@ def _generation_starts(skips: list[OffsetSkip]) -> list[int]:
     return sorted({s.applied_batch_id for s in skips if s.applied_batch_id is not None and s.to_offset < s.from_offset})
 
 
-def _coverage(spec: KrishivSpec, ledger: Ledger, latest: dict[str, int]) -> list[str]:
+def _coverage(
+    spec: KrishivSpec,
+    ledger: Ledger,
+    latest: dict[str, int],
+    pipeline: PipelineSpec | None = None,
+    table: str | None = None,
+) -> list[str]:
     """Each partition's ranges, in batch order, chain from the pinned start to ``latest``; a recorded skip applied
-    by a batch moves the chain from where the partition stood to the operator's offset."""
-    pipeline = spec.pipeline()
+    by a batch moves the chain from where the partition stood to the operator's offset. For ``pipeline`` (the
+    spec's first by default), by the entries of its ``table`` (its own table by default)."""
+    pipeline = pipeline or spec.pipeline()
     problems = []
     start = Checkpoint(spec.checkpoint_dir(pipeline)).starting_offsets() or {}
-    entries = sorted(ledger.entries(table=qualified(spec, pipeline.table)), key=lambda e: e.batch_id)
+    entries = sorted(ledger.entries(table=qualified(spec, table or pipeline.table)), key=lambda e: e.batch_id)
     skips = _applied_skips(ledger, entries, pipeline.topic)
     for partition, end in sorted(latest.items(), key=lambda kv: int(kv[0])):
         moves = {s.applied_batch_id: s for s in skips if s.partition == partition}
@@ -127,7 +150,12 @@ def compare_with_oracle(spec: KrishivSpec, earlier: Sequence[Records] = ()) -> C
 
 def check_contract(spec: KrishivSpec, latest: dict[str, int], earlier: Sequence[Records] = ()) -> ContractCheck:
     """The whole contract after a scenario: the oracle comparison, plus every offset up to ``latest`` staged
-    once, nothing left pending and no staged file gone (``earlier``: see :func:`compare_with_oracle`)."""
+    once, nothing left pending and no staged file gone (``earlier``: see :func:`compare_with_oracle`). A spec of
+    the newer kinds is checked per kind (:func:`check_kinds_contract`)."""
+    if is_kinds_spec(spec):
+        if earlier:
+            raise ValueError("the kinds check reads one topic generation")
+        return check_kinds_contract(spec, latest)
     result = compare_with_oracle(spec, earlier)
     v = result.violations
     ledger = open_ledger(spec)
@@ -195,3 +223,192 @@ def _compare_tables(spec: KrishivSpec, catalog, entries: list, expected: Expecte
             for before, after in itertools.pairwise(rows)
             if after.parent_id != before.snapshot_id
         ]
+
+
+# ------------------------------------------------------------------------------------------- the newer kinds
+
+#: At most this many keys are named per kind of difference (the rest are counted).
+NAMED = 10
+
+
+def is_kinds_spec(spec: KrishivSpec) -> bool:
+    """Whether the spec is not the one windowed pipeline the oracle of :func:`compare_with_oracle` models."""
+    return len(spec.pipelines) > 1 or spec.pipeline().kind != WINDOWED
+
+
+def _differences(what: str, got: dict, want: dict) -> list[str]:
+    """Missing, extra and different keys of two maps, a few of each named."""
+    out = []
+    missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+    changed = sorted(k for k in set(got) & set(want) if got[k] != want[k])
+    if missing:
+        out.append(f"{what}: {len(missing)} missing, e.g. {[(k, want[k]) for k in missing[:NAMED]]}")
+    if extra:
+        out.append(f"{what}: {len(extra)} that should not be there, e.g. {[(k, got[k]) for k in extra[:NAMED]]}")
+    if changed:
+        out.append(
+            f"{what}: {len(changed)} differ (table, expected), e.g. {[(k, got[k], want[k]) for k in changed[:NAMED]]}"
+        )
+    return out
+
+
+def _keyed(name: str, rows: list[dict], key) -> tuple[dict, list[str]]:
+    """``rows`` by ``key(row)`` -> row, and a violation for each key more than one row holds."""
+    out: dict = {}
+    repeated: dict = {}
+    for row in rows:
+        k = key(row)
+        if k in out:
+            repeated[k] = repeated.get(k, 1) + 1
+        out[k] = row
+    problems = [f"{name}: {len(repeated)} row keys are held by more than one row, e.g. {sorted(repeated)[:NAMED]}"]
+    return out, problems if repeated else []
+
+
+def _ms(value: datetime) -> int:
+    """Epoch milliseconds of a timestamp read back (a naive one is UTC: Iceberg's ``timestamp``)."""
+    return int((value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp() * 1000)
+
+
+def _events_rows(spec: KrishivSpec, catalog, p: PipelineSpec, records: Records, keys: Records) -> list[str]:
+    """Every valid event once, in the table of its route (or the default table), as the record holds it."""
+    v = []
+    expected = expected_events(records, p)
+    for name in p.tables:
+        rows = catalog.load_table(qualified(spec, name)).scan().to_arrow().to_pylist()
+        got, repeated = _keyed(name, rows, lambda r: (r["_kafka_partition"], r["_kafka_offset"]))
+        v += repeated
+        want = {}
+        for coords in expected.rows[name]:
+            o = order(records, *coords)
+            assert o is not None
+            want[coords] = (o.order_id, o.customer_id, o.amount, o.event_time, keys.get(coords))
+        shown = {
+            k: (r["order_id"], r["customer_id"], r["amount"], _ms(r["event_time"]), r["_kafka_key"])
+            for k, r in got.items()
+        }
+        v += _differences(f"{name} events (partition, offset)", shown, want)
+        topics = {r["_kafka_topic"] for r in rows}
+        if topics - {p.topic}:
+            v.append(f"{name}: rows name topics {sorted(topics)}, expected only {p.topic}")
+    return v
+
+
+def _upsert_rows(spec: KrishivSpec, catalog, p: PipelineSpec, records: Records, keys: Records, entries) -> list[str]:
+    """The latest order per key, tombstoned keys gone."""
+    want = {
+        k: (o.order_id, o.amount, o.event_time) for k, o in expected_upsert(records, keys, entries, p.topic).items()
+    }
+    rows = catalog.load_table(qualified(spec, p.table)).scan().to_arrow().to_pylist()
+    got, repeated = _keyed(p.table, rows, lambda r: tuple(r[c] for c in p.key))
+    shown = {k[0]: (r["order_id"], r["amount"], _ms(r["event_time"])) for k, r in got.items()}
+    return repeated + _differences(f"{p.table} keys", shown, want)
+
+
+def _windowed_rows(spec: KrishivSpec, catalog, p: PipelineSpec, records: Records, entries) -> list[str]:
+    """Per (window, group) of the hopping grid, the aggregates of every event that was not late (update mode)."""
+    want = expected_grouped_windows(records, entries, p)
+    rows = catalog.load_table(qualified(spec, p.table)).scan().to_arrow().to_pylist()
+    got, repeated = _keyed(
+        p.table, rows, lambda r: (_ms(r["window_start"]), _ms(r["window_end"]), *(r[g] for g in p.group_by))
+    )
+    shown = {k: (r["orders"], r["amount_total"]) for k, r in got.items()}
+    return repeated + _differences(f"{p.table} (window start, end, group)", shown, want)
+
+
+def _rejects_rows(spec: KrishivSpec, catalog, p: PipelineSpec, records: Records, keys: Records, entries) -> list[str]:
+    rows = catalog.load_table(qualified(spec, p.rejects_table)).scan().to_arrow()
+    coords = list(
+        zip(
+            rows.column("batch_id").to_pylist(),
+            rows.column("partition").to_pylist(),
+            rows.column("offset").to_pylist(),
+            strict=True,
+        )
+    )
+    v = []
+    if len(coords) != len(set(coords)):
+        v.append(f"{p.rejects_table}: {len(coords) - len(set(coords))} rejects are there more than once")
+    want = expected_rejects(records, keys, entries, p)
+    if set(coords) != want:
+        v.append(
+            f"{p.rejects_table}: rejects (batch, partition, offset) differ: "
+            f"missing {sorted(want - set(coords))[:NAMED]}, extra {sorted(set(coords) - want)[:NAMED]}"
+        )
+    return v
+
+
+def _batches_once(spec: KrishivSpec, catalog, ledger: Ledger, name: str) -> list[str]:
+    """Lineage linear, and every COMMITTED batch that publishes something is in the table once, in order (one
+    snapshot each); no snapshot of a batch the ledger does not hold as COMMITTED."""
+    qualified_name = qualified(spec, name)
+    rows = lineage(catalog.load_table(qualified_name))
+    v = [
+        f"{name}: snapshot {after.snapshot_id} has parent {after.parent_id}, not {before.snapshot_id}"
+        for before, after in itertools.pairwise(rows)
+        if after.parent_id != before.snapshot_id
+    ]
+    snapshots = [r.batch_id for r in rows if r.batch_id is not None]
+    committed = sorted(
+        e.batch_id for e in ledger.entries(table=qualified_name, status=COMMITTED) if not e.changes_nothing
+    )
+    if snapshots != committed:
+        v.append(
+            f"{name}: snapshots of batches {snapshots}, but the ledger's committed batches with rows are {committed}"
+        )
+    return v
+
+
+def compare_kinds_with_oracle(spec: KrishivSpec, latest: dict[str, int]) -> tuple[list[str], int]:
+    """Each pipeline's tables against ``chaos.kinds_oracle`` over the topic up to ``latest`` and the batches its
+    ledger entries recorded, each violation prefixed with the pipeline and its kind; and how many records were
+    checked (each by every pipeline)."""
+    topic = spec.pipelines[0].topic
+    if any(p.topic != topic for p in spec.pipelines):
+        raise ValueError("the kinds check reads one topic")
+    keys: Records = {}
+    ends = {int(p): o for p, o in latest.items()}
+    records = read_topic(spec.kafka.bootstrap_servers, topic, spec.kafka.partitions, ends, keys)
+    ledger, catalog = open_ledger(spec), load_catalog(spec)
+    violations = []
+    for p in spec.pipelines:
+        v = []
+        try:
+            entries = ledger.entries(table=qualified(spec, p.rejects_table))  # one per batch, whatever its rows
+            if p.kind == EVENTS:
+                v += _events_rows(spec, catalog, p, records, keys)
+            elif p.kind == UPSERT:
+                v += _upsert_rows(spec, catalog, p, records, keys, entries)
+            else:
+                v += _windowed_rows(spec, catalog, p, records, entries)
+            v += _rejects_rows(spec, catalog, p, records, keys, entries)
+            for name in p.all_tables:
+                v += _batches_once(spec, catalog, ledger, name)
+        except Exception as exc:  # a table that cannot be read back is a violation; the others still count
+            v.append(f"the tables could not be read back: {exc!r}")
+        v += _coverage(spec, ledger, latest, p, p.rejects_table)
+        violations += [f"{p.name} ({p.kind}): {problem}" for problem in v]
+    try:
+        for verification in verify_pipelines(spec, list(spec.pipelines), catalog=catalog, ledger=ledger):
+            violations += [f"{verification.table}: {problem}" for problem in verification.violations]
+    except Exception as exc:
+        violations.append(f"krishiv verify could not run: {exc!r}")
+    return violations, len(records) * len(spec.pipelines)
+
+
+def check_kinds_contract(spec: KrishivSpec, latest: dict[str, int]) -> ContractCheck:
+    """The contract for a spec of the newer kinds: :func:`compare_kinds_with_oracle`, nothing left pending and no
+    staged file of a pending or committed entry gone."""
+    violations, events = compare_kinds_with_oracle(spec, latest)
+    ledger = open_ledger(spec)
+    pending = [e for e in ledger.entries() if e.status == PENDING]
+    if pending:
+        violations.append(f"{len(pending)} entries still PENDING: {[(e.table, e.batch_id) for e in pending][:10]}")
+    io = load_catalog(spec).load_table(qualified(spec, spec.pipeline().rejects_table)).io
+    for e in ledger.entries():
+        violations += [
+            f"staged file {f.path} of {e.table} batch {e.batch_id} ({e.status}) was deleted"
+            for f in e.files
+            if not io.new_input(f.path).exists()
+        ]
+    return ContractCheck(Expected(), violations, events)
