@@ -39,6 +39,7 @@ from krishiv.broker import LocalBroker
 from krishiv.operations import LEDGER_LOCK_TIMEOUT_ENV, STAGER_LEASE_TTL_ENV
 from krishiv_core.catalog import load_catalog, qualified
 from krishiv_core.entries import PENDING
+from krishiv_core.spec import PipelineSpec
 from outbox.errors import LedgerBusyError
 from outbox.ledger import Ledger
 from outbox.relay import SUMMARY_SKIPPED
@@ -157,16 +158,20 @@ class Context:
                     raise ScenarioError(f"{step.__name__} kept failing after the faults; see commands.log")
 
     def staged_to_the_end(self) -> bool:
-        """Whether ``krishiv run --once`` would plan no batch: Spark finished the last batch of its offset log, that
-        batch ends at the topic's end, and no operator's skip waits to be applied. (The contract still checks that
-        every offset was staged once.)"""
-        checkpoint = Checkpoint(self.checkpoint())
-        last = checkpoint.last_batch_id()
-        if last < 0 or last not in checkpoint.committed_batch_ids():
-            return False
-        if any(s.applied_batch_id is None for s in self.ws.ledger().skips(checkpoint.query_id())):
-            return False
-        return checkpoint.batch(last).end == latest_offsets(self.ws.bootstrap, self.ws.topic)
+        """Whether ``krishiv run --once`` would plan no batch for any pipeline: Spark finished the last batch of each
+        query's offset log, that batch ends at the topic's end, and no operator's skip waits to be applied. (The
+        contract still checks that every offset was staged once.)"""
+        end = latest_offsets(self.ws.bootstrap, self.ws.topic)
+        for pipeline in self.ws.spec.pipelines:
+            checkpoint = Checkpoint(self.ws.spec.checkpoint_dir(pipeline))
+            last = checkpoint.last_batch_id()
+            if last < 0 or last not in checkpoint.committed_batch_ids():
+                return False
+            if any(s.applied_batch_id is None for s in self.ws.ledger().skips(checkpoint.query_id())):
+                return False
+            if checkpoint.batch(last).end != end:
+                return False
+        return True
 
     def batches_with_rows(self, table: str | None = None) -> list[int]:
         """Pending batch ids whose entries (of ``table``, or of any table) publish rows, so the relay's fault
@@ -729,6 +734,177 @@ def stager_lost_its_lease(ctx: Context) -> None:
         raise ScenarioError(f"staged files of batch {batch} that no entry records: {sorted(written - recorded)}")
 
 
+# ------------------------------------------------------------- the newer kinds: events, upsert, grouped windows
+
+#: Orders of a kinds scenario (times the size's scale), in two parts around the tombstones, and batches they make.
+KINDS_ORDERS = 3_000
+KINDS_BATCHES = 5
+#: Customers whose latest order the tombstones delete, from the first part's; and one no order ever named.
+KINDS_TOMBSTONES = 6
+NEVER_ORDERED = b"c-nobody"
+#: The staging steps the driver is killed at with every kind paused there, and the batches the kinds pause in.
+KINDS_STAGE_POINTS = ("stage.after_compute", "stage.after_files", "stage.after_ledger")
+KINDS_PAUSE_BATCHES = (1, 2, 3)
+KINDS_RELAY_POINTS = ("relay.before_catalog_commit", "relay.after_catalog_commit")
+KINDS_PAUSE_TIMEOUT_S = 240.0  # below the fault point's own pause limit, after which a paused kind would go on
+#: How Spark says a Python worker (a data source's, a streaming source runner) did not start within its 10 s.
+SPARK_WORKER_TIMEOUT = "Python worker failed to connect back"
+QUERY_FAILED = "terminated with error"  # Spark's log line when a streaming query fails
+
+
+def produce_kinds(ctx: Context) -> None:
+    """The kinds spec (three pipelines on the one topic, :data:`chaos.workspace.KINDS_SPEC_TEMPLATE`) with batches
+    of a :data:`KINDS_BATCHES`-th of the topic; orders (late and malformed mixed in), then tombstones (one per
+    produce request) for customers of those orders and one never ordered, then more orders: the tombstones land
+    in a middle batch, so the kinds are killed and committed around them."""
+    orders = max(100, round(KINDS_ORDERS * ctx.size.scale))
+    total = orders + KINDS_TOMBSTONES + 1
+    ctx.ws.write_kinds_spec(max_records=-(-total // KINDS_BATCHES))
+    first = ctx.ws.produce(orders // 2, seed=ctx.rng.randrange(1 << 30), late=orders // 400, malformed=orders // 800)
+    customers = sorted({e.key for e in first if e.kind == "valid"})
+    ctx.ws.produce_tombstones([*ctx.rng.sample(customers, KINDS_TOMBSTONES), NEVER_ORDERED])
+    rest = orders - orders // 2
+    ctx.ws.produce(rest, seed=ctx.rng.randrange(1 << 30), late=rest // 400, malformed=rest // 800)
+
+
+def _log_line(ctx: Context, line: str) -> None:
+    with (ctx.ws.folder / "commands.log").open("a") as log:
+        log.write(f"= {line}\n")
+
+
+def _kind(pipeline: PipelineSpec) -> str:
+    return f"{pipeline.name} ({pipeline.kind})"
+
+
+def _in_flight(ctx: Context) -> dict[str, int | None]:
+    """Each pipeline's batch in flight: the last of its offset log when Spark's commit log does not have it."""
+    out: dict[str, int | None] = {}
+    for pipeline in ctx.ws.spec.pipelines:
+        checkpoint = Checkpoint(ctx.ws.spec.checkpoint_dir(pipeline))
+        last = checkpoint.last_batch_id()
+        out[pipeline.name] = last if last >= 0 and last not in checkpoint.committed_batch_ids() else None
+    return out
+
+
+def _wait_paused(ctx: Context, point: str, process: subprocess.Popen, count: int) -> list[dict]:
+    """Wait until ``count`` stagers of ``process`` have paused at ``point`` (their firings, from the faults log)."""
+    deadline = time.monotonic() + KINDS_PAUSE_TIMEOUT_S
+    while True:
+        paused = [f for f in fired(ctx.ws) if f["pid"] == process.pid and f["point"] == point]
+        if len(paused) >= count:
+            return paused
+        if process.poll() is not None:
+            raise ScenarioError(f"the driver exited ({process.returncode}) with {len(paused)} kinds paused at {point}")
+        if QUERY_FAILED in ctx.output_of_last("run"):  # the driver waits on a paused query: it would never exit
+            raise ScenarioError(f"a query failed with {len(paused)} kinds paused at {point}; see commands.log")
+        if time.monotonic() > deadline:
+            raise ScenarioError(f"{len(paused)} of {count} kinds paused at {point} within {KINDS_PAUSE_TIMEOUT_S:.0f}s")
+        time.sleep(0.5)
+
+
+def _kill_driver(process: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    """SIGKILL the driver, as the fault point's own kill would; then wait for its JVM, which exits when the driver's
+    end of its pipe closes, so its last words do not land in the next step's part of commands.log."""
+    import psutil
+
+    try:
+        jvm = psutil.Process(process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        jvm = []
+    process.kill()
+    process.wait()
+    _gone, alive = psutil.wait_procs(jvm, timeout=timeout_s)
+    for child in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
+
+
+def _kill_driver_with_every_kind_at(ctx: Context, point: str, batches: list[int]) -> dict[str, int]:
+    """One ``krishiv run --once`` of every pipeline, each kind's stager paused at ``point`` in a batch of its own
+    (one pause per batch of ``batches``: the first kind to reach it stops there, the others go on to the next one),
+    then the driver SIGKILLed. Checks each kind's position from the checkpoint and the ledger; returns them."""
+    pipelines = ctx.ws.spec.pipelines
+    for attempt in range(ATTEMPTS):
+        run = ctx.ws.start("run", "--once", faults=",".join(f"{point}@{b}:pause" for b in batches))
+        try:
+            paused = _wait_paused(ctx, point, run, len(pipelines))
+        except ScenarioError:
+            _kill_driver(run)
+            ctx.wait(run, f"the driver that was to pause every kind at {point}")
+            # Spark gives a Python worker 10 s to connect back, too little on a loaded machine. The round runs again
+            # if every kind is still in a batch of its own (it stops there again), or none has started a batch.
+            at = _in_flight(ctx)
+            started = any(Checkpoint(ctx.ws.spec.checkpoint_dir(p)).has_batches() for p in pipelines)
+            if None not in at.values() and len(set(at.values())) == len(pipelines):
+                batches = sorted(b for b in at.values() if b is not None)
+            elif started:
+                raise
+            if attempt == ATTEMPTS - 1 or SPARK_WORKER_TIMEOUT not in ctx.output_of_last("run"):
+                raise
+            _log_line(ctx, f"Spark's Python worker did not connect back in time; the round runs again at {batches}")
+            continue
+        _kill_driver(run)
+        if ctx.wait(run, f"the driver with every kind paused at {point}") != KILLED:
+            raise ScenarioError(f"the driver exited {run.returncode}, expected the SIGKILL")
+        break
+    at = _in_flight(ctx)
+    positions = sorted(b for b in at.values() if b is not None)
+    if len(set(positions)) != len(pipelines) or positions != sorted(f["batch"] for f in paused):
+        raise ScenarioError(
+            f"kinds in flight at batches {at}, but they paused at {point} in {[f['batch'] for f in paused]}"
+        )
+    ledger = ctx.ws.ledger()
+    for pipeline in pipelines:
+        batch = at[pipeline.name] or 0
+        recorded = ledger.batch(Checkpoint(ctx.ws.spec.checkpoint_dir(pipeline)).query_id(), batch)
+        tables = {qualified(ctx.ws.spec, t) for t in pipeline.all_tables}
+        if point == "stage.after_ledger" and set(recorded) != tables:
+            raise ScenarioError(f"{_kind(pipeline)} paused at {point}@{batch}, but the ledger holds {sorted(recorded)}")
+        if point != "stage.after_ledger" and recorded:
+            raise ScenarioError(f"{_kind(pipeline)} paused at {point}@{batch}, but the ledger holds its entries")
+    where = ", ".join(f"{_kind(p)} batch {at[p.name]}" for p in pipelines)
+    ctx.external_faults.append(f"driver SIGKILLed with every kind paused at {point}: {where}")
+    _log_line(ctx, f"every kind killed at {point}: {where}")
+    return {name: b for name, b in at.items() if b is not None}
+
+
+def kinds_driver_killed(ctx: Context) -> None:
+    """The three newer kinds from one topic in one ``krishiv run --once``, the driver SIGKILLed while every kind's
+    stager is paused at a staging step: after computing a batch, after writing its files, after recording it in
+    the ledger (before Spark's commit log), one run each, each kind in a batch of its own (the first run pauses
+    them in batches 1, 2 and 3 in the order they get there; each restart redoes that batch and stops at the next
+    step); then recovery by running again. So every staging kill point is reached by every kind."""
+    produce_kinds(ctx)
+    batches = list(KINDS_PAUSE_BATCHES)
+    for point in KINDS_STAGE_POINTS:
+        batches = sorted(_kill_driver_with_every_kind_at(ctx, point, batches).values())
+    ctx.finish()
+
+
+def kinds_relay_killed(ctx: Context) -> None:
+    """The three newer kinds staged from one topic; then, for each kind, ``krishiv commit --pipeline`` SIGKILLed
+    before the catalog commit of its first batch with rows, and again after the catalog commit of its second (a
+    fan-out's append, an upsert's merge, an update-mode window merge), before the ledger update; recovery by
+    committing again. Each kill is checked in the faults log to have fired in that kind's commit run."""
+    produce_kinds(ctx)
+    ctx.stage()
+    ledger = ctx.ws.ledger()
+    for pipeline in ctx.ws.spec.pipelines:
+        tables = {qualified(ctx.ws.spec, t) for t in pipeline.all_tables}
+        batches = sorted(
+            {e.batch_id for e in ledger.entries(status=PENDING) if e.table in tables and not e.changes_nothing}
+        )
+        if len(batches) < 2:
+            raise ScenarioError(f"{_kind(pipeline)}: expected at least 2 batches with rows, staged {batches}")
+        for point, batch in zip(KINDS_RELAY_POINTS, batches, strict=False):
+            before = len(fired(ctx.ws))
+            ctx._step(("commit", "--pipeline", pipeline.name), f"{point}@{batch}", KILLED, None)
+            if not any(f["point"] == point and f["batch"] == batch for f in fired(ctx.ws)[before:]):
+                raise ScenarioError(f"{_kind(pipeline)}: the commit run was killed, but not at {point}@{batch}")
+            _log_line(ctx, f"{_kind(pipeline)} commit killed at {point}@{batch}")
+    ctx.finish()
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -777,6 +953,8 @@ MATRIX: tuple[Scenario, ...] = (
     Scenario("ledger-restored-behind-the-checkpoint", ledger_behind_checkpoint),
     Scenario("orphan-file-removal-beside-the-relay", orphan_removal_beside_the_relay, ("relay.before_catalog_commit",)),
     Scenario("stager-lost-its-lease", stager_lost_its_lease, ("stage.after_files",), exclusive=True),
+    Scenario("kinds-driver-killed", kinds_driver_killed, KINDS_STAGE_POINTS, weight=2),
+    Scenario("kinds-relay-killed", kinds_relay_killed, KINDS_RELAY_POINTS, weight=2),
 )
 
 
