@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from typing import TYPE_CHECKING
@@ -116,42 +117,67 @@ def run_pipelines(
         for p in pipelines:  # a table the spec cannot evolve is refused before Spark's JVM starts
             ensure_pipeline_tables(catalog, spec, p, pending=lambda t: len(ledger.pending_batches([t])))
         spark = build_session(spec) if spark is None else spark
-        running = [
-            start_pipeline(
-                spark,
-                spec,
-                p,
-                catalog,
-                ledger,
-                once=once,
-                on_batch=reporter(p.name) if reporter else None,
-                lease=leases[p.name],
-            )
-            for p in pipelines
-        ]
-        if once:
-            for r in running:
-                try:
-                    r.query.awaitTermination()
-                except StreamingQueryException as exc:
-                    raise KrishivError(f"query {r.query.name} failed: {_root_cause(exc)}") from exc
-        else:
-
-            def stop(*_: object) -> None:
+        running: list[RunningPipeline] = []
+        try:
+            for p in pipelines:
+                running.append(
+                    start_pipeline(
+                        spark,
+                        spec,
+                        p,
+                        catalog,
+                        ledger,
+                        once=once,
+                        on_batch=reporter(p.name) if reporter else None,
+                        lease=leases[p.name],
+                    )
+                )
+                if len(pipelines) > 1:
+                    _wait_for_first_trigger(running[-1])
+            if once:
                 for r in running:
-                    stop_between_batches(r.query)
+                    try:
+                        r.query.awaitTermination()
+                    except StreamingQueryException as exc:
+                        raise KrishivError(f"query {r.query.name} failed: {_root_cause(exc)}") from exc
+            else:
 
-            signal.signal(signal.SIGTERM, stop)
-            try:
-                spark.streams.awaitAnyTermination()
-            except KeyboardInterrupt:
-                stop()
-            except StreamingQueryException:
-                stop()
+                def stop(*_: object) -> None:
+                    for r in running:
+                        stop_between_batches(r.query)
+
+                signal.signal(signal.SIGTERM, stop)
+                try:
+                    spark.streams.awaitAnyTermination()
+                except KeyboardInterrupt:
+                    stop()
+                except StreamingQueryException:
+                    stop()
+        except BaseException:
+            for r in running:  # no query stages on once its stager lease is released below
+                stop_between_batches(r.query)
+            raise
         for r in running:
             if r.query.exception() is not None:
                 raise KrishivError(f"query {r.query.name} failed: {_root_cause(r.query.exception())}")
     return running
+
+
+#: How long a query may take to finish its first trigger before the next query starts anyway.
+FIRST_TRIGGER_WAIT_S = 300.0
+
+
+def _wait_for_first_trigger(running: RunningPipeline) -> None:
+    """Wait until the query has run its first trigger (or stopped), before the next query starts.
+
+    Each query's Python source starts a Python process that must connect back to Spark within a hard-coded
+    10 s (``PythonWorkerFactory.createSimpleWorker``); started together on a loaded 2-core machine, several
+    queries' processes miss it and the query fails. One at a time, they do not compete.
+    """
+    deadline = time.monotonic() + FIRST_TRIGGER_WAIT_S
+    query = running.query
+    while query.isActive and query.lastProgress is None and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def commit_pipelines(
