@@ -27,7 +27,7 @@ from outbox.ledger import Ledger
 #: The repository's Dagster instance and workspace files, which the Dagster scenario runs as they are.
 REPOSITORY = Path(__file__).resolve().parents[2]
 
-SPEC_TEMPLATE = """
+SETTINGS_TEMPLATE = """
 [kafka]
 bootstrap_servers = "{bootstrap}"
 partitions = {partitions}
@@ -44,7 +44,22 @@ checkpoint_location = "checkpoints"
 [spark]
 master = "local[2]"
 shuffle_partitions = 2
+"""
+"""The settings every spec of the harness and the tests shares: a broker, a catalog, a ledger and checkpoints in the
+spec's folder, and a small local Spark."""
 
+ORDER_FIELDS = """
+[pipelines.fields]
+order_id = "string"
+customer_id = "string"
+amount = "decimal(12,2)"
+event_time = "timestamp_ms"
+"""
+"""The demo orders' fields (``krishiv.produce.demo_orders``)."""
+
+SPEC_TEMPLATE = (
+    SETTINGS_TEMPLATE
+    + """
 [[pipelines]]
 name = "orders_per_minute"
 topic = "{topic}"
@@ -85,41 +100,19 @@ name = "amount_avg"
 function = "avg"
 field = "amount"
 """
+)
 
 
 #: The fan-out's routes: the demo's customers c-000 to c-099 to one table, c-100 to c-199 to another.
 KINDS_ROUTES = {f"c-{n:03d}": "orders_a" if n < 100 else "orders_b" for n in range(200)}
 
-KINDS_FIELDS = """
-[pipelines.fields]
-order_id = "string"
-customer_id = "string"
-amount = "decimal(12,2)"
-event_time = "timestamp_ms"
-"""
-
 #: The kinds scenarios' spec, adapted from ``tests/spark_jobs/test_kinds.py``: raw events fanned out by customer
 #: to routed tables (the others to a default table), with Kafka metadata so each offset is checked to be in one
 #: table once; the latest order per customer (an upsert with tombstones); per-customer hopping windows in update
 #: mode. All read the one topic and run in one ``krishiv run``.
-KINDS_SPEC_TEMPLATE = """
-[kafka]
-bootstrap_servers = "{bootstrap}"
-partitions = {partitions}
-
-[iceberg]
-catalog_uri = "{catalog_uri}"
-warehouse = "{warehouse}"
-namespace = "krishiv"
-
-[storage]
-ledger_path = "ledger.duckdb"
-checkpoint_location = "checkpoints"
-
-[spark]
-master = "local[2]"
-shuffle_partitions = 2
-
+KINDS_SPEC_TEMPLATE = (
+    SETTINGS_TEMPLATE
+    + """
 [[pipelines]]
 name = "orders_routed"
 kind = "events"
@@ -160,6 +153,7 @@ name = "amount_total"
 function = "sum"
 field = "amount"
 """
+)
 
 
 class HarnessStopping(RuntimeError):
@@ -237,7 +231,7 @@ class Workspace:
         if max_records is not None:
             self.max_records = max_records
         text = ", ".join(f'"{customer}" = "{table}"' for customer, table in (routes or KINDS_ROUTES).items())
-        self._write_spec(KINDS_SPEC_TEMPLATE, routes=text, fields=KINDS_FIELDS)
+        self._write_spec(KINDS_SPEC_TEMPLATE, routes=text, fields=ORDER_FIELDS)
 
     def ledger(self) -> Ledger:
         return open_ledger(self.spec)

@@ -14,39 +14,17 @@ import pyarrow as pa
 import pytest
 from pyiceberg.table import Table
 
+from chaos.workspace import ORDER_FIELDS, SETTINGS_TEMPLATE
 from krishiv.operations import commit_pipelines, run_pipelines, verify_pipelines
 from krishiv.produce import demo_orders, ensure_topic, produce
 from krishiv.verify import OFFSET_KEY
 from krishiv_core.catalog import load_catalog, qualified
 from krishiv_core.spec import KrishivSpec, load_spec
 
-FIELDS = """
-[pipelines.fields]
-order_id = "string"
-customer_id = "string"
-amount = "decimal(12,2)"
-event_time = "timestamp_ms"
-"""
-
-#: Every kind from one topic; ``{fields}`` is :data:`FIELDS`.
-KINDS_SPEC = """
-[kafka]
-bootstrap_servers = "{bootstrap}"
-partitions = 3
-
-[iceberg]
-catalog_uri = "{catalog_uri}"
-warehouse = "warehouse"
-namespace = "krishiv"
-
-[storage]
-ledger_path = "ledger.duckdb"
-checkpoint_location = "checkpoints"
-
-[spark]
-master = "local[2]"
-shuffle_partitions = 2
-
+#: Every kind from one topic; ``{fields}`` is :data:`chaos.workspace.ORDER_FIELDS`.
+KINDS_SPEC = (
+    SETTINGS_TEMPLATE
+    + """
 [[pipelines]]
 name = "orders_plain"
 kind = "events"
@@ -91,6 +69,7 @@ version_field = "event_time"
 max_records_per_batch = 1000
 {fields}
 """
+)
 
 #: The row key each table is verified by.
 EXPECTED_KEYS = {
@@ -105,7 +84,16 @@ EXPECTED_KEYS = {
 
 def kinds_spec(folder: Path, bootstrap: str, topic: str, catalog_uri: str = "sqlite:///catalog.db") -> KrishivSpec:
     path = folder / "krishiv.toml"
-    path.write_text(KINDS_SPEC.format(bootstrap=bootstrap, catalog_uri=catalog_uri, topic=topic, fields=FIELDS))
+    path.write_text(
+        KINDS_SPEC.format(
+            bootstrap=bootstrap,
+            partitions=3,
+            catalog_uri=catalog_uri,
+            warehouse="warehouse",
+            topic=topic,
+            fields=ORDER_FIELDS,
+        )
+    )
     return load_spec(path, env={})
 
 

@@ -18,6 +18,7 @@ from pyiceberg.expressions import EqualTo
 
 from chaos.kinds_oracle import expected_events, expected_grouped_windows, expected_upsert
 from chaos.oracle import read_topic
+from chaos.workspace import ORDER_FIELDS, SETTINGS_TEMPLATE
 from krishiv.operations import commit_pipelines, open_ledger, run_pipelines
 from krishiv.produce import demo_orders, ensure_topic, produce
 from krishiv_core.catalog import load_catalog, qualified
@@ -25,32 +26,9 @@ from krishiv_core.spec import KrishivSpec, load_spec
 from spark_jobs.checkpoint import Checkpoint
 from spark_jobs.kafka_source import latest_offsets
 
-FIELDS = """
-[pipelines.fields]
-order_id = "string"
-customer_id = "string"
-amount = "decimal(12,2)"
-event_time = "timestamp_ms"
-"""
-
-KINDS_SPEC = """
-[kafka]
-bootstrap_servers = "{bootstrap}"
-partitions = 3
-
-[iceberg]
-catalog_uri = "{catalog_uri}"
-warehouse = "warehouse"
-namespace = "krishiv"
-
-[storage]
-ledger_path = "ledger.duckdb"
-checkpoint_location = "checkpoints"
-
-[spark]
-master = "local[2]"
-shuffle_partitions = 2
-
+KINDS_SPEC = (
+    SETTINGS_TEMPLATE
+    + """
 [[pipelines]]
 name = "orders_raw"
 kind = "events"
@@ -97,13 +75,23 @@ partition_by = ["bucket(8, customer_id)"]
 max_records_per_batch = 700
 {fields}
 """
+)
 
 TOMBSTONED = [b"c-003", b"c-004", b"c-005"]
 
 
 def _spec(tmp_path: Path, bootstrap: str, topic: str, catalog_uri: str) -> KrishivSpec:
     path = tmp_path / "krishiv.toml"
-    path.write_text(KINDS_SPEC.format(bootstrap=bootstrap, catalog_uri=catalog_uri, topic=topic, fields=FIELDS))
+    path.write_text(
+        KINDS_SPEC.format(
+            bootstrap=bootstrap,
+            partitions=3,
+            catalog_uri=catalog_uri,
+            warehouse="warehouse",
+            topic=topic,
+            fields=ORDER_FIELDS,
+        )
+    )
     return load_spec(path, env={})
 
 

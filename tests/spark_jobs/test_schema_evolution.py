@@ -18,6 +18,7 @@ from pyiceberg.expressions import EqualTo
 from pyiceberg.transforms import BucketTransform
 from pyiceberg.types import DecimalType, IntegerType, LongType, StringType
 
+from chaos.workspace import SETTINGS_TEMPLATE
 from krishiv.operations import commit_pipelines, open_ledger, run_pipelines
 from krishiv.produce import OrderEvent, ensure_topic, produce
 from krishiv_core.catalog import ensure_pipeline_tables, load_catalog, qualified
@@ -30,24 +31,9 @@ from tests.spark_jobs.pipeline_helpers import krishiv_cli
 PARTITIONS = 2
 START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
-SPEC = """
-[kafka]
-bootstrap_servers = "{bootstrap}"
-partitions = {partitions}
-
-[iceberg]
-catalog_uri = "sqlite:///catalog.db"
-warehouse = "warehouse"
-namespace = "krishiv"
-
-[storage]
-ledger_path = "ledger.duckdb"
-checkpoint_location = "checkpoints"
-
-[spark]
-master = "local[2]"
-shuffle_partitions = 2
-
+SPEC = (
+    SETTINGS_TEMPLATE
+    + """
 [[pipelines]]
 name = "orders"
 topic = "{topic}"
@@ -56,6 +42,7 @@ max_records_per_batch = 150
 [pipelines.fields]
 {fields}
 """
+)
 
 EVENTS = 'kind = "events"\nkafka_metadata = ["partition", "offset"]\n'
 BASE_FIELDS = (
@@ -68,7 +55,15 @@ def _spec(
 ) -> KrishivSpec:
     """(Re)write the test's spec file and load it."""
     path = tmp_path / "krishiv.toml"
-    text = SPEC.format(bootstrap=bootstrap, partitions=PARTITIONS, topic=topic, pipeline=pipeline, fields=fields)
+    text = SPEC.format(
+        bootstrap=bootstrap,
+        partitions=PARTITIONS,
+        catalog_uri="sqlite:///catalog.db",
+        warehouse="warehouse",
+        topic=topic,
+        pipeline=pipeline,
+        fields=fields,
+    )
     path.write_text(text)
     return load_spec(path, env={})
 
