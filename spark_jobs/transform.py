@@ -39,14 +39,6 @@ EVENT_TIME = "__event_time"
 CORRUPT = "_corrupt_record"
 TARGET = "__target"  # the (unqualified) table an events row goes to
 DELETE = "__delete"  # an upsert row that deletes its key
-REJECT_COLUMNS = ("topic", "partition", "offset", "kafka_timestamp", "key", "value", "reason")
-_KAFKA_COLUMNS = {
-    "topic": "topic",
-    "partition": "partition",
-    "offset": "offset",
-    "timestamp": "timestamp",
-    "key": "key",
-}
 
 
 def _json_type(t: FieldType) -> DataType:
@@ -178,7 +170,8 @@ def _reject_columns(reason: Column) -> list[Column]:
 
 
 def _metadata_columns(pipeline: PipelineSpec) -> list[Column]:
-    return [F.col(_KAFKA_COLUMNS[m]).alias(KAFKA_METADATA_PREFIX + m) for m in pipeline.kafka_metadata]
+    """The Kafka metadata columns asked for: the source's own columns (``topic``, ``partition``, …), renamed."""
+    return [F.col(m).alias(KAFKA_METADATA_PREFIX + m) for m in pipeline.kafka_metadata]
 
 
 def _route(events: DataFrame, pipeline: PipelineSpec) -> tuple[Column, Column]:
