@@ -3,9 +3,10 @@
 For batch N of a query (``foreachBatch``):
 
 1. Read N's offsets from the Spark checkpoint (written before the batch ran), with the operator's skips.
-2. If the ledger already has N for every table of the pipeline, it is a replay: check it read the same offsets,
-   let a stateful shape carry its state through N (the windowed kind's open windows must exist after N for
-   N+1), write again the files of PENDING entries that are gone (``krishiv restage``), and stop.
+2. If the ledger already has N (its rejects entry, which every batch records), it is a replay: check it read the
+   same offsets, let a stateful shape carry its state through N (the windowed kind's open windows must exist
+   after N for N+1), write again the files of PENDING entries that are gone (``krishiv restage``), and stop. A
+   table added to the pipeline since N was staged (a new route) gets nothing from N: its rows are elsewhere.
 3. Otherwise run the pipeline's shape over the batch once (cached, so Kafka is read once): a
    :class:`BatchResult` with, per table, rows the driver stages (window aggregates, rejects: small) or files the
    Spark tasks already wrote (raw events, upserts: ``spark_jobs.task_writer``, so those rows never reach the
@@ -154,8 +155,10 @@ class BatchStager:
             self.lease.ensure_held()  # a stager that lost its lease stops before staging another batch
         offsets = self._offsets(batch_id)
         recorded = self.ledger.batch(self.query_id, batch_id)
-        replay = all(t.name in recorded for t in self.targets)
-        missing = [t for t in self.targets if replay and self._files_gone(recorded[t.name], t)]
+        # Every batch records a rejects entry, so that entry marks a replay. A table the pipeline did not write when
+        # the batch was staged (a route added since) gets nothing from its replay: its rows are in other tables.
+        replay = self.rejects_target.name in recorded
+        missing = [t for t in self.targets if t.name in recorded and self._files_gone(recorded[t.name], t)]
         if replay:
             self._check_same_offsets(list(recorded.values()), offsets)
             if not (self.shape.stateful or missing):
@@ -275,7 +278,7 @@ class BatchStager:
         wrote for the tables whose entries are whole are removed again.
         """
         for target in self.targets:
-            if target not in missing:
+            if target not in missing:  # whole, or not the batch's: the files the tasks wrote for it go again
                 for f in result.files.get(target.output.name, ()):
                     target.table.io.delete(f.path)
                 continue
