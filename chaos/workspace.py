@@ -25,7 +25,7 @@ from krishiv_core.spec import KrishivSpec, load_spec
 from outbox.ledger import Ledger
 
 #: The repository's Dagster instance and workspace files, which the Dagster scenario runs as they are.
-REPOSITORY = Path(__file__).resolve().parents[2]
+REPOSITORY = Path(__file__).resolve().parents[1]
 
 SETTINGS_TEMPLATE = """
 [kafka]

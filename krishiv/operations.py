@@ -133,7 +133,7 @@ def run_pipelines(
                     )
                 )
                 if len(pipelines) > 1:
-                    _wait_for_first_trigger(running[-1])
+                    _wait_for_source(running[-1])
             if once:
                 for r in running:
                     try:
@@ -163,20 +163,27 @@ def run_pipelines(
     return running
 
 
-#: How long a query may take to finish its first trigger before the next query starts anyway.
-FIRST_TRIGGER_WAIT_S = 300.0
+#: How long a query's source may take to start before the next query starts anyway.
+SOURCE_START_WAIT_S = 120.0
 
 
-def _wait_for_first_trigger(running: RunningPipeline) -> None:
-    """Wait until the query has run its first trigger (or stopped), before the next query starts.
+def _wait_for_source(running: RunningPipeline) -> None:
+    """Wait until the query's source is up (Spark handed the sink a batch, or finished a trigger) or the query
+    stopped, before the next query starts.
 
     Each query's Python source starts a Python process that must connect back to Spark within a hard-coded
     10 s (``PythonWorkerFactory.createSimpleWorker``); started together on a loaded 2-core machine, several
-    queries' processes miss it and the query fails. One at a time, they do not compete.
+    queries' processes miss it and the query fails. One at a time, they do not compete. The batch itself is not
+    waited for: it may take long, or be paused.
     """
-    deadline = time.monotonic() + FIRST_TRIGGER_WAIT_S
+    deadline = time.monotonic() + SOURCE_START_WAIT_S
     query = running.query
-    while query.isActive and query.lastProgress is None and time.monotonic() < deadline:
+    while (
+        query.isActive
+        and not running.stager.called.is_set()
+        and query.lastProgress is None
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.1)
 
 

@@ -21,6 +21,7 @@ For batch N of a query (``foreachBatch``):
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -142,6 +143,7 @@ class BatchStager:
         self.lease = lease
         self._query_id: str | None = None
         self._skips: list[OffsetSkip] | None = None
+        self.called = threading.Event()  # set when Spark first hands the sink a batch: its source is up
 
     @property
     def query_id(self) -> str:
@@ -150,6 +152,7 @@ class BatchStager:
         return self._query_id
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        self.called.set()
         fault_point("stage.begin", batch_id)
         if self.lease is not None:
             self.lease.ensure_held()  # a stager that lost its lease stops before staging another batch
