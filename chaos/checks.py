@@ -107,6 +107,22 @@ def _coverage(
     return problems
 
 
+def _ledger_leftovers(spec: KrishivSpec, ledger: Ledger) -> list[str]:
+    """Entries still PENDING, and staged files of any entry that are gone."""
+    entries = ledger.entries()
+    pending = [e for e in entries if e.status == PENDING]
+    shown = [(e.table, e.batch_id) for e in pending][:10]
+    found = [f"{len(pending)} entries still PENDING: {shown}"] if pending else []
+    io = load_catalog(spec).load_table(qualified(spec, spec.pipeline().rejects_table)).io
+    for e in entries:
+        found += [
+            f"staged file {f.path} of {e.table} batch {e.batch_id} ({e.status}) was deleted"
+            for f in e.files
+            if not io.new_input(f.path).exists()
+        ]
+    return found
+
+
 def compare_with_oracle(spec: KrishivSpec, earlier: Sequence[Records] = ()) -> ContractCheck:
     """The tables against the oracle over the ledger's batches: windows, rejects, late counts, ``verify``
     and one snapshot per batch in a linear lineage (for the spec's first pipeline).
@@ -160,16 +176,7 @@ def check_contract(spec: KrishivSpec, latest: dict[str, int], earlier: Sequence[
     v = result.violations
     ledger = open_ledger(spec)
     v += _coverage(spec, ledger, latest)
-    pending = [e for e in ledger.entries() if e.status == PENDING]
-    if pending:
-        v.append(f"{len(pending)} entries still PENDING: {[(e.table, e.batch_id) for e in pending][:10]}")
-    io = load_catalog(spec).load_table(qualified(spec, spec.pipeline().table)).io
-    for e in ledger.entries():
-        v += [
-            f"staged file {f.path} of {e.table} batch {e.batch_id} ({e.status}) was deleted"
-            for f in e.files
-            if not io.new_input(f.path).exists()
-        ]
+    v += _ledger_leftovers(spec, ledger)
     return result
 
 
@@ -401,14 +408,5 @@ def check_kinds_contract(spec: KrishivSpec, latest: dict[str, int]) -> ContractC
     staged file of a pending or committed entry gone."""
     violations, events = compare_kinds_with_oracle(spec, latest)
     ledger = open_ledger(spec)
-    pending = [e for e in ledger.entries() if e.status == PENDING]
-    if pending:
-        violations.append(f"{len(pending)} entries still PENDING: {[(e.table, e.batch_id) for e in pending][:10]}")
-    io = load_catalog(spec).load_table(qualified(spec, spec.pipeline().rejects_table)).io
-    for e in ledger.entries():
-        violations += [
-            f"staged file {f.path} of {e.table} batch {e.batch_id} ({e.status}) was deleted"
-            for f in e.files
-            if not io.new_input(f.path).exists()
-        ]
+    violations += _ledger_leftovers(spec, ledger)
     return ContractCheck(Expected(), violations, events)
