@@ -131,7 +131,7 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
     for p in _pipelines(spec, args.pipeline):
         latest, broker_error = None, None
         try:
-            latest = latest_offsets(spec.kafka.bootstrap_servers, p.topic, spec.kafka.consumer)
+            latest = latest_offsets(spec.kafka.bootstrap_servers, p.topic, spec.kafka.consumer_settings())
         except KafkaSourceError as exc:
             broker_error = str(exc)
         merged = {qualified(spec, o.name) for o in output_tables(p) if o.operation.kind == MERGE}

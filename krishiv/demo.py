@@ -30,7 +30,6 @@ from krishiv_core.spec import (
     UPSERT,
     WINDOWED,
     IcebergSettings,
-    KafkaSettings,
     KrishivSpec,
     PipelineSpec,
     StorageSettings,
@@ -94,7 +93,7 @@ def embedded_spec(spec: KrishivSpec, state: Path, bootstrap: str) -> KrishivSpec
     state = state.resolve()
     return replace(
         spec,
-        kafka=KafkaSettings(bootstrap, spec.kafka.partitions, spec.kafka.consumer),
+        kafka=replace(spec.kafka, bootstrap_servers=bootstrap),
         iceberg=IcebergSettings(
             f"sqlite:///{state}/catalog.db", str(state / "warehouse"), spec.iceberg.namespace, spec.iceberg.catalog_name
         ),

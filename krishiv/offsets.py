@@ -58,7 +58,7 @@ def skip_offsets(spec: KrishivSpec, pipeline: PipelineSpec, partition: int, to_o
         key = str(partition)
         if key not in stuck:
             raise ConfigError("--partition", f"the query reads partitions {sorted(stuck, key=int)}, not {partition}")
-        with KafkaAdmin(spec.kafka.bootstrap_servers, pipeline.topic, spec.kafka.consumer) as admin:
+        with KafkaAdmin(spec.kafka.bootstrap_servers, pipeline.topic, spec.kafka.consumer_settings()) as admin:
             low, high = admin.watermarks(partition)
             identity = admin.identity()
         if not low <= to_offset <= high:

@@ -148,7 +148,7 @@ def kafka_sensor(
         except (LedgerBusyError, LedgerCorrupt) as exc:
             return dg.SkipReason(str(exc))
         try:
-            latest = kafka.latest_offsets(pipeline.topic, dict(spec.kafka.consumer))
+            latest = kafka.latest_offsets(pipeline.topic, spec.kafka.consumer_settings())
         except KafkaSourceError as exc:
             return dg.SkipReason(f"broker {kafka.bootstrap_servers}: {exc}")
         behind = {p: end - staged.get(p, 0) for p, end in latest.items() if end > staged.get(p, 0)}

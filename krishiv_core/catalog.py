@@ -7,9 +7,11 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import re
-from collections.abc import Callable
-from urllib.parse import unquote
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import (
@@ -21,6 +23,7 @@ from pyiceberg.exceptions import (
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
+from krishiv_core.client_settings import MASK, is_secret, resolve
 from krishiv_core.errors import CatalogUnavailable, SchemaConflict
 from krishiv_core.evolution import evolve_partitioning, evolve_schema, partitioning_differs
 from krishiv_core.partitioning import PartitionField, describe_spec, partition_spec
@@ -35,9 +38,6 @@ TABLE_PROPERTIES = {
     "write.parquet.compression-codec": "zstd",
 }
 
-
-#: What a redacted secret is shown as.
-MASK = "***"
 
 #: A query parameter whose name contains one of these (case-insensitive) holds a secret: ``password``,
 #: ``sslpassword``, ``token``, ``secret``, ``access_key``, ``secret_access_key``, ``credential``, ``api_key``…
@@ -93,33 +93,44 @@ def redact_text(text: str, uri: str) -> str:
     return text
 
 
-def load_catalog(spec: KrishivSpec) -> Catalog:
+def catalog_properties(spec: KrishivSpec, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What the catalog is built with, over pyiceberg's own configuration for the catalog's name.
+
+    pyiceberg merges ``.pyiceberg.yaml`` and ``PYICEBERG_CATALOG__<NAME>__*`` under these: ``[iceberg.properties]``
+    (secrets resolved from the environment), then the spec's URI and warehouse.
+    """
+    properties = resolve(spec.iceberg.properties, os.environ if env is None else env, "iceberg.properties")
     uri = spec.catalog_uri()
-    name = spec.iceberg.catalog_name
-    warehouse = spec.warehouse_uri()
+    if uri.startswith("postgresql://"):
+        uri = "postgresql+psycopg://" + uri[len("postgresql://") :]
+    properties["uri"] = uri
+    if "warehouse" not in properties:
+        properties["warehouse"] = spec.warehouse_uri()
+    return properties
+
+
+def load_catalog(spec: KrishivSpec) -> Catalog:
+    """The spec's catalog: pyiceberg's SQL catalog for ``sqlite:``/``postgresql:`` URIs, its REST catalog for
+    ``http(s):`` ones; a catalog that does not answer is one :class:`CatalogUnavailable` line."""
+    from pyiceberg.catalog import load_catalog as pyiceberg_load_catalog
+
+    properties = catalog_properties(spec)
+    uri = properties["uri"]
+    warehouse = properties["warehouse"]
+    if uri.startswith("sqlite:///"):
+        Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+    if warehouse.startswith("file://"):
+        Path(urlparse(warehouse).path).mkdir(parents=True, exist_ok=True)
+    if not uri.startswith(("http://", "https://")):
+        properties.setdefault("type", "sql")
     try:
-        if uri.startswith(("http://", "https://")):
-            from pyiceberg.catalog.rest import RestCatalog
-
-            return RestCatalog(name, uri=uri, warehouse=warehouse)
-        from pyiceberg.catalog.sql import SqlCatalog
-
-        if uri.startswith("postgresql://"):
-            uri = "postgresql+psycopg://" + uri[len("postgresql://") :]
-        if uri.startswith("sqlite:///"):
-            from pathlib import Path
-
-            Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
-        if warehouse.startswith("file://"):
-            from pathlib import Path
-            from urllib.parse import urlparse
-
-            Path(urlparse(warehouse).path).mkdir(parents=True, exist_ok=True)
-        return SqlCatalog(name, uri=uri, warehouse=warehouse)
+        return pyiceberg_load_catalog(spec.iceberg.catalog_name, **properties)
     except Exception as exc:  # connection errors differ by driver: name the address whatever they are
-        raise CatalogUnavailable(
-            f"Iceberg catalog at {redact(uri)} is unreachable: {redact_text(str(exc), uri)}"
-        ) from exc
+        message = redact_text(str(exc), uri)
+        for name, value in properties.items():
+            if is_secret(name) and len(value) >= 4:
+                message = message.replace(value, MASK)
+        raise CatalogUnavailable(f"Iceberg catalog at {redact(uri)} is unreachable: {message}") from exc
 
 
 def table_identifier(spec: KrishivSpec, table: str) -> tuple[str, str]:

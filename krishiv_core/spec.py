@@ -25,6 +25,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from krishiv_core.client_settings import parse_properties, resolve
 from krishiv_core.errors import ConfigError
 from krishiv_core.partitioning import PartitionField, parse_partition_by
 
@@ -171,7 +172,22 @@ class PipelineSpec:
 class KafkaSettings:
     bootstrap_servers: str = "127.0.0.1:9092"
     partitions: int = 4
+    #: librdkafka settings of the Spark source's consumer only (``[kafka.consumer]``), unresolved.
     consumer: Mapping[str, str] = field(default_factory=dict)
+    #: librdkafka settings of every client: consumer, producer, admin (``[kafka.properties]``: security), unresolved.
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+    def client_settings(self, env: Mapping[str, str] | None = None) -> dict[str, str]:
+        """What a producer or admin client is built with: the bootstrap servers and ``[kafka.properties]``."""
+        resolved = resolve(self.properties, os.environ if env is None else env, "kafka.properties")
+        return {**resolved, "bootstrap.servers": self.bootstrap_servers}
+
+    def consumer_settings(self, env: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The source consumer's settings besides the bootstrap servers and those exactly-once forces:
+        ``[kafka.properties]`` and ``[kafka.consumer]``."""
+        environ = os.environ if env is None else env
+        properties = resolve(self.properties, environ, "kafka.properties")
+        return {**properties, **resolve(self.consumer, environ, "kafka.consumer")}
 
 
 @dataclass(frozen=True)
@@ -180,6 +196,9 @@ class IcebergSettings:
     warehouse: str = "state/warehouse"
     namespace: str = "krishiv"
     catalog_name: str = "krishiv"
+    #: Anything pyiceberg's ``load_catalog`` takes (``[iceberg.properties]``: REST token/credential/prefix,
+    #: ``header.*``, S3 endpoint and keys for the FileIO), unresolved.
+    properties: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -193,6 +212,11 @@ class SparkSettings:
     master: str = "local[*]"
     shuffle_partitions: int = 4
     records_per_split: int = 250_000
+    #: Any other Spark configuration (``[spark.conf]``), unresolved; applied before the settings Krishiv forces.
+    conf: Mapping[str, str] = field(default_factory=dict)
+
+    def resolved_conf(self, env: Mapping[str, str] | None = None) -> dict[str, str]:
+        return resolve(self.conf, os.environ if env is None else env, "spark.conf")
 
 
 @dataclass(frozen=True)
@@ -238,26 +262,49 @@ class KrishivSpec:
 # --------------------------------------------------------------------------------------------- parsing
 
 
-def _consumer_settings(table: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    """librdkafka settings of ``[kafka.consumer]`` as ``{"dotted.name": "value"}``.
-
-    TOML reads an unquoted ``isolation.level = ...`` as a nested table, so nested tables are flattened back into
-    dotted names before the settings exactly-once depends on are refused.
-    """
-    settings: dict[str, str] = {}
-    for key, value in table.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            settings.update(_consumer_settings(value, f"{name}."))
-            continue
+def _consumer_settings(raw: Any, env: Mapping[str, str]) -> dict[str, str]:
+    """librdkafka settings of ``[kafka.consumer]``, refusing the settings exactly-once depends on."""
+    settings = parse_properties(raw, "kafka.consumer", env)
+    for name in settings:
         if name in FORCED_CONSUMER_SETTINGS:
             forced = FORCED_CONSUMER_SETTINGS[name]
             shown = str(forced).lower() if isinstance(forced, bool) else forced
             raise ConfigError(
                 f"kafka.consumer.{name}", f"Krishiv sets this itself ({shown}) for exactly-once; remove it"
             )
-        settings[name] = str(value)
     return settings
+
+
+def _kafka_properties(raw: Any, env: Mapping[str, str]) -> dict[str, str]:
+    """librdkafka settings of ``[kafka.properties]``, shared by every client (security, timeouts)."""
+    settings = parse_properties(raw, "kafka.properties", env)
+    for name in settings:
+        if name == "bootstrap.servers":
+            raise ConfigError("kafka.properties.bootstrap.servers", "set kafka.bootstrap_servers instead")
+        if name in FORCED_CONSUMER_SETTINGS or name == "group.id":
+            raise ConfigError(f"kafka.properties.{name}", "a consumer setting: Krishiv sets it itself; remove it")
+    return settings
+
+
+#: Spark settings Krishiv sets itself (spark_jobs/session.py), which ``[spark.conf]`` may not name.
+FORCED_SPARK_CONF: Mapping[str, str] = MappingProxyType(
+    {
+        "spark.master": "set spark.master instead",
+        "spark.sql.shuffle.partitions": "set spark.shuffle_partitions instead",
+        "spark.sql.streaming.noDataMicroBatches.enabled": "Krishiv sets it to false: every batch must read records",
+        "spark.sql.session.timeZone": "Krishiv sets it to UTC: window bounds are UTC",
+    }
+)
+
+
+def _spark_conf(raw: Any, env: Mapping[str, str]) -> dict[str, str]:
+    conf = parse_properties(raw, "spark.conf", env)
+    for name in conf:
+        if name in FORCED_SPARK_CONF:
+            raise ConfigError(f"spark.conf.{name}", FORCED_SPARK_CONF[name])
+        if not name.startswith("spark."):
+            raise ConfigError(f"spark.conf.{name}", "expected a Spark setting, whose name starts with 'spark.'")
+    return conf
 
 
 def _expect(value: Any, kind: type | tuple[type, ...], field_name: str, what: str) -> Any:
@@ -568,6 +615,15 @@ def _parse_pipeline(raw: Any, where: str) -> PipelineSpec:
     )
 
 
+def _pyiceberg_configured_uri(catalog_name: str) -> str | None:
+    """The URI pyiceberg's own configuration (``.pyiceberg.yaml``, ``PYICEBERG_CATALOG__<NAME>__URI``) gives the
+    catalog, which a spec without ``catalog_uri`` uses."""
+    from pyiceberg.utils.config import Config
+
+    uri = (Config().get_catalog_config(catalog_name) or {}).get("uri")
+    return uri if isinstance(uri, str) else None
+
+
 def _section(raw: Mapping[str, Any], name: str, allowed: set[str]) -> dict[str, Any]:
     section = raw.get(name, {})
     _expect(section, dict, name, "a table")
@@ -598,7 +654,8 @@ def parse_spec(
     if unknown:
         raise ConfigError("spec", f"unknown sections {sorted(unknown)}")
 
-    k = _section(doc, "kafka", {"bootstrap_servers", "partitions", "consumer"})
+    environ = env if env is not None else {}
+    k = _section(doc, "kafka", {"bootstrap_servers", "partitions", "consumer", "properties"})
     kafka = KafkaSettings(
         bootstrap_servers=_expect(
             k.get("bootstrap_servers", KafkaSettings.bootstrap_servers),
@@ -607,7 +664,8 @@ def parse_spec(
             "host:port[,host:port]",
         ),
         partitions=_positive_int(k.get("partitions", 4), "kafka.partitions"),
-        consumer=_consumer_settings(_expect(k.get("consumer", {}), dict, "kafka.consumer", "a table")),
+        consumer=_consumer_settings(k.get("consumer", {}), environ),
+        properties=_kafka_properties(k.get("properties", {}), environ),
     )
     servers = [server.strip() for server in kafka.bootstrap_servers.split(",")]
     kafka = replace(kafka, bootstrap_servers=",".join(servers))
@@ -618,13 +676,23 @@ def parse_spec(
                 "kafka.bootstrap_servers", f"expected host:port[,host:port], got {kafka.bootstrap_servers!r}"
             )
 
-    i = _section(doc, "iceberg", {"catalog_uri", "warehouse", "namespace", "catalog_name"})
+    i = _section(doc, "iceberg", {"catalog_uri", "warehouse", "namespace", "catalog_name", "properties"})
+    catalog_name = _identifier(i.get("catalog_name", IcebergSettings.catalog_name), "iceberg.catalog_name")
     iceberg = IcebergSettings(
-        catalog_uri=_expect(i.get("catalog_uri", IcebergSettings.catalog_uri), str, "iceberg.catalog_uri", "a URI"),
+        catalog_uri=_expect(
+            i.get("catalog_uri", _pyiceberg_configured_uri(catalog_name) or IcebergSettings.catalog_uri),
+            str,
+            "iceberg.catalog_uri",
+            "a URI",
+        ),
         warehouse=_expect(i.get("warehouse", IcebergSettings.warehouse), str, "iceberg.warehouse", "a path or URI"),
         namespace=_identifier(i.get("namespace", IcebergSettings.namespace), "iceberg.namespace"),
-        catalog_name=_identifier(i.get("catalog_name", IcebergSettings.catalog_name), "iceberg.catalog_name"),
+        catalog_name=catalog_name,
+        properties=parse_properties(i.get("properties", {}), "iceberg.properties", environ),
     )
+    for name in ("uri", "warehouse"):
+        if name in iceberg.properties:
+            raise ConfigError(f"iceberg.properties.{name}", f"set iceberg.{'catalog_uri' if name == 'uri' else name}")
     scheme = iceberg.catalog_uri.split(":", 1)[0]
     if scheme not in ("sqlite", "postgresql+psycopg", "postgresql", "http", "https"):
         raise ConfigError(
@@ -644,11 +712,12 @@ def parse_spec(
         ),
     )
 
-    sp = _section(doc, "spark", {"master", "shuffle_partitions", "records_per_split"})
+    sp = _section(doc, "spark", {"master", "shuffle_partitions", "records_per_split", "conf"})
     spark = SparkSettings(
         master=_expect(sp.get("master", SparkSettings.master), str, "spark.master", "a Spark master URL"),
         shuffle_partitions=_positive_int(sp.get("shuffle_partitions", 4), "spark.shuffle_partitions"),
         records_per_split=_positive_int(sp.get("records_per_split", 250_000), "spark.records_per_split"),
+        conf=_spark_conf(sp.get("conf", {}), environ),
     )
 
     raw_pipelines = doc.get("pipelines")

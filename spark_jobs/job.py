@@ -69,7 +69,7 @@ def _pin_source(checkpoint: Checkpoint, spec: KrishivSpec, pipeline: PipelineSpe
     first time (a checkpoint from before identities were pinned gets today's: the past cannot be checked)."""
     starting, identity = checkpoint.starting_offsets(), checkpoint.source_identity()
     if starting is None or identity is None:
-        with KafkaAdmin(spec.kafka.bootstrap_servers, pipeline.topic, spec.kafka.consumer) as admin:
+        with KafkaAdmin(spec.kafka.bootstrap_servers, pipeline.topic, spec.kafka.consumer_settings()) as admin:
             if starting is None:
                 starting = admin.earliest()
                 checkpoint.pin_starting_offsets(starting)
@@ -107,7 +107,7 @@ def kafka_stream(spark: SparkSession, spec: KrishivSpec, pipeline: PipelineSpec,
         .option("maxRecordsPerBatch", str(pipeline.max_records_per_batch))
         .option("recordsPerSplit", str(spec.spark.records_per_split))
     )
-    for key, value in {**{f"kafka.{k}": v for k, v in spec.kafka.consumer.items()}, **options}.items():
+    for key, value in {**{f"kafka.{k}": v for k, v in spec.kafka.consumer_settings().items()}, **options}.items():
         reader = reader.option(key, value)
     return reader.load()
 

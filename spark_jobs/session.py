@@ -42,24 +42,25 @@ def require_java() -> None:
 
 
 def spark_conf(spec: KrishivSpec, app_name: str = "krishiv") -> dict[str, str]:
-    """The Spark configuration Krishiv runs with; the master URL comes from the spec."""
+    """The Spark configuration Krishiv runs with: the spec's ``[spark.conf]``, then what Krishiv sets itself."""
     conf = {
         "spark.app.name": app_name,
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        **spec.spark.resolved_conf(),
         "spark.master": spec.spark.master,
         "spark.sql.shuffle.partitions": str(spec.spark.shuffle_partitions),
         "spark.sql.session.timeZone": "UTC",
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
         # Every batch reads records: a batch id then always names the same, non-empty Kafka range, which a
         # replay from a rewound or old checkpoint can reproduce from the ledger. (A no-data batch cannot be
         # replayed: after a restart Spark no longer knows it wanted one.) None is needed: the batch whose
         # events move the watermark past a window's end writes that window (spark_jobs/window_state.py).
         "spark.sql.streaming.noDataMicroBatches.enabled": "false",
-        "spark.sql.execution.arrow.pyspark.enabled": "true",
     }
     if spec.spark.master.startswith("local"):
-        conf["spark.driver.bindAddress"] = "127.0.0.1"
-        conf["spark.driver.host"] = "127.0.0.1"
+        conf.setdefault("spark.driver.bindAddress", "127.0.0.1")
+        conf.setdefault("spark.driver.host", "127.0.0.1")
     return conf
 
 
