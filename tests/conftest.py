@@ -14,7 +14,12 @@ from krishiv.broker import LocalBroker, start_broker
 from krishiv_core.spec import KrishivSpec, load_spec
 
 #: Fixture modules of the slower real services, each started once per session when a test asks for it.
-pytest_plugins: list[str] = ["tests.services.spark_cluster", "tests.services.s3", "tests.services.rest_catalog"]
+pytest_plugins: list[str] = [
+    "tests.services.spark_cluster",
+    "tests.services.s3",
+    "tests.services.rest_catalog",
+    "tests.services.otlp_receiver",
+]
 
 PG_ADMIN_DSN = os.environ.get("KRISHIV_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 
