@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -22,6 +22,8 @@ from krishiv_core.errors import BrokerUnavailable
 DEFAULT_START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 DEFAULT_SPACING_MS = 50
 LATE_BY_MS = 10 * 60_000
+#: How long records may stay unacknowledged before ``produce`` gives up on the broker.
+FLUSH_TIMEOUT_S = 30.0
 MALFORMED_VALUES: tuple[tuple[bytes, str], ...] = (
     (b'{"order_id": "o-bad", "amount": "1.00", "event_time": ', "malformed JSON"),
     (b'{"order_id": "o-bad", "customer_id": "c-1", "event_time": 1767225600000}', "missing field: amount"),
@@ -86,15 +88,28 @@ def demo_orders(
     return events
 
 
-def ensure_topic(bootstrap: str, topic: str, partitions: int, timeout_s: float = 15.0) -> int:
-    """Create the topic if missing; returns its partition count."""
+def ensure_topic(
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    timeout_s: float = 15.0,
+    *,
+    settings: Mapping[str, str] | None = None,
+) -> int:
+    """Create the topic if missing; returns its partition count.
+
+    ``settings``: the librdkafka settings of the spec (``spec.kafka.client_settings()``: ``[kafka.properties]`` with
+    its secrets resolved); ``bootstrap`` wins over theirs. A broker that cannot be reached or refuses the client is
+    one :class:`BrokerUnavailable` line naming the cause, as soon as it is known.
+    """
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    try:
-        existing = admin.list_topics(timeout=timeout_s).topics
-    except Exception as exc:
-        raise BrokerUnavailable(f"Kafka broker at {bootstrap} is unreachable: {exc}") from exc
+    from spark_jobs.kafka_clients import KafkaProblems, build, list_topics
+
+    config = {**(settings or {}), "bootstrap.servers": bootstrap}
+    problems = KafkaProblems(config)
+    admin = build(AdminClient, config, problems)
+    existing = list_topics(admin, problems, bootstrap, timeout_s).topics
     if topic in existing and existing[topic].partitions:
         return len(existing[topic].partitions)
     futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
@@ -103,7 +118,10 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int, timeout_s: float =
             future.result(timeout_s)
         except Exception as exc:
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
-                raise
+                problems.serve(admin)
+                raise BrokerUnavailable(
+                    problems.scrub(f"Kafka broker at {bootstrap} did not create topic {topic!r}: {exc}")
+                ) from None
     return partitions
 
 
@@ -114,23 +132,41 @@ def produce(
     *,
     rate: float | None = None,
     on_progress: Callable[[int], None] | None = None,
+    settings: Mapping[str, str] | None = None,
 ) -> None:
-    """Write ``events`` in order; with ``rate`` (events/s) paced by the wall clock."""
+    """Write ``events`` in order; with ``rate`` (events/s) paced by the wall clock.
+
+    ``settings`` as for :func:`ensure_topic`. Stops with one :class:`BrokerUnavailable` line as soon as the broker
+    refuses the client (authentication, TLS), or when records stay unacknowledged for :data:`FLUSH_TIMEOUT_S`.
+    """
     from confluent_kafka import Producer
 
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "linger.ms": 5,
-            "enable.idempotence": False,
-            "queue.buffering.max.messages": 1_000_000,
-        }
-    )
+    from spark_jobs.kafka_clients import KafkaProblems, build
+
+    config = {
+        **(settings or {}),
+        "bootstrap.servers": bootstrap,
+        "linger.ms": 5,
+        "enable.idempotence": False,
+        "queue.buffering.max.messages": 1_000_000,
+    }
+    problems = KafkaProblems(config)
+    producer = build(Producer, config, problems)
     failures: list[str] = []
 
     def delivered(err: object, _msg: object) -> None:
         if err is not None:
             failures.append(str(err))
+
+    def flush() -> int:
+        """Wait for every record's acknowledgement; give up at once if the broker refused the client."""
+        deadline = time.monotonic() + FLUSH_TIMEOUT_S
+        while True:
+            remaining = producer.flush(min(0.5, max(0.0, deadline - time.monotonic())))
+            if not remaining or time.monotonic() >= deadline:
+                return remaining
+            if problems.fatal():
+                raise BrokerUnavailable(problems.describe(bootstrap))
 
     last_of_partition = {}
     for e in events:
@@ -139,18 +175,21 @@ def produce(
     started = time.monotonic()
     for n, e in enumerate(_paced(events, rate, started), start=1):
         if e.seq in tail:
-            producer.flush()
+            flush()
         producer.produce(topic, value=e.value, key=e.key, partition=e.partition, on_delivery=delivered)
         if e.seq in tail:
-            producer.flush()
+            flush()
         if n % 10_000 == 0:
             producer.poll(0)
+            if problems.fatal():
+                raise BrokerUnavailable(problems.describe(bootstrap))
             if on_progress:
                 on_progress(n)
-    remaining = producer.flush(30)
+    remaining = flush()
     if remaining or failures:
+        cause = problems.cause() or "; ".join(failures[:3]) or f"no acknowledgement within {FLUSH_TIMEOUT_S:g}s"
         raise BrokerUnavailable(
-            f"{remaining} of {len(events)} records were not acknowledged by {bootstrap}: {failures[:3]}"
+            problems.scrub(f"{remaining} of {len(events)} records were not acknowledged by {bootstrap}: {cause}")
         )
     if on_progress:
         on_progress(len(events))

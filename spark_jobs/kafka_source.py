@@ -24,7 +24,9 @@ holds for it) and ``kafka.<librdkafka setting>`` for anything else the consumer 
 :data:`FORCED_CONSUMER_SETTINGS`, which Krishiv sets itself.
 
 The Kafka clients are made through one seam, :class:`KafkaClients` (confluent-kafka's ``Consumer`` and
-``AdminClient`` by default), so tests can replay a recorded fetch sequence through a consumer double.
+``AdminClient`` by default), so tests can replay a recorded fetch sequence through a consumer double. Each is built
+quietly (:mod:`spark_jobs.kafka_clients`): librdkafka prints nothing, and a broker that cannot be reached or
+refuses the client is one error naming the cause (connection refused, authentication failed, ...).
 """
 
 from __future__ import annotations
@@ -45,9 +47,11 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from krishiv_core.errors import BrokerUnavailable
 from krishiv_core.spec import FORCED_CONSUMER_SETTINGS
 from spark_jobs.checkpoint import Checkpoint
 from spark_jobs.errors import KafkaSourceError, OffsetsDeleted, OffsetsMovedBackwards, SourceChanged
+from spark_jobs.kafka_clients import KafkaProblems, build, list_topics
 from spark_jobs.ports import RecordedBatches, apply_skips
 
 SOURCE_NAME = "krishiv-kafka"
@@ -147,16 +151,22 @@ class KafkaAdmin:
     ) -> None:
         self.bootstrap, self.topic = bootstrap, topic
         self._extra, self._clients = dict(extra), clients
-        self._consumer = clients.consumer(consumer_config(bootstrap, extra))
+        config = consumer_config(bootstrap, extra)
+        self._problems = KafkaProblems(config)
+        self._consumer = build(clients.consumer, config, self._problems)
         self._admin: KafkaAdminClient | None = None
 
     def _metadata(self) -> Any:
-        from confluent_kafka import KafkaException
-
+        """The topic's metadata; one :class:`KafkaSourceError` line naming the cause as soon as it is known."""
         try:
-            return self._consumer.list_topics(self.topic, timeout=METADATA_TIMEOUT_S)
-        except KafkaException as exc:
-            raise KafkaSourceError(f"Kafka broker at {self.bootstrap} is unreachable: {exc}") from exc
+            return list_topics(self._consumer, self._problems, self.bootstrap, METADATA_TIMEOUT_S, self.topic)
+        except BrokerUnavailable as exc:
+            raise KafkaSourceError(str(exc)) from None
+
+    def _why(self, exc: BaseException) -> str:
+        """What went wrong, in the client's own words if it said more than ``exc`` (secrets scrubbed)."""
+        self._problems.serve(self._consumer)
+        return self._problems.scrub(self._problems.cause() or str(exc))
 
     def partitions(self) -> list[int]:
         topic = self._metadata().topics.get(self.topic)
@@ -177,7 +187,8 @@ class KafkaAdmin:
         from confluent_kafka import KafkaError, KafkaException, TopicCollection
 
         if self._admin is None:
-            self._admin = self._clients.admin({**self._extra, "bootstrap.servers": self.bootstrap})
+            config = {**self._extra, "bootstrap.servers": self.bootstrap}
+            self._admin = build(self._clients.admin, config, self._problems)
         try:
             futures = self._admin.describe_topics(TopicCollection([self.topic]), request_timeout=METADATA_TIMEOUT_S)
             description = futures[self.topic].result(METADATA_TIMEOUT_S)
@@ -186,8 +197,8 @@ class KafkaAdmin:
             if error is not None and error.code() == KafkaError._UNSUPPORTED_FEATURE:
                 return None
             raise KafkaSourceError(
-                f"Kafka broker at {self.bootstrap} did not describe topic {self.topic!r}: {exc}"
-            ) from exc
+                f"Kafka broker at {self.bootstrap} did not describe topic {self.topic!r}: {self._why(exc)}"
+            ) from None
         except FutureTimeout as exc:
             raise KafkaSourceError(
                 f"Kafka broker at {self.bootstrap} did not describe topic {self.topic!r} "
@@ -205,8 +216,8 @@ class KafkaAdmin:
             )
         except KafkaException as exc:
             raise KafkaSourceError(
-                f"Kafka broker at {self.bootstrap} did not report offsets of {self.topic}/{partition}: {exc}"
-            ) from exc
+                f"Kafka broker at {self.bootstrap} did not report offsets of {self.topic}/{partition}: {self._why(exc)}"
+            ) from None
         return int(low), int(high)
 
     def latest(self) -> Offsets:
@@ -289,7 +300,8 @@ def read_range(part: KafkaRange, clients: KafkaClients = CONFLUENT_CLIENTS) -> I
 
     bootstrap = part.config.get("bootstrap.servers")
     where = f"{part.topic}/{part.partition} [{part.start}, {part.end})"
-    consumer = clients.consumer(part.config)
+    problems = KafkaProblems(part.config)
+    consumer = build(clients.consumer, part.config, problems)
     try:
         low, _high = consumer.get_watermark_offsets(
             TopicPartition(part.topic, part.partition), timeout=METADATA_TIMEOUT_S, cached=False
@@ -316,7 +328,7 @@ def read_range(part: KafkaRange, clients: KafkaClients = CONFLUENT_CLIENTS) -> I
                         f"to move on: {skip_hint(part.partition, '<offset>')}"
                     )
                 elif err.code() != KafkaError._PARTITION_EOF:
-                    raise KafkaSourceError(f"reading {where} from {bootstrap} failed: {err}")
+                    raise KafkaSourceError(problems.scrub(f"reading {where} from {bootstrap} failed: {err}"))
             if good:
                 if good[-1].offset() >= part.end:
                     good = [m for m in good if m.offset() < part.end]
@@ -332,9 +344,13 @@ def read_range(part: KafkaRange, clients: KafkaClients = CONFLUENT_CLIENTS) -> I
             if position >= part.end:
                 return
             if time.monotonic() - last_progress > part.timeout_s:
+                cause = problems.cause()
                 raise KafkaSourceError(
-                    f"no records from {bootstrap} for {part.timeout_s:g}s while reading {where} "
-                    f"(stuck at offset {next_offset}); is the broker up?"
+                    problems.scrub(
+                        f"no records from {bootstrap} for {part.timeout_s:g}s while reading {where} "
+                        f"(stuck at offset {next_offset}); "
+                        + (f"the client says: {cause}" if cause else "is the broker up?")
+                    )
                 )
     finally:
         consumer.close()
