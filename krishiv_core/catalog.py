@@ -2,15 +2,26 @@
 
 ``KRISHIV_ICEBERG_CATALOG_URI`` picks the catalog by scheme: ``sqlite:///PATH`` or
 ``postgresql+psycopg://…`` for pyiceberg's SQL catalog, ``http(s)://…`` for a REST catalog.
+
+A REST catalog takes its token, OAuth2 credential, prefix or warehouse and ``header.*`` from
+``[iceberg.properties]`` (secrets as ``${VARIABLE}``). pyiceberg (0.12) puts no timeout on its HTTP calls, so
+Krishiv bounds every call after the first (``connection.timeout`` seconds, the property later pyiceberg
+releases read themselves; :data:`DEFAULT_REST_TIMEOUT_S` by default): a catalog that stops answering fails the
+call instead of hanging a run or the relay, and the relay treats a commit that timed out as an unknown
+outcome. A catalog that refuses a table operation (a 4xx: a wrong token, a namespace the server does not
+allow) is one :class:`CatalogRefused` line with the server's reason; one that does not answer is one
+:class:`~krishiv_core.errors.CatalogUnavailable` line; neither shows a secret.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 from pyiceberg.catalog import Catalog
@@ -18,13 +29,14 @@ from pyiceberg.exceptions import (
     CommitFailedException,
     NamespaceAlreadyExistsError,
     NoSuchTableError,
+    RESTError,
     TableAlreadyExistsError,
 )
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
 from krishiv_core.client_settings import MASK, is_secret, resolve
-from krishiv_core.errors import CatalogUnavailable, SchemaConflict
+from krishiv_core.errors import CatalogUnavailable, ConfigError, KrishivError, SchemaConflict
 from krishiv_core.evolution import evolve_partitioning, evolve_schema, partitioning_differs
 from krishiv_core.partitioning import PartitionField, describe_spec, partition_spec
 from krishiv_core.spec import KrishivSpec, PipelineSpec
@@ -37,6 +49,19 @@ TABLE_PROPERTIES = {
     "commit.retry.num-retries": "0",
     "write.parquet.compression-codec": "zstd",
 }
+
+
+#: How long one HTTP call to a REST catalog may take, in seconds, unless ``connection.timeout`` says otherwise.
+DEFAULT_REST_TIMEOUT_S = 60.0
+REST_TIMEOUT_PROPERTY = "connection.timeout"
+#: HTTP statuses with which a REST catalog refuses a request it did not carry out: bad request, unauthorized,
+#: forbidden, not found, unprocessable. Any other failure (5xx, a timeout, a dropped connection) may have been
+#: carried out, or the catalog is down.
+REFUSED_STATUSES = frozenset({400, 401, 403, 404, 422})
+
+
+class CatalogRefused(KrishivError):
+    """The catalog answered and refused an operation (a wrong token, a namespace it does not allow); nothing changed."""
 
 
 #: A query parameter whose name contains one of these (case-insensitive) holds a secret: ``password``,
@@ -109,6 +134,51 @@ def catalog_properties(spec: KrishivSpec, env: Mapping[str, str] | None = None) 
     return properties
 
 
+def masked(text: str, properties: Mapping[str, Any], uri: str) -> str:
+    """``text`` with ``uri``'s secrets and the value of every secret property (``token``, ``credential``…) masked."""
+    text = redact_text(text, uri)
+    for name, value in properties.items():
+        if is_secret(name) and isinstance(value, str) and len(value) >= 4:
+            text = text.replace(value, MASK)
+    return text
+
+
+def rest_timeout_s(properties: Mapping[str, str]) -> float:
+    """``connection.timeout`` of the catalog's properties, in seconds (:data:`DEFAULT_REST_TIMEOUT_S` if unset)."""
+    raw = properties.get(REST_TIMEOUT_PROPERTY)
+    if raw is None:
+        return DEFAULT_REST_TIMEOUT_S
+    try:
+        timeout = float(raw)
+    except ValueError:
+        timeout = 0.0
+    if not timeout > 0:
+        raise ConfigError(f"iceberg.properties.{REST_TIMEOUT_PROPERTY}", f"expected seconds > 0, got {raw!r}")
+    return timeout
+
+
+def _bound_http_calls(catalog: Catalog, timeout_s: float) -> None:
+    """Give every HTTP call of a REST catalog's session a timeout, unless the call sets its own.
+
+    A call that times out raises ``requests.Timeout``: the relay takes it as an unknown outcome (reload, re-check),
+    never as a failed commit, since the server may have applied it.
+    """
+    import requests
+
+    session = getattr(catalog, "_session", None)
+    if not isinstance(session, requests.Session):
+        return
+    send = session.request
+
+    @functools.wraps(send)
+    def request(method: str, url: str, *args: Any, **kwargs: Any) -> requests.Response:
+        if len(args) < 7 and kwargs.get("timeout") is None:  # the 7th positional argument after url is timeout
+            kwargs["timeout"] = timeout_s
+        return send(method, url, *args, **kwargs)
+
+    session.request = request  # type: ignore[method-assign]
+
+
 def load_catalog(spec: KrishivSpec) -> Catalog:
     """The spec's catalog: pyiceberg's SQL catalog for ``sqlite:``/``postgresql:`` URIs, its REST catalog for
     ``http(s):`` ones; a catalog that does not answer is one :class:`CatalogUnavailable` line."""
@@ -117,20 +187,65 @@ def load_catalog(spec: KrishivSpec) -> Catalog:
     properties = catalog_properties(spec)
     uri = properties["uri"]
     warehouse = properties["warehouse"]
+    rest = uri.startswith(("http://", "https://"))
     if uri.startswith("sqlite:///"):
         Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
-    if warehouse.startswith("file://"):
+    if warehouse.startswith("file://") and not rest:  # a REST server places its tables itself
         Path(urlparse(warehouse).path).mkdir(parents=True, exist_ok=True)
-    if not uri.startswith(("http://", "https://")):
+    timeout_s = rest_timeout_s(properties) if rest else None
+    if not rest:
         properties.setdefault("type", "sql")
     try:
-        return pyiceberg_load_catalog(spec.iceberg.catalog_name, **properties)
+        catalog = pyiceberg_load_catalog(spec.iceberg.catalog_name, **properties)
     except Exception as exc:  # connection errors differ by driver: name the address whatever they are
-        message = redact_text(str(exc), uri)
-        for name, value in properties.items():
-            if is_secret(name) and len(value) >= 4:
-                message = message.replace(value, MASK)
+        message = masked(str(exc), properties, uri)
         raise CatalogUnavailable(f"Iceberg catalog at {redact(uri)} is unreachable: {message}") from exc
+    if timeout_s is not None:
+        _bound_http_calls(catalog, timeout_s)
+    return catalog
+
+
+def http_status(exc: BaseException) -> int | None:
+    """The HTTP status a REST catalog answered with, if ``exc`` is pyiceberg's error for an HTTP answer."""
+    response = getattr(exc.__cause__, "response", None)
+    status = getattr(response, "status_code", None)
+    return status if isinstance(status, int) else None
+
+
+def catalog_address(catalog: Catalog) -> str:
+    """The catalog's URI as it may be shown."""
+    return redact(str(catalog.properties.get("uri", catalog.name)))
+
+
+@contextlib.contextmanager
+def catalog_call(catalog: Catalog, doing: str) -> Iterator[None]:
+    """Turn a REST catalog's refusal into :class:`CatalogRefused` and a call it did not answer into
+    :class:`CatalogUnavailable`: one line naming the catalog, ``doing`` and the server's reason, secrets masked.
+
+    pyiceberg's own outcomes (no such table, already exists, a commit conflict) pass through, as does everything
+    a SQL catalog raises.
+    """
+    import requests
+
+    try:
+        yield
+    except RESTError as exc:
+        status = http_status(exc)
+        reason = masked(str(exc), catalog.properties, str(catalog.properties.get("uri", "")))
+        if status in REFUSED_STATUSES:
+            hint = "; check the token or credential in [iceberg.properties]" if status in (401, 403) else ""
+            raise CatalogRefused(
+                f"Iceberg catalog at {catalog_address(catalog)} refused to {doing} (HTTP {status}): {reason}{hint}"
+            ) from exc
+        raise CatalogUnavailable(
+            f"Iceberg catalog at {catalog_address(catalog)} failed to {doing}"
+            f"{f' (HTTP {status})' if status else ''}: {reason}"
+        ) from exc
+    except requests.RequestException as exc:
+        reason = masked(type(exc).__name__, catalog.properties, "")
+        raise CatalogUnavailable(
+            f"Iceberg catalog at {catalog_address(catalog)} did not answer while trying to {doing} ({reason})"
+        ) from exc
 
 
 def table_identifier(spec: KrishivSpec, table: str) -> tuple[str, str]:
@@ -162,19 +277,25 @@ def ensure_table(
     """
     name = ".".join(identifier)
     try:
-        table = catalog.load_table(identifier)
+        with catalog_call(catalog, f"load table {name}"):
+            table = catalog.load_table(identifier)
     except NoSuchTableError:
-        with contextlib.suppress(NamespaceAlreadyExistsError):
+        with (
+            catalog_call(catalog, f"create namespace {identifier[0]}"),
+            contextlib.suppress(NamespaceAlreadyExistsError),
+        ):
             catalog.create_namespace(identifier[0])
         try:
-            return catalog.create_table(
-                identifier,
-                schema=schema,
-                partition_spec=partition_spec(schema, partition_by),
-                properties=TABLE_PROPERTIES,
-            )
+            with catalog_call(catalog, f"create table {name}"):
+                return catalog.create_table(
+                    identifier,
+                    schema=schema,
+                    partition_spec=partition_spec(schema, partition_by),
+                    properties=TABLE_PROPERTIES,
+                )
         except TableAlreadyExistsError:
-            table = catalog.load_table(identifier)
+            with catalog_call(catalog, f"load table {name}"):
+                table = catalog.load_table(identifier)
     if pending and partitioning_differs(table, partition_by):
         shown = "[" + ", ".join(map(str, partition_by)) + "]" if partition_by else "unpartitioned"
         raise SchemaConflict(
@@ -183,12 +304,13 @@ def ensure_table(
             "was changed: run krishiv commit first, then start again"
         )
     attempts = 5  # a concurrent metadata change won the commit: reload, compare again (bounded)
-    for _ in range(attempts - 1):
-        try:
-            return evolve_partitioning(evolve_schema(table, schema, name), partition_by, name)
-        except CommitFailedException:
-            table = catalog.load_table(identifier)
-    return evolve_partitioning(evolve_schema(table, schema, name), partition_by, name)
+    with catalog_call(catalog, f"update table {name}"):
+        for _ in range(attempts - 1):
+            try:
+                return evolve_partitioning(evolve_schema(table, schema, name), partition_by, name)
+            except CommitFailedException:
+                table = catalog.load_table(identifier)
+        return evolve_partitioning(evolve_schema(table, schema, name), partition_by, name)
 
 
 def ensure_pipeline_tables(

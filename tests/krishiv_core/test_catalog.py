@@ -1,15 +1,26 @@
-"""Catalog URIs in messages: passwords and secret query parameters are masked, the rest stays readable."""
+"""Catalog URIs in messages: passwords and secret query parameters are masked, the rest stays readable; a real
+REST catalog (``lakana-server``) reached with a token and prefix from ``[iceberg.properties]``; refusals in one line."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from krishiv.broker import free_port
-from krishiv_core.catalog import has_secret, load_catalog, redact, redact_text
-from krishiv_core.errors import CatalogUnavailable
+from krishiv_core.catalog import (
+    CatalogRefused,
+    ensure_pipeline_tables,
+    has_secret,
+    load_catalog,
+    qualified,
+    redact,
+    redact_text,
+)
+from krishiv_core.errors import CatalogUnavailable, ConfigError
 from krishiv_core.spec import parse_spec
+from tests.services.rest_catalog import TOKEN_VARIABLE
 
 PASSWORD = "Dummy-Pa55word"
 
@@ -88,3 +99,78 @@ def test_an_unreachable_catalog_is_named_without_its_password(tmp_path: Path, ur
     message = str(raised.value)
     assert message.startswith(f"Iceberg catalog at {redact(uri)} is unreachable: ")
     assert PASSWORD not in message
+
+
+# ------------------------------------------------------------------------------------------ a real REST catalog
+
+
+def _rest_spec(tmp_path: Path, uri: str, properties: dict[str, str], namespace: str = "bronze"):
+    return parse_spec(
+        {
+            "iceberg": {"catalog_uri": uri, "warehouse": "warehouse", "namespace": namespace, "properties": properties},
+            "pipelines": [
+                {
+                    "name": "p",
+                    "topic": "t",
+                    "event_time_field": "t",
+                    "fields": {"t": "timestamp_ms"},
+                    "aggregations": [{"name": "n", "function": "count"}],
+                }
+            ],
+        },
+        env=os.environ,
+        base_dir=tmp_path,
+    )
+
+
+def test_a_rest_catalog_takes_its_token_and_prefix_from_the_spec_properties(tmp_path: Path, rest_catalog) -> None:
+    prefix, warehouse = rest_catalog.new_environment()
+    spec = _rest_spec(tmp_path, rest_catalog.uri, {"token": f"${{{TOKEN_VARIABLE}}}", "prefix": prefix})
+    assert os.environ[TOKEN_VARIABLE] not in repr(spec), "the spec keeps the reference, not the token"
+    catalog = load_catalog(spec)
+    tables = ensure_pipeline_tables(catalog, spec, spec.pipeline())
+    assert set(tables) == {"p", "p_rejects"}
+    table = catalog.load_table(qualified(spec, "p"))
+    assert table.location().startswith(warehouse.as_uri()), "the server places the table in the prefix's warehouse"
+    assert table.properties["commit.retry.num-retries"] == "0"
+    assert ensure_pipeline_tables(catalog, spec, spec.pipeline())["p"].metadata_location == table.metadata_location
+
+
+def test_a_rest_catalog_refusal_is_one_line_with_the_servers_reason(tmp_path: Path, rest_catalog) -> None:
+    prefix, _ = rest_catalog.new_environment()
+    spec = _rest_spec(
+        tmp_path, rest_catalog.uri, {"token": f"${{{TOKEN_VARIABLE}}}", "prefix": prefix}, namespace="krishiv"
+    )
+    with pytest.raises(CatalogRefused) as raised:
+        ensure_pipeline_tables(load_catalog(spec), spec, spec.pipeline())
+    message = str(raised.value)
+    assert message.startswith(f"Iceberg catalog at {rest_catalog.uri} refused to create table krishiv.p (HTTP 422): ")
+    assert "bronze, silver, or gold" in message and "\n" not in message
+
+
+def test_a_wrong_rest_token_is_refused_without_showing_it(tmp_path: Path, rest_catalog, monkeypatch) -> None:
+    prefix, _ = rest_catalog.new_environment()
+    wrong = os.environ[TOKEN_VARIABLE][:-6] + "WRONG1"
+    monkeypatch.setenv("KRISHIV_TEST_WRONG_TOKEN", wrong)
+    spec = _rest_spec(tmp_path, rest_catalog.uri, {"token": "${KRISHIV_TEST_WRONG_TOKEN}", "prefix": prefix})
+    refused = r"refused to load table bronze\.p \(HTTP 401\).*check the token"
+    with pytest.raises(CatalogRefused, match=refused) as raised:
+        ensure_pipeline_tables(load_catalog(spec), spec, spec.pipeline())
+    assert wrong not in str(raised.value) and os.environ[TOKEN_VARIABLE] not in str(raised.value)
+
+
+def test_an_unreachable_rest_catalog_is_named_without_its_token(tmp_path: Path, rest_catalog) -> None:
+    uri = f"http://127.0.0.1:{free_port()}"
+    spec = _rest_spec(tmp_path, uri, {"token": f"${{{TOKEN_VARIABLE}}}", "prefix": "p"})
+    with pytest.raises(CatalogUnavailable) as raised:
+        load_catalog(spec)
+    message = str(raised.value)
+    assert message.startswith(f"Iceberg catalog at {uri} is unreachable: ")
+    assert os.environ[TOKEN_VARIABLE] not in message
+
+
+@pytest.mark.parametrize("timeout", ["0", "-1", "soon"])
+def test_a_rest_timeout_must_be_positive_seconds(tmp_path: Path, timeout: str) -> None:
+    spec = _rest_spec(tmp_path, "http://127.0.0.1:9", {"connection.timeout": timeout})
+    with pytest.raises(ConfigError, match=r"iceberg\.properties\.connection\.timeout: expected seconds > 0"):
+        load_catalog(spec)
