@@ -19,6 +19,7 @@ pytest_plugins: list[str] = [
     "tests.services.s3",
     "tests.services.rest_catalog",
     "tests.services.otlp_receiver",
+    "tests.services.secured_broker",
 ]
 
 PG_ADMIN_DSN = os.environ.get("KRISHIV_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
