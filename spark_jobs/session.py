@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
@@ -15,6 +16,10 @@ from krishiv_core.spec import KrishivSpec
 from spark_jobs.kafka_source import KafkaDataSource
 
 REQUIRED_JAVA = 17
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+#: The Python executors run Krishiv's tasks with. spark-submit turns this setting into ``PYSPARK_PYTHON``; a
+#: session built from Python, as Krishiv's is, reads only the variable, so :func:`prepare_environment` does it.
+EXECUTOR_PYTHON = "spark.pyspark.python"
 
 
 def java_version() -> int | None:
@@ -58,15 +63,38 @@ def spark_conf(spec: KrishivSpec, app_name: str = "krishiv") -> dict[str, str]:
         # events move the watermark past a window's end writes that window (spark_jobs/window_state.py).
         "spark.sql.streaming.noDataMicroBatches.enabled": "false",
     }
-    if spec.spark.master.startswith("local"):
-        conf.setdefault("spark.driver.bindAddress", "127.0.0.1")
-        conf.setdefault("spark.driver.host", "127.0.0.1")
+    if on_loopback(spec.spark.master) and not {"spark.driver.host", "spark.driver.bindAddress"} & conf.keys():
+        conf["spark.driver.bindAddress"] = "127.0.0.1"
+        conf["spark.driver.host"] = "127.0.0.1"
     return conf
 
 
-def prepare_environment() -> None:
-    """Check Java, and make Spark's Python workers run in this interpreter (which has Krishiv installed)."""
+def on_loopback(master: str) -> bool:
+    """Whether every executor runs on this machine's loopback, so the driver should listen there only.
+
+    True for ``local[...]`` and for a standalone master (or HA list of masters) on a loopback address. On
+    any other cluster the executors connect back to the driver over the network: Spark's default (the
+    address of the machine's hostname) applies, or ``spark.driver.host`` from ``[spark.conf]``.
+    """
+    if master.startswith("local"):
+        return True
+    if not master.startswith("spark://"):
+        return False
+    hosts = [hostport.rsplit(":", 1)[0] for hostport in master.removeprefix("spark://").split(",")]
+    return all(host in LOOPBACK_HOSTS for host in hosts)
+
+
+def prepare_environment(conf: Mapping[str, str] | None = None) -> None:
+    """Check Java, and choose the Python that Spark's Python workers run in, on the driver and on executors.
+
+    ``spark.pyspark.python`` of the configuration (a path that exists on the executors, e.g. one inside a
+    packed environment of ``spark.archives``, or in a container image) wins over ``PYSPARK_PYTHON``; without
+    either, this interpreter, which has Krishiv installed.
+    """
     require_java()
+    python = (conf or {}).get(EXECUTOR_PYTHON)
+    if python:
+        os.environ["PYSPARK_PYTHON"] = python
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
@@ -79,8 +107,9 @@ def prepare_session(spark: SparkSession) -> SparkSession:
 
 
 def build_session(spec: KrishivSpec, app_name: str = "krishiv") -> SparkSession:
-    prepare_environment()
+    conf = spark_conf(spec, app_name)
+    prepare_environment(conf)
     builder = SparkSession.builder
-    for key, value in spark_conf(spec, app_name).items():
+    for key, value in conf.items():
         builder = builder.config(key, value)
     return prepare_session(builder.getOrCreate())
