@@ -20,8 +20,17 @@ For each pending entry of a table, oldest first:
 6. Mark the entry COMMITTED.
 
 A conflict with another writer (``CommitFailedException``) means the commit did not happen: back off,
-reload, go back to step 2. Any other failure of the catalog call has an unknown outcome: it is never
-retried blindly, the table is reloaded and step 2 decides. Both loops are bounded by named constants.
+reload, go back to step 2. A REST catalog's refusal (400, 401, 403, 404, 422: ``krishiv_core.catalog.REFUSED_STATUSES``)
+did not happen either, and will not succeed by asking again: :class:`~krishiv_core.catalog.CatalogRefused`, the entry
+stays pending. Any other failure of the catalog call has an **unknown outcome**: pyiceberg's
+``CommitStateUnknownException`` (a REST 500, 502 or 504), ``ServerError`` and ``ServiceUnavailableError`` (other
+5xx), a ``requests`` timeout (``connection.timeout``: the server may apply the commit after the client gave up) or
+dropped connection, and anything else. It is never retried blindly: the table is reloaded and step 2 decides, so
+a commit the server applied is found and marked, and one it did not is made again, with the same intended snapshot
+id on the reloaded head (if the first attempt lands late after all, the catalog's check of the head snapshot
+refuses one of the two). pyiceberg itself re-sends a commit only after a 401 or 419 (an expired token), which the
+server did not apply. Both loops are bounded by named constants; when the outcome stays unknown,
+:class:`~krishiv_core.errors.CatalogUnavailable` names the batch and the entry stays pending for the next run.
 """
 
 from __future__ import annotations
@@ -34,10 +43,11 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
+from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, RESTError
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
+from krishiv_core.catalog import REFUSED_STATUSES, CatalogRefused, http_status
 from krishiv_core.entries import MERGE, OffsetSkip, OutboxEntry
 from krishiv_core.errors import CatalogUnavailable, KrishivError
 from krishiv_core.faults import fault_point
@@ -274,15 +284,27 @@ class CommitRelay:
             except KrishivError:
                 raise  # refused before the catalog was called (a staged file missing, a merge key null): certain
             except Exception as exc:
+                if isinstance(exc, RESTError) and http_status(exc) in REFUSED_STATUSES:
+                    raise CatalogRefused(
+                        f"Iceberg catalog at {self.catalog_address} refused the commit of {entry.table} batch "
+                        f"{entry.batch_id} (HTTP {http_status(exc)}): {exc}; the entry stays pending"
+                    ) from exc
                 ambiguous += 1
                 if ambiguous > MAX_AMBIGUOUS_RECHECKS:
-                    raise
+                    raise CatalogUnavailable(
+                        f"Iceberg catalog at {self.catalog_address}: the commit of {entry.table} batch "
+                        f"{entry.batch_id} had an unknown outcome {ambiguous} times, each reload showing it not "
+                        f"committed (last: {type(exc).__name__}: {exc}); the entry stays pending and the next "
+                        "krishiv commit checks the table for it first"
+                    ) from exc
                 log.warning(
-                    "commit of %s batch %s has an unknown outcome (%r); reloading to check",
+                    "commit of %s batch %s has an unknown outcome (%s: %s); reloading to check",
                     entry.table,
                     entry.batch_id,
+                    type(exc).__name__,
                     exc,
                 )
+                time.sleep(_backoff(ambiguous))
                 table = self._load(entry.table)
                 continue
             report.commit_latencies_ms.append((time.perf_counter() - started) * 1000)

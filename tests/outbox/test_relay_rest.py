@@ -1,0 +1,263 @@
+"""The relay's ambiguous commits through a real REST catalog (``lakana-server``).
+
+A small HTTP proxy sits between pyiceberg and the server and gives the next commit request
+(``POST /v1/{prefix}/namespaces/{namespace}/tables/{table}``) a scripted fate: forwarded and then answered 502 or
+504, or held past the client's ``connection.timeout`` (the server applied it; the client never hears), or answered
+502 without being forwarded (the server never saw it). Every other request passes through. The relay must find
+the applied commits by reloading the table and commit the others exactly once, and never re-send a commit blindly:
+the proxy counts what reached the server.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import re
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from decimal import Decimal
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pyarrow as pa
+import pytest
+
+from krishiv.verify import check_ledger_agreement
+from krishiv_core.catalog import CatalogRefused, ensure_table, load_catalog, qualified, redact
+from krishiv_core.entries import COMMITTED, PENDING, OutboxEntry, new_snapshot_id
+from krishiv_core.errors import CatalogUnavailable
+from krishiv_core.spec import KrishivSpec, parse_spec
+from krishiv_core.tables import aggregate_table_schema
+from outbox.ledger import Ledger
+from outbox.relay import MAX_AMBIGUOUS_RECHECKS, CommitRelay
+from spark_jobs.staging import staging_folder, write_parquet
+from tests.services.rest_catalog import NAMESPACE, TOKEN_VARIABLE
+
+ROOT = Path(__file__).resolve().parents[2]
+#: The client's timeout in these tests: a held commit answer makes pyiceberg's call raise ``requests.ReadTimeout``.
+CLIENT_TIMEOUT_S = 2.0
+HOLD_LIMIT_S = 30.0
+COMMIT_PATH = re.compile(r"^/v1/[^/]+/namespaces/[^/]+/tables/[^/?]+$")
+
+FORWARD_THEN_502 = "forward, then 502"
+FORWARD_THEN_504 = "forward, then 504"
+FORWARD_THEN_HOLD = "forward, then hold past the client's timeout"
+REFUSE_502 = "502 without forwarding"
+REFUSE_403 = "403 without forwarding"
+
+
+class CommitProxy(ThreadingHTTPServer):
+    """Forwards every request to ``upstream``; each commit request takes the next fate of :attr:`fates`."""
+
+    daemon_threads = True
+
+    def __init__(self, upstream: str) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        parsed = urlparse(upstream)
+        self.upstream = (parsed.hostname or "127.0.0.1", parsed.port or 80)
+        self.fates: list[str] = []
+        self.commits_seen = 0  # commit requests pyiceberg sent
+        self.commits_forwarded = 0  # commit requests the server received
+        self.release = threading.Event()  # lets held answers go when the test ends
+        self.lock = threading.Lock()
+
+    @property
+    def uri(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def fate(self, method: str, path: str) -> str | None:
+        if method != "POST" or not COMMIT_PATH.match(path):
+            return None
+        with self.lock:
+            self.commits_seen += 1
+            return self.fates.pop(0) if self.fates else "pass"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: CommitProxy
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Quiet: pytest would show every request."""
+
+    def _relay(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        fate = self.server.fate(self.command, self.path)
+        if fate == REFUSE_502:
+            return self._answer(502, b"Bad Gateway", "text/plain")
+        if fate == REFUSE_403:
+            return self._answer(403, b'{"error":{"message":"not allowed","type":"ForbiddenException","code":403}}')
+        status, headers, answer = self._forward(body)
+        if fate is not None:
+            with self.server.lock:
+                self.server.commits_forwarded += 1
+        if fate == FORWARD_THEN_502:
+            return self._answer(502, b"Bad Gateway", "text/plain")
+        if fate == FORWARD_THEN_504:
+            return self._answer(504, b"Gateway Timeout", "text/plain")
+        if fate == FORWARD_THEN_HOLD:
+            self.server.release.wait(HOLD_LIMIT_S)  # the client gives up first; then the connection just closes
+            self.close_connection = True
+            return None
+        self._answer(status, answer, headers.get("Content-Type", "application/json"))
+        return None
+
+    def _forward(self, body: bytes) -> tuple[int, dict[str, str], bytes]:
+        connection = http.client.HTTPConnection(*self.server.upstream, timeout=60)
+        try:
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+            connection.request(self.command, self.path, body=body or None, headers=headers)
+            response = connection.getresponse()
+            return response.status, dict(response.getheaders()), response.read()
+        finally:
+            connection.close()
+
+    def _answer(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_DELETE = do_HEAD = _relay
+
+
+@pytest.fixture
+def proxy(rest_catalog) -> Iterator[CommitProxy]:
+    server = CommitProxy(rest_catalog.uri)
+    thread = threading.Thread(target=server.serve_forever, name="commit-proxy", daemon=True)
+    thread.start()
+    yield server
+    server.release.set()
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=10)
+
+
+@pytest.fixture
+def spec(tmp_path: Path, rest_catalog, proxy: CommitProxy) -> KrishivSpec:
+    prefix, _ = rest_catalog.new_environment()
+    raw = {
+        "iceberg": {
+            "catalog_uri": proxy.uri,
+            "namespace": NAMESPACE,
+            "properties": {
+                "token": f"${{{TOKEN_VARIABLE}}}",
+                "prefix": prefix,
+                "connection.timeout": str(CLIENT_TIMEOUT_S),
+            },
+        },
+        "storage": {"ledger_path": "ledger.duckdb"},
+        "pipelines": [
+            {
+                "name": "orders_per_minute",
+                "topic": "orders",
+                "event_time_field": "event_time",
+                "fields": {"amount": "decimal(12,2)", "event_time": "timestamp_ms"},
+                "aggregations": [
+                    {"name": "order_count", "function": "count"},
+                    {"name": "amount_total", "function": "sum", "field": "amount"},
+                ],
+            }
+        ],
+    }
+    return parse_spec(raw, env=os.environ, base_dir=tmp_path)
+
+
+def stage(spec: KrishivSpec, ledger: Ledger, batch_id: int) -> OutboxEntry:
+    """One batch of one window row, staged beside the table as Spark would, and recorded in the ledger."""
+    pipeline = spec.pipeline()
+    table = ensure_table(load_catalog(spec), (NAMESPACE, pipeline.table), aggregate_table_schema(pipeline))
+    start = datetime(2026, 1, 1, 0, batch_id, tzinfo=UTC)
+    rows = pa.table(
+        {
+            "window_start": pa.array([start], pa.timestamp("us", tz="UTC")),
+            "window_end": pa.array([start.replace(minute=batch_id + 1)], pa.timestamp("us", tz="UTC")),
+            "order_count": pa.array([batch_id + 1], pa.int64()),
+            "amount_total": pa.array([Decimal("10.25")], pa.decimal128(22, 2)),
+        }
+    )
+    (staged,) = write_parquet(table, rows, staging_folder(table, "q1", batch_id))
+    name = qualified(spec, pipeline.table)
+    entry = OutboxEntry(
+        "q1",
+        pipeline.name,
+        name,
+        batch_id,
+        {"orders": {"0": [batch_id, batch_id + 1]}},
+        (staged,),
+        new_snapshot_id(),
+        {},
+    )
+    assert ledger.record_batch([entry]) == [True]
+    return entry
+
+
+def relay_for(spec: KrishivSpec, ledger: Ledger) -> CommitRelay:
+    return CommitRelay(ledger, lambda: load_catalog(spec), redact(spec.catalog_uri()))
+
+
+@pytest.mark.parametrize("fate", [FORWARD_THEN_502, FORWARD_THEN_504, FORWARD_THEN_HOLD])
+def test_a_commit_the_server_applied_but_the_client_never_heard_of_is_found_not_made_twice(
+    spec: KrishivSpec, proxy: CommitProxy, fate: str
+) -> None:
+    ledger = Ledger(spec.resolve(spec.storage.ledger_path))
+    entries = [stage(spec, ledger, b) for b in range(2)]
+    table_name = entries[0].table
+    proxy.fates = [fate]
+    report = relay_for(spec, ledger).commit_table(table_name)
+
+    assert (report.recovered, report.committed) == ([0], [1]), "batch 0 found by reloading, batch 1 committed"
+    assert (proxy.commits_seen, proxy.commits_forwarded) == (2, 2), "one request per batch: none re-sent"
+    table = load_catalog(spec).load_table(table_name)
+    assert [s.snapshot_id for s in table.snapshots()] == [e.intended_snapshot_id for e in entries]
+    assert table.scan().to_arrow().num_rows == 2, "each batch's row once"
+    assert [ledger.get("q1", table_name, b).status for b in range(2)] == [COMMITTED, COMMITTED]
+    assert check_ledger_agreement(table, table_name, ledger) == []
+
+
+def test_a_commit_refused_by_a_gateway_before_the_server_saw_it_is_made_once(
+    spec: KrishivSpec, proxy: CommitProxy
+) -> None:
+    ledger = Ledger(spec.resolve(spec.storage.ledger_path))
+    entry = stage(spec, ledger, 0)
+    proxy.fates = [REFUSE_502]
+    report = relay_for(spec, ledger).commit_table(entry.table)
+
+    assert (report.recovered, report.committed) == ([], [0]), "reloaded, not there, committed again"
+    assert (proxy.commits_seen, proxy.commits_forwarded) == (2, 1)
+    table = load_catalog(spec).load_table(entry.table)
+    assert [s.snapshot_id for s in table.snapshots()] == [entry.intended_snapshot_id]
+    assert table.scan().to_arrow().num_rows == 1
+
+
+def test_an_outcome_that_stays_unknown_leaves_the_entry_pending_for_the_next_run(
+    spec: KrishivSpec, proxy: CommitProxy
+) -> None:
+    ledger = Ledger(spec.resolve(spec.storage.ledger_path))
+    entry = stage(spec, ledger, 0)
+    attempts = MAX_AMBIGUOUS_RECHECKS + 1
+    proxy.fates = [REFUSE_502] * attempts
+    with pytest.raises(CatalogUnavailable) as raised:
+        relay_for(spec, ledger).commit_table(entry.table)
+    message = str(raised.value)
+    assert message.startswith(f"Iceberg catalog at {proxy.uri}: the commit of {entry.table} batch 0 had an unknown ")
+    assert "CommitStateUnknownException" in message and "\n" not in message
+    assert os.environ[TOKEN_VARIABLE] not in message
+    assert ledger.get("q1", entry.table, 0).status == PENDING
+    assert proxy.commits_forwarded == 0
+
+    report = relay_for(spec, ledger).commit_table(entry.table)
+    assert report.committed == [0] and proxy.commits_forwarded == 1
+    assert load_catalog(spec).load_table(entry.table).scan().to_arrow().num_rows == 1
+
+
+def test_a_refused_commit_is_one_line_and_never_repeated(spec: KrishivSpec, proxy: CommitProxy) -> None:
+    ledger = Ledger(spec.resolve(spec.storage.ledger_path))
+    entry = stage(spec, ledger, 0)
+    proxy.fates = [REFUSE_403]
+    with pytest.raises(CatalogRefused, match=rf"refused the commit of {re.escape(entry.table)} batch 0 \(HTTP 403\)"):
+        relay_for(spec, ledger).commit_table(entry.table)
+    assert (proxy.commits_seen, proxy.commits_forwarded) == (1, 0)
+    assert ledger.get("q1", entry.table, 0).status == PENDING
