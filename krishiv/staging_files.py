@@ -18,6 +18,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from pyiceberg.io import FileIO
+
 from krishiv_core.errors import KrishivError
 from krishiv_core.spec import KrishivSpec, PipelineSpec
 
@@ -106,11 +108,22 @@ def _referenced_by_snapshots(table) -> set[str]:
     return paths
 
 
-def _listing(root: str) -> list[tuple[str, float, int]]:
-    """(path as the FileIO names it, modification time, size) of every file below ``root``."""
-    from pyarrow import fs
+def _listing(io: FileIO, root: str) -> list[tuple[str, float, int]]:
+    """(path as the FileIO names it, modification time, size) of every file below ``root``.
 
-    filesystem, base = fs.FileSystem.from_uri(root)
+    Listed through the table's own FileIO (its endpoint, region and keys: an ``s3://`` root is listed where the
+    files were written, never at the public AWS host the default S3 filesystem would ask).
+    """
+    from pyarrow import fs
+    from pyiceberg.io.pyarrow import PyArrowFileIO
+
+    if not isinstance(io, PyArrowFileIO):
+        raise KrishivError(
+            f"clean-staging lists {root} through pyiceberg's PyArrowFileIO, but the table's FileIO is "
+            f"{type(io).__name__}; remove py-io-impl from [iceberg.properties] to clean staged files"
+        )
+    scheme, netloc, base = io.parse_location(root, io.properties)
+    filesystem = io.fs_by_scheme(scheme, netloc)
     infos = filesystem.get_file_info(fs.FileSelector(base, recursive=True, allow_not_found=True))
     prefix = root[: len(root) - len(base)] if root.endswith(base) else ""
     return [
@@ -135,7 +148,7 @@ def clean_staging(
         table_name = qualified(spec, name)
         table = catalog.load_table(table_name)
         cleaned = Cleaned(table_name)
-        listing = _listing(staging_root(table))
+        listing = _listing(table.io, staging_root(table))
         if listing:
             referenced = ledger.staged_paths(table_name) | _referenced_by_snapshots(table)
             for path, mtime, size in listing:
