@@ -21,6 +21,7 @@ For batch N of a query (``foreachBatch``):
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -32,7 +33,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from krishiv_core.entries import PENDING, OffsetSkip, OutboxEntry, StagedFile, new_snapshot_id
-from krishiv_core.errors import BatchReplayMismatch, StagerLeaseLost
+from krishiv_core.errors import BatchReplayMismatch, KrishivError, StagerLeaseLost
 from krishiv_core.faults import fault_point
 from krishiv_core.parquet_files import write_staged_files
 from krishiv_core.spec import WINDOWED, PipelineSpec
@@ -46,6 +47,7 @@ log = logging.getLogger(__name__)
 #: (``RemoveOrphanFiles``, Spark's ``remove_orphan_files``) lists the table location and deletes what no snapshot
 #: references, which is every file of a PENDING entry. The relay registers the files where they are.
 STAGING_DIR = "_krishiv_staging"
+_BUCKET_ROOT = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:/$")  # the parent of scheme://bucket
 QUERY_REJECT_COLUMNS = tuple(c for c in REJECT_COLUMNS if c != "batch_id")  # the sink adds the batch id
 
 
@@ -104,8 +106,19 @@ class StagedBatch:
 
 
 def staging_root(table: Table) -> str:
-    """Where a table's batches are staged: ``<parent of the table location>/_krishiv_staging/<table folder>``."""
-    parent, _, name = table.location().rstrip("/").rpartition("/")
+    """Where a table's batches are staged: ``<parent of the table location>/_krishiv_staging/<table folder>``.
+
+    The location may be a path or a URI (``file://``, ``s3://bucket/…``); a table at the very root of a bucket has
+    no folder beside it (outside it) to stage in, and is refused.
+    """
+    location = table.location().rstrip("/")
+    parent, _, name = location.rpartition("/")
+    if _BUCKET_ROOT.match(parent):
+        raise KrishivError(
+            f"table {'.'.join(table.name())} is at the root of {location}: staged files go beside a table's "
+            "location, outside it, so the table needs a location in a folder (such as "
+            "s3://bucket/warehouse/namespace/table)"
+        )
     return f"{parent}/{STAGING_DIR}/{name}"
 
 

@@ -43,7 +43,9 @@ class WriteTarget:
     """Where the rows whose target column equals ``name`` go: a table's FileIO, schema, partitioning and folder."""
 
     name: str
-    io_properties: dict[str, str]
+    #: The table's FileIO properties, resolved secrets included (an S3 secret key, a vended credential): the tasks
+    #: rebuild the FileIO from them, since an executor has neither the spec nor its environment. Kept out of repr.
+    io_properties: dict[str, str] = field(repr=False)
     location: str
     schema_json: str
     spec_json: str

@@ -14,8 +14,13 @@ unreferenced staged object and nothing else.
 from __future__ import annotations
 
 import os
+import re
 from decimal import Decimal
 from pathlib import Path
+
+import pytest
+from pyiceberg.schema import Schema
+from pyiceberg.types import LongType, NestedField
 
 from chaos.kinds_oracle import expected_events, expected_upsert
 from chaos.oracle import read_topic
@@ -23,12 +28,14 @@ from chaos.workspace import ORDER_FIELDS, SPEC_TEMPLATE
 from krishiv.operations import open_ledger, run_pipelines
 from krishiv.produce import demo_orders, ensure_topic, produce
 from krishiv.staging_files import clean_staging
-from krishiv_core.catalog import load_catalog, qualified
+from krishiv_core.catalog import ensure_pipeline_tables, load_catalog, qualified
 from krishiv_core.entries import COMMITTED
+from krishiv_core.errors import KrishivError
 from krishiv_core.spec import KrishivSpec, load_spec
 from spark_jobs.checkpoint import Checkpoint
 from spark_jobs.kafka_source import latest_offsets
-from spark_jobs.staging import STAGING_DIR
+from spark_jobs.staging import STAGING_DIR, staging_root
+from spark_jobs.task_writer import WriteTarget
 from tests.services.s3 import S3Endpoint
 from tests.spark_jobs.pipeline_helpers import assert_exactly_once
 
@@ -185,3 +192,27 @@ def test_warehouse_and_staged_files_on_s3_are_exactly_once(tmp_path, broker, spa
     left = {k for k in s3.objects(f"warehouse/{spec.iceberg.namespace}/{STAGING_DIR}/") if not k.endswith("/")}
     referenced = {f.path for e in ledger.entries() for f in e.files} | {p for p in table_files if p.startswith(staging)}
     assert left == referenced
+
+
+def test_task_targets_carry_the_endpoint_and_keys_but_never_show_them(tmp_path, s3):
+    """What the Spark tasks rebuild their FileIO from: the spec's endpoint and the resolved key, out of any repr."""
+    spec = _spec(tmp_path, "127.0.0.1:9", "orders", s3)
+    raw = spec.pipelines[1]
+    table = ensure_pipeline_tables(load_catalog(spec), spec, raw)[raw.table]
+    assert table.location() == f"s3://{s3.bucket}/warehouse/{spec.iceberg.namespace}/{raw.table}"
+    target = WriteTarget.of(raw.table, table, f"{staging_root(table)}/query=q/batch=0")
+    secret = os.environ[s3.secret_env]
+    assert target.io_properties["s3.endpoint"] == s3.endpoint
+    assert target.io_properties["s3.secret-access-key"] == secret
+    assert secret not in repr(target)
+
+
+def test_a_table_at_the_root_of_a_bucket_has_nowhere_to_stage(tmp_path, s3):
+    spec = _spec(tmp_path, "127.0.0.1:9", "orders", s3)
+    s3.client().create_bucket(Bucket="krishiv-root-table")
+    catalog = load_catalog(spec)
+    catalog.create_namespace_if_not_exists("elsewhere")
+    schema = Schema(NestedField(1, "id", LongType(), required=False))
+    table = catalog.create_table(("elsewhere", "at_root"), schema, location="s3://krishiv-root-table")
+    with pytest.raises(KrishivError, match=re.escape("elsewhere.at_root is at the root of s3://krishiv-root-table:")):
+        staging_root(table)
