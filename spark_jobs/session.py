@@ -5,21 +5,24 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
-from krishiv_core.errors import EnvironmentProblem
+from krishiv_core.errors import ConfigError, EnvironmentProblem
 from krishiv_core.spec import KrishivSpec
 from spark_jobs.kafka_source import KafkaDataSource
 
 REQUIRED_JAVA = 17
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 #: The Python executors run Krishiv's tasks with. spark-submit turns this setting into ``PYSPARK_PYTHON``; a
 #: session built from Python, as Krishiv's is, reads only the variable, so :func:`prepare_environment` does it.
 EXECUTOR_PYTHON = "spark.pyspark.python"
+MASTER_CONNECT_TIMEOUT_S = 5.0
+STANDALONE = "spark://"
 
 
 def java_version() -> int | None:
@@ -69,6 +72,41 @@ def spark_conf(spec: KrishivSpec, app_name: str = "krishiv") -> dict[str, str]:
     return conf
 
 
+def standalone_masters(master: str) -> list[tuple[str, int]]:
+    """The (host, port) of each master of a ``spark://`` URL (several for a highly available cluster)."""
+    if not master.startswith(STANDALONE):
+        return []
+    found = []
+    for hostport in master.removeprefix(STANDALONE).split(","):
+        host, _, port = hostport.rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError("spark.master", f"expected spark://HOST:PORT[,HOST:PORT...], got {master!r}")
+        found.append((host.strip("[]"), int(port)))
+    return found
+
+
+def require_master(master: str, timeout_s: float = MASTER_CONNECT_TIMEOUT_S) -> None:
+    """Refuse to start Spark when no master of a ``spark://`` URL accepts a connection.
+
+    Spark itself retries for about a minute and a half, logging a stack trace each time, then fails with
+    ``Cannot call methods on a stopped SparkContext``; this says which address did not answer, at once.
+    """
+    masters = standalone_masters(master)
+    if not masters:
+        return
+    reasons = []
+    for host, port in masters:
+        try:
+            with socket.create_connection((host, port), timeout=timeout_s):
+                return
+        except OSError as e:
+            reasons.append(f"{host}:{port}: {e.strerror or type(e).__name__}")
+    raise EnvironmentProblem(
+        f"the Spark master {master} is not reachable ({'; '.join(reasons)}); start it, or set [spark] master "
+        "in the spec to a running one"
+    )
+
+
 def on_loopback(master: str) -> bool:
     """Whether every executor runs on this machine's loopback, so the driver should listen there only.
 
@@ -78,10 +116,9 @@ def on_loopback(master: str) -> bool:
     """
     if master.startswith("local"):
         return True
-    if not master.startswith("spark://"):
+    if not master.startswith(STANDALONE):
         return False
-    hosts = [hostport.rsplit(":", 1)[0] for hostport in master.removeprefix("spark://").split(",")]
-    return all(host in LOOPBACK_HOSTS for host in hosts)
+    return all(host in LOOPBACK_HOSTS for host, _ in standalone_masters(master))
 
 
 def prepare_environment(conf: Mapping[str, str] | None = None) -> None:
@@ -109,6 +146,7 @@ def prepare_session(spark: SparkSession) -> SparkSession:
 def build_session(spec: KrishivSpec, app_name: str = "krishiv") -> SparkSession:
     conf = spark_conf(spec, app_name)
     prepare_environment(conf)
+    require_master(spec.spark.master)
     builder = SparkSession.builder
     for key, value in conf.items():
         builder = builder.config(key, value)

@@ -100,7 +100,7 @@ def _wait_for_worker(cluster: SparkCluster, processes: list[tuple[str, subproces
             if any(w["state"] == "ALIVE" for w in workers):
                 return
             last = workers
-        except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+        except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError) as e:  # ValueError: not JSON yet
             last = e
         time.sleep(0.25)
     raise TimeoutError(f"no worker registered with {cluster.master_url} in {START_TIMEOUT_S:.0f}s: {last}")

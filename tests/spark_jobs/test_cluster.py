@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from krishiv_core.errors import ConfigError, EnvironmentProblem
 from krishiv_core.spec import KrishivSpec, load_spec, parse_spec
-from spark_jobs.session import on_loopback, spark_conf
-from tests.services.spark_cluster import SparkCluster
+from spark_jobs.session import on_loopback, require_master, spark_conf
+from tests.services.spark_cluster import SparkCluster, free_port
 from tests.spark_jobs.pipeline_helpers import assert_exactly_once, krishiv_cli, produce_orders
 
 KILLED = -signal.SIGKILL
@@ -116,3 +117,23 @@ def test_a_driver_address_of_the_spec_wins_over_loopback():
     conf = spark_conf(settings("spark://127.0.0.1:7077", {"spark.driver.host": "10.1.2.3"}))
     assert conf["spark.driver.host"] == "10.1.2.3"
     assert "spark.driver.bindAddress" not in conf, "bound to loopback, the driver could not be reached at its host"
+
+
+def test_a_master_that_does_not_answer_is_named_before_spark_starts(make_spec, spec_file, tmp_path):
+    make_spec()
+    nobody = f"spark://127.0.0.1:{free_port()}"
+    spec_file.write_text(spec_file.read_text().replace(LOCAL_MASTER, f'master = "{nobody}"'))
+    refused = krishiv_cli(spec_file, "run", "--once", timeout=120)
+    assert refused.returncode != 0
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1, refused.stderr[-3000:]
+    assert f"the Spark master {nobody} is not reachable" in lines[0]
+
+
+def test_a_highly_available_master_needs_one_that_answers(spark_cluster):
+    down = f"127.0.0.1:{free_port()}"
+    require_master(f"spark://{down},{spark_cluster.master_url.removeprefix('spark://')}")
+    with pytest.raises(EnvironmentProblem, match=rf"{down}: Connection refused"):
+        require_master(f"spark://{down}")
+    with pytest.raises(ConfigError, match=r"expected spark://HOST:PORT"):
+        require_master("spark://127.0.0.1")
