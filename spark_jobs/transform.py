@@ -71,6 +71,39 @@ def _field_ok(raw: Column, t: FieldType) -> Column:
     return raw.try_cast(target).isNotNull()
 
 
+def _json_token(text: Column, name: str) -> Column:
+    """What the JSON gave for field ``name``: ``a JSON string "12"``, ``a JSON number 12.5``, ``a JSON array``…"""
+    value = F.try_variant_get(F.try_parse_json(text), f"$.{name}", "variant")  # the spec's names are identifiers
+    kind = F.upper(F.schema_of_variant(value))
+    scalar = F.substring(F.to_json(value), 1, 40)
+    return (
+        F.when(kind.startswith("STRING"), F.concat(F.lit("a JSON string "), scalar))
+        .when(kind.startswith("BOOLEAN"), F.concat(F.lit("a JSON boolean "), scalar))
+        .when(kind.startswith("ARRAY"), F.lit("a JSON array"))
+        .when(kind.startswith("OBJECT"), F.lit("a JSON object"))
+        .otherwise(F.concat(F.lit("a JSON number "), scalar))
+    )
+
+
+def _mistyped(text: Column, as_map: Column, name: str, t: FieldType) -> Column:
+    """``amount (long, got a JSON string "12")`` where the record's ``name`` does not fit ``t``, else null.
+
+    A value can be wrong as text (``12.5`` for a long; a decimal with too many digits) or as a JSON token (a number
+    sent as a string, ``"12"``, which the text alone does not show); Spark's JSON reader refuses the latter, and
+    this parse of the one field tells which field it was.
+    """
+    wrong = ~_field_ok(as_map[name], t)
+    if not t.is_decimal and t.name != "string":
+        alone = StructType([StructField(name, _json_type(t)), StructField(CORRUPT, StringType())])
+        token = F.from_json(text, alone, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
+        wrong = wrong | token[CORRUPT].isNotNull()
+    if t.is_decimal:  # read as text, so every token fits: what the value says is what matters
+        return F.when(as_map[name].isNotNull() & wrong, F.lit(f"{name} ({t})"))
+    return F.when(
+        as_map[name].isNotNull() & wrong, F.concat(F.lit(f"{name} ({t}, got "), _json_token(text, name), F.lit(")"))
+    )
+
+
 def parse_events(raw: DataFrame, pipeline: PipelineSpec) -> DataFrame:
     """Kafka rows -> typed event columns plus ``reason`` (null for a valid event)."""
     json_schema = StructType(
@@ -80,15 +113,9 @@ def parse_events(raw: DataFrame, pipeline: PipelineSpec) -> DataFrame:
     j = F.from_json(text, json_schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
     df = raw.withColumn("__j", j)
 
-    # Only rejected rows reach these branches, so the extra parse costs nothing on the happy path.
+    # Only rejected rows reach these branches, so the extra parses cost nothing on the happy path.
     as_map = F.from_json(text, "map<string,string>")
-    mistyped = F.concat_ws(
-        ", ",
-        *[
-            F.when(as_map[f.name].isNotNull() & ~_field_ok(as_map[f.name], f.type), F.lit(f"{f.name} ({f.type})"))
-            for f in pipeline.fields
-        ],
-    )
+    mistyped = F.concat_ws(", ", *[_mistyped(text, as_map, f.name, f.type) for f in pipeline.fields])
     reason = F.when(F.col("value").isNull(), F.lit("null value")).when(
         F.col(f"__j.{CORRUPT}").isNotNull(),
         F.when(as_map.isNull(), F.lit("malformed JSON")).otherwise(
