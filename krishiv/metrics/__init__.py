@@ -95,11 +95,14 @@ class Metrics:
             readers.append(in_memory)
             self._server, _thread = serve(in_memory, settings.host, settings.port)
             self.address = (str(self._server.server_address[0]), int(self._server.server_port))
+        self._otlp: Any = None
         if settings.otlp:
-            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
             from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
-            readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
+            from krishiv.metrics.otlp import QuietOtlpExporter
+
+            self._otlp = QuietOtlpExporter()
+            readers.append(PeriodicExportingMetricReader(self._otlp))
         latency = View(
             instrument_name="krishiv_commit_latency_seconds",
             aggregation=ExplicitBucketHistogramAggregation(LATENCY_BUCKETS_S),
@@ -232,7 +235,8 @@ class Metrics:
             return
         self._closed = True
         self.reader.stop()
-        if self.settings.otlp:
+        if self._otlp is not None:
+            self._otlp.ending = True
             try:
                 self.reader.refresh()  # the final export shows the ledger as the command leaves it
             except Exception as exc:  # the command's own outcome matters more than its last metrics

@@ -200,3 +200,79 @@ def test_settings_come_from_the_environment() -> None:
         metrics_settings(env={METRICS_PORT_ENV: "abc"})
     with pytest.raises(ConfigError, match=r"^KRISHIV_METRICS_REFRESH_S: expected a number of seconds"):
         metrics_settings(env={METRICS_REFRESH_ENV: "soon"})
+
+
+EVENTS_PIPELINE = """
+[[pipelines]]
+name = "orders_raw"
+kind = "events"
+topic = "{topic}"
+table = "orders_raw"
+event_time_field = "event_time"
+"""
+
+
+def test_an_events_table_s_freshness_comes_from_its_newest_committed_files(
+    tmp_path, broker, topic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Freshness of a table whose rows are events: the newest event time in the staged files of its newest committed
+    batch with rows (their Parquet footers, read through the FileIO); a pending batch does not count."""
+    from datetime import UTC, datetime, timedelta
+
+    import pyarrow as pa
+    from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
+
+    from chaos.workspace import ORDER_FIELDS, SETTINGS_TEMPLATE
+    from krishiv_core.entries import OutboxEntry, new_snapshot_id
+    from krishiv_core.parquet_files import load_io, write_staged_files
+    from krishiv_core.spec import load_spec
+    from krishiv_core.tables import output_tables
+
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", METRICS_HOST_ENV):
+        monkeypatch.delenv(name, raising=False)
+    settings = SETTINGS_TEMPLATE.format(
+        bootstrap=broker.bootstrap, partitions=2, catalog_uri="sqlite:///catalog.db", warehouse="warehouse"
+    )
+    (tmp_path / "krishiv.toml").write_text(settings + EVENTS_PIPELINE.format(topic=topic) + ORDER_FIELDS)
+    spec = load_spec(tmp_path / "krishiv.toml", env={})
+    pipeline = spec.pipeline()
+    ensure_topic(broker.bootstrap, topic, 2)
+    rows_table = output_tables(pipeline)[0]
+    io = load_io({}, spec.warehouse_uri())
+    now = datetime.now(UTC).replace(microsecond=0)
+
+    def staged(batch: int, newest: datetime) -> tuple:
+        rows = pa.table(
+            {
+                "order_id": [f"o-{batch}-1", f"o-{batch}-2"],
+                "customer_id": ["c-001", "c-002"],
+                "amount": pa.array([1, 2], pa.decimal128(12, 2)),
+                "event_time": pa.array([newest - timedelta(minutes=5), newest], pa.timestamp("us", tz="UTC")),
+            }
+        )
+        folder = f"{spec.warehouse_uri()}/_krishiv_staging/orders_raw/batch={batch}"
+        return write_staged_files(io, rows_table.schema, UNPARTITIONED_PARTITION_SPEC, rows, folder)
+
+    table, rejects = qualified(spec, "orders_raw"), qualified(spec, pipeline.rejects_table)
+    ledger = open_ledger(spec)
+
+    def record(batch: int, newest: datetime) -> list[OutboxEntry]:
+        offsets = {topic: {"0": [2 * batch, 2 * batch + 2], "1": [0, 0]}}
+        entries = [
+            OutboxEntry("q1", pipeline.name, table, batch, offsets, staged(batch, newest), new_snapshot_id()),
+            OutboxEntry("q1", pipeline.name, rejects, batch, offsets, (), new_snapshot_id()),
+        ]
+        ledger.record_batch(entries)
+        return entries
+
+    for e in record(0, now - timedelta(minutes=3)):
+        ledger.mark_committed(e, e.intended_snapshot_id if e.files else None)
+    record(1, now - timedelta(seconds=10))  # pending: not in the table yet
+
+    with start_metrics(spec, ledger, port=0) as metrics:
+        _, samples = _scrape(metrics)
+        scraped = datetime.now(UTC)
+    labels = (("pipeline", pipeline.name), ("table", table))
+    assert abs(samples[("krishiv_freshness_seconds", labels)] - (scraped - now).total_seconds() - 180) < 5
+    assert samples[("krishiv_entries_pending", labels)] == 1
+    assert ("krishiv_freshness_seconds", (("pipeline", pipeline.name), ("table", rejects))) not in samples
