@@ -185,6 +185,11 @@ class Metrics:
 
     # ------------------------------------------------------------------------------------ gauges
 
+    @property
+    def otlp_failing(self) -> bool:
+        """Whether the last OTLP export failed (the collector did not answer, or refused the metrics)."""
+        return self._otlp is not None and self._otlp.failing
+
     def refresh(self) -> None:
         """Read the ledger and the broker now rather than at the next refresh (what a test or a command's end wants)."""
         self.reader.refresh()

@@ -3,6 +3,7 @@ received over OTLP/HTTP by a real receiver, checked against the ledger, the brok
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 import urllib.request
@@ -157,26 +158,59 @@ def test_a_running_pipeline_s_metrics_reach_prometheus_and_otlp(
     assert all(password.encode() not in r.SerializeToString() for r in otlp_receiver.requests)
 
 
-def test_the_endpoint_says_when_its_port_is_taken(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _small_spec() -> KrishivSpec:
+    """A spec whose broker address refuses connections at once (nothing listens on port 1)."""
     from krishiv_core.spec import parse_spec
+
+    pipeline = {
+        "name": "p",
+        "topic": "t",
+        "event_time_field": "ts",
+        "fields": {"ts": "timestamp_ms"},
+        "aggregations": [{"name": "n", "function": "count"}],
+    }
+    return parse_spec({"kafka": {"bootstrap_servers": "127.0.0.1:1"}, "pipelines": [pipeline]}, env={})
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_collector_that_does_not_answer_is_one_line_and_does_not_hold_the_exit(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from krishiv.metrics.otlp import EXPORTER_LOGGER
+    from outbox.ledger import Ledger
+
+    endpoint = f"http://127.0.0.1:{_free_port()}"  # closed again: nothing listens there
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "200")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "2")
+    caplog.set_level(logging.INFO)
+    metrics = start_metrics(_small_spec(), Ledger(tmp_path / "ledger.duckdb"))
+    deadline = time.monotonic() + 30
+    while not metrics.otlp_failing:
+        assert time.monotonic() < deadline, "no export failed in 30 s"
+        time.sleep(0.05)
+    started = time.monotonic()
+    metrics.close()
+    assert time.monotonic() - started < 2  # the final export to a collector known to be down is not waited for
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith(("krishiv.metrics", "opentelemetry"))]
+    assert [line for line in lines if "OTLP" in line] == [
+        f"metrics: the OTLP endpoint {endpoint}/v1/metrics did not take the metrics (unreachable, or it refused "
+        "them); retrying at each export interval"
+    ]
+    assert not [r for r in caplog.records if r.name == EXPORTER_LOGGER]
+
+
+def test_the_endpoint_says_when_its_port_is_taken(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     from outbox.ledger import Ledger
 
     for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", METRICS_HOST_ENV):
         monkeypatch.delenv(name, raising=False)
-    spec = parse_spec(
-        {
-            "pipelines": [
-                {
-                    "name": "p",
-                    "topic": "t",
-                    "event_time_field": "ts",
-                    "fields": {"ts": "timestamp_ms"},
-                    "aggregations": [{"name": "n", "function": "count"}],
-                }
-            ]
-        },
-        env={},
-    )
+    spec = _small_spec()
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
