@@ -61,8 +61,9 @@ SHUTDOWN_TIMEOUT_MS = 10_000
 class Metrics:
     """The process's instruments and exporters; a context manager that flushes and stops them on exit.
 
-    Hooks: :meth:`batch_reporter` (per staged batch), :meth:`record_commits` (the relay's reports). The gauges
-    need no hook: they read the ledger and the broker when collected.
+    Hooks: :meth:`batch_reporter` or :meth:`chain` (per staged batch), :meth:`record_commits` (the relay's reports).
+    The gauges need no hook: a thread reads the ledger (through ``ledger``, the object the process stages or commits
+    with) and the broker every ``refresh_s`` while something exports.
     """
 
     def __init__(
