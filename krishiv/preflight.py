@@ -8,6 +8,7 @@ with the spec's own client settings (``[kafka.properties]`` with its secrets fro
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 from typing import Any
@@ -39,6 +40,7 @@ def check_catalog(spec: KrishivSpec, timeout_s: float = CATALOG_TIMEOUT_S) -> No
     from krishiv_core.catalog import catalog_properties, redact
 
     uri = catalog_properties(spec)["uri"]
+    _import_catalog_modules(uri)  # outside the timed wait: importing pyiceberg takes seconds on a busy machine
     outcome: dict[str, Any] = {}
 
     def ask() -> None:
@@ -63,6 +65,16 @@ def check_catalog(spec: KrishivSpec, timeout_s: float = CATALOG_TIMEOUT_S) -> No
     raise CatalogUnavailable(
         f"Iceberg catalog at {redact(uri)} is unreachable: {_first_line(_masked(spec, uri, str(error)))}"
     ) from error
+
+
+def _import_catalog_modules(uri: str) -> None:
+    import importlib
+
+    importlib.import_module("pyiceberg.catalog")
+    with contextlib.suppress(ImportError):  # load_catalog names a missing driver itself
+        importlib.import_module(
+            "pyiceberg.catalog.rest" if uri.startswith(("http://", "https://")) else "pyiceberg.catalog.sql"
+        )
 
 
 def _list_namespaces(spec: KrishivSpec) -> None:

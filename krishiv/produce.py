@@ -24,6 +24,8 @@ DEFAULT_SPACING_MS = 50
 LATE_BY_MS = 10 * 60_000
 #: How long records may stay unacknowledged before ``produce`` gives up on the broker.
 FLUSH_TIMEOUT_S = 30.0
+#: How long ``produce`` waits on a broker that refuses connections (it may be restarting) before it gives up.
+REFUSED_FOR_S = 5.0
 MALFORMED_VALUES: tuple[tuple[bytes, str], ...] = (
     (b'{"order_id": "o-bad", "amount": "1.00", "event_time": ', "malformed JSON"),
     (b'{"order_id": "o-bad", "customer_id": "c-1", "event_time": 1767225600000}', "missing field: amount"),
@@ -158,15 +160,24 @@ def produce(
         if err is not None:
             failures.append(str(err))
 
-    def flush() -> int:
-        """Wait for every record's acknowledgement; give up at once if the broker refused the client."""
-        deadline = time.monotonic() + FLUSH_TIMEOUT_S
+    def flush() -> None:
+        """Wait for every record's acknowledgement; give up at once if the broker refused the client, after
+        :data:`REFUSED_FOR_S` of refused connections, or after :data:`FLUSH_TIMEOUT_S`."""
+        started = time.monotonic()
+        deadline = started + FLUSH_TIMEOUT_S
         while True:
             remaining = producer.flush(min(0.5, max(0.0, deadline - time.monotonic())))
-            if not remaining or time.monotonic() >= deadline:
-                return remaining
-            if problems.fatal():
-                raise BrokerUnavailable(problems.describe(bootstrap))
+            now = time.monotonic()
+            if not remaining and not failures:
+                return
+            refused_long = problems.refused() and now - started >= REFUSED_FOR_S
+            if failures or problems.fatal() or refused_long or now >= deadline:
+                cause = problems.cause() or "; ".join(failures[:3]) or f"no acknowledgement within {FLUSH_TIMEOUT_S:g}s"
+                raise BrokerUnavailable(
+                    problems.scrub(
+                        f"{remaining} of {len(events)} records were not acknowledged by {bootstrap}: {cause}"
+                    )
+                )
 
     last_of_partition = {}
     for e in events:
@@ -185,12 +196,7 @@ def produce(
                 raise BrokerUnavailable(problems.describe(bootstrap))
             if on_progress:
                 on_progress(n)
-    remaining = flush()
-    if remaining or failures:
-        cause = problems.cause() or "; ".join(failures[:3]) or f"no acknowledgement within {FLUSH_TIMEOUT_S:g}s"
-        raise BrokerUnavailable(
-            problems.scrub(f"{remaining} of {len(events)} records were not acknowledged by {bootstrap}: {cause}")
-        )
+    flush()
     if on_progress:
         on_progress(len(events))
 

@@ -34,12 +34,16 @@ _SPEC_DESCRIPTION = (
 
 
 class KafkaResource(dg.ConfigurableResource):
-    """The Kafka cluster the pipelines read (consumer settings beyond the address stay in the spec)."""
+    """The Kafka cluster the pipelines read. Only the address is config (the UI shows it); the client settings,
+    ``[kafka.properties]`` with their secrets, stay in the spec and are resolved from the environment when a
+    query runs, so no password reaches the UI."""
 
     bootstrap_servers: str
 
     def latest_offsets(self, topic: str, consumer: dict[str, str]) -> dict[str, int]:
-        """Each partition's high watermark; raises ``KafkaSourceError`` naming the broker if it does not answer."""
+        """Each partition's high watermark, asked with ``consumer`` (``spec.kafka.consumer_settings()``); raises
+        ``KafkaSourceError``, one line naming the broker and the cause, if it does not answer (librdkafka's own
+        log stays out of the run's logs)."""
         from spark_jobs.kafka_source import latest_offsets
 
         return latest_offsets(self.bootstrap_servers, topic, consumer)

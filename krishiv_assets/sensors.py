@@ -27,6 +27,7 @@ from dagster import SensorEvaluationContext
 
 from krishiv_assets.resources import KafkaResource, LedgerResource
 from krishiv_core.catalog import qualified
+from krishiv_core.errors import ConfigError
 from krishiv_core.spec import KrishivSpec, PipelineSpec
 from outbox.errors import LedgerBusyError, LedgerCorrupt
 
@@ -149,7 +150,7 @@ def kafka_sensor(
             return dg.SkipReason(str(exc))
         try:
             latest = kafka.latest_offsets(pipeline.topic, spec.kafka.consumer_settings())
-        except KafkaSourceError as exc:
+        except (KafkaSourceError, ConfigError) as exc:  # ConfigError: a ${VARIABLE} of [kafka.properties] is unset
             return dg.SkipReason(f"broker {kafka.bootstrap_servers}: {exc}")
         behind = {p: end - staged.get(p, 0) for p, end in latest.items() if end > staged.get(p, 0)}
         if not behind:

@@ -205,4 +205,25 @@ def list_topics(
         problems.serve(client)
         now = time.monotonic()
         if problems.fatal() or (problems.refused() and now - started >= REFUSED_GRACE_S) or now >= deadline:
+            if problems.cause() is None and _accepts_connections(bootstrap):
+                raise BrokerUnavailable(
+                    problems.scrub(
+                        f"Kafka broker at {bootstrap} is unreachable: the port accepts connections but no Kafka "
+                        f"answer came within {timeout_s:g}s (a TLS listener says nothing to a plaintext client: "
+                        "check security.protocol in [kafka.properties])"
+                    )
+                )
             raise BrokerUnavailable(problems.describe(bootstrap, last, timeout_s))
+
+
+def _accepts_connections(bootstrap: str) -> bool:
+    """Whether the first address of ``bootstrap`` takes a TCP connection (so something listens there)."""
+    import socket
+
+    first = bootstrap.split(",")[0].strip().rsplit("/", 1)[-1]
+    host, _, port = first.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+            return True
+    except (OSError, ValueError):
+        return False
