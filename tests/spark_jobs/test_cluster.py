@@ -53,11 +53,11 @@ def on_cluster(spec_file: Path, cluster: SparkCluster, app_name: str, python: Pa
 def test_pipeline_on_a_standalone_cluster_runs_its_tasks_on_the_worker_exactly_once(
     make_spec, spec_file, broker, spark_cluster, tmp_path
 ):
-    make_spec(max_records=1_000)
+    make_spec(max_records=1_500)  # two batches: the driver dies after the second's ledger write
     app_name = f"krishiv-cluster-{uuid.uuid4().hex[:8]}"
     python, started_in = executor_python(tmp_path)
     spec = on_cluster(spec_file, spark_cluster, app_name, python)
-    produce_orders(spec, 2_500, late=6, malformed=4)
+    produce_orders(spec, 3_000, late=6, malformed=4)
 
     crashed = krishiv_cli(spec_file, "run", "--once", faults="stage.after_ledger@1")
     assert crashed.returncode == KILLED, (crashed.stdout[-2000:], crashed.stderr[-4000:])
