@@ -143,6 +143,23 @@ def masked(text: str, properties: Mapping[str, Any], uri: str) -> str:
     return text
 
 
+#: The operating system's reason inside an HTTP client's wrapping (``... [Errno 111] Connection refused'))``).
+_OS_REASON = re.compile(r"\[Errno -?\d+\] ([^'\")]+)")
+
+
+def failure_reason(exc: BaseException) -> str:
+    """What went wrong, in a few words when an HTTP client wrapped it: ``Connection refused`` rather than urllib3's
+    ``HTTPConnectionPool(host=…): Max retries exceeded with url: … (Caused by NewConnectionError(…))``."""
+    import requests
+
+    if isinstance(exc, requests.Timeout):
+        return f"no answer within the timeout ({type(exc).__name__})"
+    reason = _OS_REASON.search(str(exc))
+    if isinstance(exc, requests.ConnectionError) and reason:
+        return reason.group(1).strip()
+    return str(exc)
+
+
 def rest_timeout_s(properties: Mapping[str, str]) -> float:
     """``connection.timeout`` of the catalog's properties, in seconds (:data:`DEFAULT_REST_TIMEOUT_S` if unset)."""
     raw = properties.get(REST_TIMEOUT_PROPERTY)
@@ -198,7 +215,7 @@ def load_catalog(spec: KrishivSpec) -> Catalog:
     try:
         catalog = pyiceberg_load_catalog(spec.iceberg.catalog_name, **properties)
     except Exception as exc:  # connection errors differ by driver: name the address whatever they are
-        message = masked(str(exc), properties, uri)
+        message = masked(failure_reason(exc), properties, uri)
         raise CatalogUnavailable(f"Iceberg catalog at {redact(uri)} is unreachable: {message}") from exc
     if timeout_s is not None:
         _bound_http_calls(catalog, timeout_s)
@@ -210,6 +227,11 @@ def http_status(exc: BaseException) -> int | None:
     response = getattr(exc.__cause__, "response", None)
     status = getattr(response, "status_code", None)
     return status if isinstance(status, int) else None
+
+
+def refusal_hint(status: int | None) -> str:
+    """What to check after a refusal with ``status``, as a ``; …`` suffix (empty when there is nothing to say)."""
+    return "; check the token or credential in [iceberg.properties]" if status in (401, 403) else ""
 
 
 def catalog_address(catalog: Catalog) -> str:
@@ -233,16 +255,16 @@ def catalog_call(catalog: Catalog, doing: str) -> Iterator[None]:
         status = http_status(exc)
         reason = masked(str(exc), catalog.properties, str(catalog.properties.get("uri", "")))
         if status in REFUSED_STATUSES:
-            hint = "; check the token or credential in [iceberg.properties]" if status in (401, 403) else ""
             raise CatalogRefused(
-                f"Iceberg catalog at {catalog_address(catalog)} refused to {doing} (HTTP {status}): {reason}{hint}"
+                f"Iceberg catalog at {catalog_address(catalog)} refused to {doing} (HTTP {status}): {reason}"
+                f"{refusal_hint(status)}"
             ) from exc
         raise CatalogUnavailable(
             f"Iceberg catalog at {catalog_address(catalog)} failed to {doing}"
             f"{f' (HTTP {status})' if status else ''}: {reason}"
         ) from exc
     except requests.RequestException as exc:
-        reason = masked(type(exc).__name__, catalog.properties, "")
+        reason = masked(failure_reason(exc), catalog.properties, str(catalog.properties.get("uri", "")))
         raise CatalogUnavailable(
             f"Iceberg catalog at {catalog_address(catalog)} did not answer while trying to {doing} ({reason})"
         ) from exc

@@ -43,11 +43,18 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, RESTError
+from pyiceberg.exceptions import CommitFailedException, NoSuchNamespaceError, NoSuchTableError, RESTError
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
-from krishiv_core.catalog import REFUSED_STATUSES, CatalogRefused, http_status
+from krishiv_core.catalog import (
+    REFUSED_STATUSES,
+    CatalogRefused,
+    failure_reason,
+    http_status,
+    masked,
+    refusal_hint,
+)
 from krishiv_core.entries import MERGE, OffsetSkip, OutboxEntry
 from krishiv_core.errors import CatalogUnavailable, KrishivError
 from krishiv_core.faults import fault_point
@@ -239,17 +246,41 @@ class CommitRelay:
         while True:
             try:
                 return self.catalog.load_table(table_name)
-            except NoSuchTableError:
-                raise
-            except Exception as exc:
-                if time.monotonic() >= deadline:
-                    raise CatalogUnavailable(
-                        f"Iceberg catalog at {self.catalog_address} did not answer for "
-                        f"{CATALOG_RELOAD_BUDGET_S:.0f}s while loading {table_name}: {exc}; "
-                        "pending entries stay pending"
+            except (NoSuchTableError, NoSuchNamespaceError) as exc:
+                raise CatalogRefused(
+                    f"table {table_name} is not in the Iceberg catalog at {self.catalog_address} "
+                    f"({self._shown(exc)}); its pending entries stay pending: check [iceberg] namespace and the "
+                    "catalog's prefix or warehouse, or run krishiv run to create it"
+                ) from exc
+            except KrishivError as exc:
+                if not isinstance(exc, CatalogUnavailable) or time.monotonic() >= deadline:
+                    raise  # a refusal, a missing ${VARIABLE}; or the catalog did not come back
+            except RESTError as exc:
+                status = http_status(exc)
+                if status in REFUSED_STATUSES:
+                    raise CatalogRefused(
+                        f"Iceberg catalog at {self.catalog_address} refused to load table {table_name} "
+                        f"(HTTP {status}): {self._shown(exc)}{refusal_hint(status)}; pending entries stay pending"
                     ) from exc
-                time.sleep(_backoff(attempt))
-                attempt += 1
+                self._give_up_after(deadline, table_name, exc)
+            except Exception as exc:
+                self._give_up_after(deadline, table_name, exc)
+            time.sleep(_backoff(attempt))
+            attempt += 1
+
+    def _give_up_after(self, deadline: float, table_name: str, exc: Exception) -> None:
+        if time.monotonic() >= deadline:
+            raise CatalogUnavailable(
+                f"Iceberg catalog at {self.catalog_address} did not answer for {CATALOG_RELOAD_BUDGET_S:.0f}s "
+                f"while loading {table_name}: {self._shown(exc)}; pending entries stay pending"
+            ) from exc
+
+    def _shown(self, exc: BaseException) -> str:
+        """``exc`` in a few words, with the catalog's secrets masked when the catalog was built."""
+        text = failure_reason(exc)
+        if isinstance(self._catalog, Catalog):
+            text = masked(text, self._catalog.properties, str(self._catalog.properties.get("uri", "")))
+        return text
 
     def _commit_entry(self, table: Table, entry: OutboxEntry, report: TableCommitReport) -> Table:
         conflicts = ambiguous = 0
@@ -287,15 +318,15 @@ class CommitRelay:
                 if isinstance(exc, RESTError) and http_status(exc) in REFUSED_STATUSES:
                     raise CatalogRefused(
                         f"Iceberg catalog at {self.catalog_address} refused the commit of {entry.table} batch "
-                        f"{entry.batch_id} (HTTP {http_status(exc)}): {exc}; the entry stays pending"
+                        f"{entry.batch_id} (HTTP {http_status(exc)}): {self._shown(exc)}; the entry stays pending"
                     ) from exc
                 ambiguous += 1
                 if ambiguous > MAX_AMBIGUOUS_RECHECKS:
                     raise CatalogUnavailable(
                         f"Iceberg catalog at {self.catalog_address}: the commit of {entry.table} batch "
                         f"{entry.batch_id} had an unknown outcome {ambiguous} times, each reload showing it not "
-                        f"committed (last: {type(exc).__name__}: {exc}); the entry stays pending and the next "
-                        "krishiv commit checks the table for it first"
+                        f"committed (last: {type(exc).__name__}: {self._shown(exc)}); the entry stays pending and "
+                        "the next krishiv commit checks the table for it first"
                     ) from exc
                 log.warning(
                     "commit of %s batch %s has an unknown outcome (%s: %s); reloading to check",
