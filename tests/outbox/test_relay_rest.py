@@ -15,6 +15,7 @@ import os
 import re
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -261,3 +262,21 @@ def test_a_refused_commit_is_one_line_and_never_repeated(spec: KrishivSpec, prox
         relay_for(spec, ledger).commit_table(entry.table)
     assert (proxy.commits_seen, proxy.commits_forwarded) == (1, 0)
     assert ledger.get("q1", entry.table, 0).status == PENDING
+
+
+def test_a_reload_the_catalog_refuses_stops_at_once_naming_what_to_check(
+    spec: KrishivSpec, proxy: CommitProxy, monkeypatch
+) -> None:
+    ledger = Ledger(spec.resolve(spec.storage.ledger_path))
+    entry = stage(spec, ledger, 0)
+    wrong = os.environ[TOKEN_VARIABLE][:-6] + "WRONG1"
+    monkeypatch.setenv(TOKEN_VARIABLE, wrong)
+    with pytest.raises(CatalogRefused, match=r"\(HTTP 401\): .*check the token or credential") as refused:
+        relay_for(spec, ledger).commit_table(entry.table)
+    assert wrong not in str(refused.value)
+    monkeypatch.undo()
+
+    other = replace(spec, iceberg=replace(spec.iceberg, properties={**spec.iceberg.properties, "prefix": "nowhere"}))
+    with pytest.raises(CatalogRefused, match=rf"table {re.escape(entry.table)} is not in the Iceberg catalog"):
+        relay_for(other, ledger).commit_table(entry.table)
+    assert proxy.commits_seen == 0 and ledger.get("q1", entry.table, 0).status == PENDING
