@@ -19,6 +19,7 @@ from chaos.workspace import SPEC_TEMPLATE
 from krishiv.operations import open_ledger, run_pipelines
 from krishiv.preflight import check_broker
 from krishiv.produce import demo_orders, ensure_topic, produce
+from krishiv_assets.resources import KafkaResource
 from krishiv_core.catalog import qualified
 from krishiv_core.errors import BrokerUnavailable, ConfigError
 from krishiv_core.spec import KrishivSpec, load_spec
@@ -39,7 +40,7 @@ def secured_spec(tmp_path: Path, bootstrap: str, topic: str, properties: str) ->
         "catalog_uri": "sqlite:///catalog.db",
         "warehouse": "warehouse",
         "topic": topic,
-        "max_records": 250,
+        "max_records": 2_000,  # one batch: the batches themselves are the other tests' subject
     }
     path = tmp_path / "krishiv.toml"
     path.write_text(SPEC_TEMPLATE.format(**values) + properties)
@@ -64,6 +65,10 @@ def test_produce_and_the_spark_source_read_through_sasl_ssl_exactly_once(
     assert sum(latest.values()) >= RECORDS
     staged = open_ledger(spec).end_offsets(qualified(spec, pipeline.table), topic)
     assert staged == latest, "every offset was read through the secured listener, and staged once"
+    # The Dagster sensor asks through its resource with the same settings; the resource holds the address only.
+    resource = KafkaResource(bootstrap_servers=spec.kafka.bootstrap_servers)
+    assert resource.latest_offsets(topic, spec.kafka.consumer_settings()) == latest
+    assert os.environ[PASSWORD_ENV] not in repr(resource)
 
     # The oracle reads the topic on its own, through the same listener (it knows no security settings itself).
     plain_consumer = chaos.oracle.Consumer
