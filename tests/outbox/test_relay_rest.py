@@ -61,6 +61,7 @@ class CommitProxy(ThreadingHTTPServer):
         self.fates: list[str] = []
         self.commits_seen = 0  # commit requests pyiceberg sent
         self.commits_forwarded = 0  # commit requests the server received
+        self.commit_headers: list[dict[str, str]] = []
         self.release = threading.Event()  # lets held answers go when the test ends
         self.lock = threading.Lock()
 
@@ -68,11 +69,12 @@ class CommitProxy(ThreadingHTTPServer):
     def uri(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}"
 
-    def fate(self, method: str, path: str) -> str | None:
+    def fate(self, method: str, path: str, headers: dict[str, str]) -> str | None:
         if method != "POST" or not COMMIT_PATH.match(path):
             return None
         with self.lock:
             self.commits_seen += 1
+            self.commit_headers.append(headers)
             return self.fates.pop(0) if self.fates else "pass"
 
 
@@ -84,7 +86,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _relay(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        fate = self.server.fate(self.command, self.path)
+        fate = self.server.fate(self.command, self.path, dict(self.headers.items()))
         if fate == REFUSE_502:
             return self._answer(502, b"Bad Gateway", "text/plain")
         if fate == REFUSE_403:
@@ -127,7 +129,7 @@ class _Handler(BaseHTTPRequestHandler):
 @pytest.fixture
 def proxy(rest_catalog) -> Iterator[CommitProxy]:
     server = CommitProxy(rest_catalog.uri)
-    thread = threading.Thread(target=server.serve_forever, name="commit-proxy", daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), name="commit-proxy", daemon=True)
     thread.start()
     yield server
     server.release.set()
@@ -147,6 +149,7 @@ def spec(tmp_path: Path, rest_catalog, proxy: CommitProxy) -> KrishivSpec:
                 "token": f"${{{TOKEN_VARIABLE}}}",
                 "prefix": prefix,
                 "connection.timeout": str(CLIENT_TIMEOUT_S),
+                "header.X-Krishiv-Test": "relay",  # pyiceberg sends every header.* property with each request
             },
         },
         "storage": {"ledger_path": "ledger.duckdb"},
@@ -211,6 +214,7 @@ def test_a_commit_the_server_applied_but_the_client_never_heard_of_is_found_not_
 
     assert (report.recovered, report.committed) == ([0], [1]), "batch 0 found by reloading, batch 1 committed"
     assert (proxy.commits_seen, proxy.commits_forwarded) == (2, 2), "one request per batch: none re-sent"
+    assert [h.get("X-Krishiv-Test") for h in proxy.commit_headers] == ["relay", "relay"]
     table = load_catalog(spec).load_table(table_name)
     assert [s.snapshot_id for s in table.snapshots()] == [e.intended_snapshot_id for e in entries]
     assert table.scan().to_arrow().num_rows == 2, "each batch's row once"
