@@ -7,9 +7,11 @@ still fetchable. Readers bound by the high watermark see them in a later batch, 
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +24,23 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+class PortTaken(EnvironmentProblem):
+    """The broker's port is already in use by another process (another broker, say)."""
+
+
+def ensure_port_free(host: str, port: int) -> None:
+    """Raise :class:`PortTaken` if something listens on ``host:port`` (Tansu itself would panic, in Rust)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Tokio binds: a port in TIME_WAIT is free
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise PortTaken(
+                f"port {port} on {host} is already in use ({exc.strerror}): another broker, or another program; "
+                "stop it, or choose another port with --port"
+            ) from None
 
 
 def broker_binary() -> str:
@@ -99,6 +118,8 @@ class LocalBroker:
 
 def start_broker(port: int | None = None, host: str = "127.0.0.1", log_path: Path | None = None) -> LocalBroker:
     """Start Tansu in the background on ``host:port`` (a free port if none) and wait until it answers."""
+    if port:
+        ensure_port_free(host, port)
     port = port or free_port(host)
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - handed to the child
     process = subprocess.Popen(
@@ -111,3 +132,37 @@ def start_broker(port: int | None = None, host: str = "127.0.0.1", log_path: Pat
         broker.stop()
         raise
     return broker
+
+
+def serve(host: str, port: int, say: Callable[[str], None]) -> int:
+    """Run Tansu on ``host:port`` in the foreground until it exits, or until SIGINT or SIGTERM, which stop it and
+    free the port (a signal to this process alone would otherwise leave Tansu running, holding the port)."""
+    ensure_port_free(host, port)
+    process = subprocess.Popen(broker_command(host, port), stdin=subprocess.DEVNULL)
+    stopped_by: list[str] = []
+
+    def stop(signum: int, _frame: object) -> None:
+        stopped_by.append("Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name)
+        if process.poll() is None:
+            process.terminate()
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        try:
+            wait_until_ready(f"{host}:{port}", process=process)
+        except BrokerUnavailable:
+            if not stopped_by:
+                raise
+        else:
+            say(f"Tansu broker listening on {host}:{port} (pid {process.pid}); Ctrl-C stops it")
+        code = process.wait()
+    finally:
+        LocalBroker(process, host, port).stop()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if stopped_by:
+        say(f"Tansu broker on {host}:{port} stopped ({stopped_by[0]}); the port is free")
+        return 0
+    if code:
+        raise BrokerUnavailable(f"the Tansu broker on {host}:{port} exited with code {code}")
+    return 0

@@ -1,22 +1,33 @@
-"""The ``krishiv`` command: broker, produce, run, commit, status, lineage, verify, demo and the operator's tools
-(ledger-compact, skip-offsets, restage, clean-staging)."""
+"""krishiv: exactly-once Kafka -> Spark -> Iceberg through a DuckDB outbox ledger.
+broker, produce, run, commit, status, lineage, verify, demo, and the operator's
+tools (ledger-compact, skip-offsets, restage, clean-staging)."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
+import textwrap
 import time
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.markup import escape
-from rich.table import Table as RichTable
 
-from krishiv.operations import commit_pipelines, open_ledger, run_pipelines, verify_pipelines
-from krishiv_core.errors import KrishivError
-from krishiv_core.spec import KrishivSpec, PipelineSpec, load_spec
+from krishiv.inputs import read_spec
+from krishiv.operations import (
+    LEDGER_LOCK_TIMEOUT_ENV,
+    STAGER_LEASE_TTL_ENV,
+    RunInterrupted,
+    commit_pipelines,
+    open_existing_ledger,
+    run_pipelines,
+    verify_pipelines,
+)
+from krishiv_core.errors import BrokerUnavailable, KrishivError
+from krishiv_core.spec import ENV_OVERRIDES, SPEC_FILE_ENV, KrishivSpec, PipelineSpec
 
 console = Console(highlight=False, soft_wrap=True)  # a line per message, whatever the width
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -34,37 +45,44 @@ _ROWS_NAMED = {"windowed": "windows written", "events": "rows staged", "upsert":
 
 def _print_batch(pipeline: str):
     def show(b) -> None:
+        again = "" if b.recorded else " (already in the ledger)"
         console.print(
-            f"[bold]{pipeline}[/] batch {b.batch_id}: {b.records_read} records read, {b.rows} {_ROWS_NAMED[b.kind]}, "
-            f"{b.rejects} rejects, {b.late_events} late, {'staged' if b.recorded else 'already in the ledger'}"
+            f"[bold]{escape(pipeline)}[/] batch {b.batch_id}: {b.records_read} read, {b.rows} {_ROWS_NAMED[b.kind]}, "
+            f"{b.rejects} rejected, {b.late_events} late{again}"
         )
 
     return show
+
+
+def _say(line: str) -> None:
+    console.print(escape(line))
+
+
+#: How wide ``--wide`` lets a table be: whole ids are never folded to fit the terminal.
+WIDE_COLUMNS = 1_000
+
+
+def _show(table: RenderableType, wide: bool) -> None:
+    """A table: fitted to the terminal (80 columns, or ``$COLUMNS``), or as wide as it is with ``--wide``."""
+    (Console(highlight=False, width=WIDE_COLUMNS) if wide else console).print(table)
 
 
 # ------------------------------------------------------------------------------------------ commands
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
-    import subprocess
+    from krishiv.broker import serve
 
-    from krishiv.broker import broker_command, wait_until_ready
-
-    process = subprocess.Popen(broker_command(args.host, args.port))
-    try:
-        wait_until_ready(f"{args.host}:{args.port}", process=process)
-        console.print(f"Tansu broker listening on {args.host}:{args.port} (pid {process.pid}); Ctrl-C stops it")
-        return process.wait()
-    except KeyboardInterrupt:
-        process.terminate()
-        return process.wait()
+    return serve(args.host, args.port, _say)
 
 
 def cmd_produce(args: argparse.Namespace, spec: KrishivSpec) -> int:
     from rich.progress import Progress
 
+    from krishiv.preflight import check_broker
     from krishiv.produce import demo_orders, ensure_topic, produce
 
+    check_broker(spec)  # one line naming the address, not librdkafka's retries
     pipeline = spec.pipeline(args.pipeline)
     partitions = ensure_topic(spec.kafka.bootstrap_servers, pipeline.topic, spec.kafka.partitions)
     extra = {}
@@ -90,82 +108,86 @@ def cmd_produce(args: argparse.Namespace, spec: KrishivSpec) -> int:
 
 
 def cmd_run(args: argparse.Namespace, spec: KrishivSpec) -> int:
-    running = run_pipelines(spec, _pipelines(spec, args.pipeline), once=args.once, reporter=_print_batch)
+    try:
+        running = run_pipelines(
+            spec,
+            _pipelines(spec, args.pipeline),
+            once=args.once,
+            reporter=_print_batch,
+            progress=_say,
+            stop_on_signals=True,
+        )
+    except RunInterrupted as exc:
+        err_console.print(f"krishiv run: {escape(str(exc))}")
+        return 130 if exc.signal_name == "Ctrl-C" else 143
     for r in running:
         staged = [b for b in r.stager.history if b.recorded]
         console.print(
-            f"{r.query.name}: {len(r.stager.history)} batches, {len(staged)} staged, "
+            f"{escape(r.query.name)}: {len(r.stager.history)} batches, {len(staged)} staged, "
             f"{sum(b.records_read for b in r.stager.history)} records read"
         )
     return 0
 
 
 def cmd_commit(args: argparse.Namespace, spec: KrishivSpec) -> int:
-    reports = commit_pipelines(spec, _pipelines(spec, args.pipeline))
-    out = RichTable(title="commit relay")
-    for col in ("table", "committed", "already there", "empty", "rows", "p50 ms"):
-        out.add_column(col)
-    for r in reports:
-        lat = sorted(r.commit_latencies_ms)
-        out.add_row(
-            r.table,
-            str(len(r.committed)),
-            str(len(r.recovered)),
-            str(len(r.empty)),
-            str(r.records),
-            f"{lat[len(lat) // 2]:.1f}" if lat else "-",
-        )
-    console.print(out)
+    from krishiv.views import commit_table
+
+    reports = commit_pipelines(spec, _pipelines(spec, args.pipeline), ledger=open_existing_ledger(spec))
+    _show(commit_table(spec, reports, wide=args.wide), args.wide)
     return 0
 
 
 def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
+    from krishiv.preflight import check_broker
     from krishiv.status import pipeline_status
+    from krishiv.views import lag_table, short_id, table_name, when
     from krishiv_core.catalog import qualified
     from krishiv_core.entries import MERGE
     from krishiv_core.tables import output_tables
     from spark_jobs.errors import KafkaSourceError
     from spark_jobs.kafka_source import latest_offsets
 
-    ledger = open_ledger(spec)
+    ledger = open_existing_ledger(spec)
+    try:
+        check_broker(spec)  # quietly, in seconds: the ledger's side is shown either way, the lag only if it answers
+        broker_down = None
+    except BrokerUnavailable as exc:
+        broker_down = str(exc)
     for p in _pipelines(spec, args.pipeline):
-        latest, broker_error = None, None
-        try:
-            latest = latest_offsets(spec.kafka.bootstrap_servers, p.topic, spec.kafka.consumer_settings())
-        except KafkaSourceError as exc:
-            broker_error = str(exc)
+        latest, broker_error = None, broker_down
+        if broker_down is None:
+            try:
+                latest = latest_offsets(spec.kafka.bootstrap_servers, p.topic, spec.kafka.consumer_settings())
+            except KafkaSourceError as exc:
+                broker_error = str(exc)
         merged = {qualified(spec, o.name) for o in output_tables(p) if o.operation.kind == MERGE}
         names = [qualified(spec, t) for t in p.all_tables]  # the first table's entries carry the batch counts
         s = pipeline_status(ledger, p.name, names[0], p.topic, latest, broker_error, other_tables=names[1:])
-        console.print(f"[bold]{p.name}[/] ({p.kind}) reads {p.topic} into {len(names)} tables")
+        console.print(f"[bold]{escape(p.name)}[/] ({p.kind}) reads {escape(p.topic)} into {len(names)} tables")
         console.print(f"  events: {s.records_read} read, {s.rejects} rejected, {s.late_events} dropped as late")
         for t in s.tables:
             console.print(
-                f"  {t.table}: {t.pending} pending, {t.committed} committed, "
+                f"  {escape(table_name(spec, t.table, args.wide))}: {t.pending} pending, {t.committed} committed, "
                 f"{t.rows_staged} rows {'merged' if t.table in merged else 'appended'}"
             )
             if t.last_commit_at is None:
                 console.print("    no commit yet")
             else:
-                snapshot = f" (snapshot {t.last_snapshot_id})" if t.last_snapshot_id is not None else ""
-                console.print(f"    last commit {t.last_commit_at.isoformat(timespec='seconds')}{snapshot}")
-        if broker_error:
-            console.print(f"  [red]broker: {broker_error}[/]")
-        lag = RichTable("partition", "latest", "staged", "committed", "lag")
-        for part in s.partitions:
-            lag.add_row(
-                part.partition,
-                str(part.latest if part.latest is not None else "?"),
-                str(part.staged),
-                str(part.committed),
-                str(part.lag if part.lag is not None else "?"),
-            )
-        console.print(lag)
+                snapshot = (
+                    f" (snapshot {short_id(t.last_snapshot_id, args.wide)})" if t.last_snapshot_id is not None else ""
+                )
+                console.print(f"    last commit {when(t.last_commit_at, args.wide)} UTC{snapshot}")
+        if broker_error and broker_error != broker_down:
+            err_console.print(f"  [red]broker: {escape(broker_error)}[/]")
+        _show(lag_table(s), args.wide)
+    if broker_down:
+        _fail("status", f"{broker_down}; lag unknown")
+        return 1
     return 0
 
 
 def cmd_ledger_compact(args: argparse.Namespace, spec: KrishivSpec) -> int:
-    ledger = open_ledger(spec)
+    ledger = open_existing_ledger(spec)
     report = ledger.compact(args.retention)
     console.print(
         f"ledger {ledger.path}: {report.entries_archived} committed entries older than "
@@ -217,37 +239,30 @@ def cmd_clean_staging(args: argparse.Namespace, spec: KrishivSpec) -> int:
 
 
 def cmd_lineage(args: argparse.Namespace, spec: KrishivSpec) -> int:
+    from krishiv.inputs import load_table
     from krishiv.lineage import lineage
-    from krishiv_core.catalog import load_catalog, qualified
+    from krishiv.views import lineage_table, table_name
+    from krishiv_core.catalog import load_catalog, qualified, redact
 
+    open_existing_ledger(spec)  # a ledger path with a typo is named, as in status, verify and commit
     catalog = load_catalog(spec)
+    address = redact(spec.catalog_uri())
     for p in _pipelines(spec, args.pipeline):
         for name in p.all_tables:  # the row tables (each route of a fan-out), then the rejects table
-            table = catalog.load_table(qualified(spec, name))
-            out = RichTable(title=f"lineage of {qualified(spec, name)} (newest last)")
-            for col in ("snapshot", "parent", "committed at", "batch", "rows added", "offsets"):
-                out.add_column(col)
-            for row in lineage(table):
-                out.add_row(
-                    str(row.snapshot_id),
-                    str(row.parent_id),
-                    row.committed_at.isoformat(timespec="seconds"),
-                    str(row.batch_id),
-                    str(row.added_records),
-                    str(row.offsets or ""),
-                )
-            console.print(out)
+            table = load_table(catalog, qualified(spec, name), address)
+            title = f"lineage of {table_name(spec, qualified(spec, name), args.wide)} (newest last)"
+            _show(lineage_table(escape(title), lineage(table), wide=args.wide), args.wide)
     return 0
 
 
 def cmd_verify(args: argparse.Namespace, spec: KrishivSpec) -> int:
-    results = verify_pipelines(spec, _pipelines(spec, args.pipeline))
+    results = verify_pipelines(spec, _pipelines(spec, args.pipeline), ledger=open_existing_ledger(spec))
     for r in results:
         mark = "[green]ok[/]" if r.ok else "[red]VIOLATIONS[/]"
-        console.print(f"{r.table}: {mark} ({r.rows} rows, {r.snapshots} snapshots)")
+        console.print(f"{escape(r.table)}: {mark} ({r.rows} rows, {r.snapshots} snapshots)")
         console.print(f"  unique by {', '.join(r.key)}" if r.key else "  no per-row key")
         for v in r.violations:
-            console.print(f"  - {v}")
+            console.print(f"  - {escape(v)}")
     return 0 if all(r.ok for r in results) else 1
 
 
@@ -294,73 +309,158 @@ def _format_duration(seconds: float) -> str:
 # ------------------------------------------------------------------------------------------ parser
 
 
+def _version() -> str:
+    try:
+        return version("krishiv")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def _environment() -> str:
+    """The epilog of ``krishiv --help``: every environment variable Krishiv reads, within 80 columns."""
+    variables = [
+        (SPEC_FILE_ENV, "the spec file when --spec is not given"),
+        *((var, f"overrides {field}") for var, field in ENV_OVERRIDES.items()),
+        (LEDGER_LOCK_TIMEOUT_ENV, "seconds to wait for a ledger another process holds (default 30)"),
+        (STAGER_LEASE_TTL_ENV, "seconds a stager's lease lasts unless renewed (default 30)"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "export metrics over OTLP/HTTP there (with the other OTEL_* variables)"),
+        ("KRISHIV_METRICS_PORT", "serve Prometheus metrics on this port (0: any free port)"),
+        ("KRISHIV_METRICS_HOST", "the address the metrics endpoint binds (default 127.0.0.1)"),
+        ("KRISHIV_METRICS_REFRESH_S", "seconds a metrics reading is reused (default 5)"),
+        ("PYICEBERG_CATALOG__KRISHIV__*", "pyiceberg's own catalog properties (the spec's [iceberg.properties] win)"),
+        ("${NAME}", "any variable the spec's properties refer to: secrets, read when a client is built"),
+        ("JAVA_HOME", "the Java 17+ Spark runs on (default: java on PATH)"),
+        ("KRISHIV_FAULTS, KRISHIV_FAULTS_LOG", "fault injection, for the tests only"),
+    ]
+    lines = ["environment variables:"]
+    for name, text in variables:
+        wrapped = textwrap.wrap(text, 78 - 32)
+        if len(name) > 29:
+            lines.append(f"  {name}")
+            lines += [" " * 32 + w for w in wrapped]
+        else:
+            lines.append(f"  {name:<30}{wrapped[0]}")
+            lines += [" " * 32 + w for w in wrapped[1:]]
+    lines += ["", f"krishiv {_version()}; README.md has the spec reference and a first session."]
+    return "\n".join(lines)
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the epilog's layout and adds ``(default: X)`` to an option whose help does not name its default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        shown = action.default not in (None, False, argparse.SUPPRESS) and action.option_strings
+        if shown and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
+_SPEC_HELP = f"pipeline spec file (default: ${SPEC_FILE_ENV}, else ./krishiv.toml)"
+
+
+def _command(
+    sub: argparse._SubParsersAction,
+    name: str,
+    text: str,
+    *,
+    pipeline: str | None = "the pipeline (default: every pipeline)",
+    spec: bool = True,
+) -> argparse.ArgumentParser:
+    """A subcommand taking ``--spec`` (here too, so it may follow the command) and, unless None, ``--pipeline``."""
+    c = sub.add_parser(name, help=text, description=textwrap.fill(text, 79), formatter_class=_HelpFormatter)
+    if spec:
+        c.add_argument("--spec", default=argparse.SUPPRESS, help=_SPEC_HELP)
+    if pipeline:
+        c.add_argument("--pipeline", help=pipeline)
+    return c
+
+
+def _wide(c: argparse.ArgumentParser) -> None:
+    c.add_argument("--wide", action="store_true", help="whole ids, namespaces and offsets (wider than 80 columns)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="krishiv", description=__doc__)
-    parser.add_argument("--spec", help="pipeline spec file (default: $KRISHIV_SPEC or ./krishiv.toml)")
+    parser = argparse.ArgumentParser(
+        prog="krishiv", description=__doc__, epilog=_environment(), formatter_class=_HelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=f"krishiv {_version()}")
+    parser.add_argument("--spec", help=_SPEC_HELP)
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the relay and stager do")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    b = sub.add_parser("broker", help="run the local Tansu broker in the foreground")
-    b.add_argument("--port", type=int, default=9092)
-    b.add_argument("--host", default="127.0.0.1")
+    b = _command(
+        sub, "broker", "run a local Tansu Kafka broker in the foreground until Ctrl-C", pipeline=None, spec=False
+    )
+    b.add_argument("--port", type=int, default=9092, help="the port it listens on")
+    b.add_argument("--host", default="127.0.0.1", help="the address it listens on")
 
-    p = sub.add_parser("produce", help="produce seeded demo orders")
-    p.add_argument("--records", type=int, default=10_000)
+    one = "the pipeline whose topic to write (default: the spec's first)"
+    p = _command(sub, "produce", "produce seeded demo orders to a pipeline's topic", pipeline=one)
+    p.add_argument("--records", type=int, default=10_000, help="how many orders")
     p.add_argument("--rate", type=float, help="events per second (default: as fast as possible)")
-    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--seed", type=int, default=7, help="the random seed: the same seed gives the same orders")
     p.add_argument("--late", type=int, default=0, help="how many events arrive ten minutes late")
     p.add_argument("--malformed", type=int, default=0, help="how many events are malformed")
-    p.add_argument("--pipeline")
 
-    r = sub.add_parser("run", help="run the Spark streaming job (phase 1: stage batches)")
-    r.add_argument("--once", action="store_true", help="process what is in the topic now, then stop")
-    r.add_argument("--pipeline")
+    r = _command(sub, "run", "run the Spark streaming job (phase 1: stage batches); Ctrl-C stops it between batches")
+    r.add_argument("--once", action="store_true", help="process what is in the topic now, then stop (default: run on)")
 
-    for name, text in (
-        ("commit", "commit pending batches to Iceberg (phase 2)"),
-        ("status", "outbox and lag"),
-        ("lineage", "snapshot lineage of the tables"),
-        ("verify", "check exactly-once invariants"),
-    ):
-        c = sub.add_parser(name, help=text)
-        c.add_argument("--pipeline")
+    c = _command(sub, "commit", "commit pending batches to Iceberg (phase 2)")
+    _wide(c)
+    c = _command(sub, "status", "outbox, events and lag per pipeline; exit 1 if the broker does not answer")
+    _wide(c)
+    c = _command(sub, "lineage", "snapshot lineage of the tables, newest last")
+    _wide(c)
+    _command(sub, "verify", "check the exactly-once invariants; exit 1 on any violation")
 
-    lc = sub.add_parser(
-        "ledger-compact", help="fold committed ledger entries older than the retention into per-query totals"
+    lc = _command(
+        sub,
+        "ledger-compact",
+        "fold committed ledger entries older than the retention into per-query totals",
+        pipeline=None,
     )
     lc.add_argument(
         "--retention", type=_duration, default=_duration("7d"), help="keep entries committed within this (default 7d)"
     )
 
-    so = sub.add_parser(
+    so = _command(
+        sub,
         "skip-offsets",
-        help="move a stopped query past offsets it cannot read exactly (topic re-created, retention); recorded",
+        "move a stopped query past offsets it cannot read exactly (topic re-created, retention); recorded",
+        pipeline="the pipeline (default: the spec's first)",
     )
-    so.add_argument("--pipeline", help="the pipeline (default: the spec's first)")
-    so.add_argument("--partition", type=int, required=True, help="the partition the query is stuck on")
-    so.add_argument("--to", type=int, required=True, help="the offset to read on from (within the partition's log)")
-    so.add_argument("--reason", required=True, help="why; kept in the ledger and the next snapshot's summary")
+    so.add_argument("--partition", type=int, required=True, help="the partition the query is stuck on (required)")
+    so.add_argument(
+        "--to", type=int, required=True, help="the offset to read on from, within the partition's log (required)"
+    )
+    so.add_argument(
+        "--reason", required=True, help="why; kept in the ledger and the next snapshot's summary (required)"
+    )
 
-    rs = sub.add_parser("restage", help="stage again the pending batches whose staged files are gone")
-    rs.add_argument("--pipeline", help="the pipeline (default: the spec's first)")
+    _command(
+        sub,
+        "restage",
+        "stage again the pending batches whose staged files are gone",
+        pipeline="the pipeline (default: the spec's first)",
+    )
 
-    cs = sub.add_parser("clean-staging", help="remove staged files no ledger entry or snapshot refers to")
-    cs.add_argument("--pipeline", help="the pipeline (default: all)")
+    cs = _command(sub, "clean-staging", "remove staged files no ledger entry or snapshot refers to")
     cs.add_argument(
         "--grace", type=_duration, default=_duration("1h"), help="keep files younger than this (default 1h)"
     )
     cs.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
 
-    d = sub.add_parser("demo", help="broker + produce + run + commit + show, on embedded defaults")
-    d.add_argument("--records", type=int, default=20_000)
-    d.add_argument("--late", type=int, default=25)
-    d.add_argument("--malformed", type=int, default=30)
-    d.add_argument("--seed", type=int, default=7)
+    d = _command(sub, "demo", "broker + produce + run + commit + show, on embedded defaults", pipeline=None)
+    d.add_argument("--records", type=int, default=20_000, help="how many orders")
+    d.add_argument("--late", type=int, default=25, help="how many events arrive ten minutes late")
+    d.add_argument("--malformed", type=int, default=30, help="how many events are malformed")
+    d.add_argument("--seed", type=int, default=7, help="the random seed")
     d.add_argument(
         "--state",
         default="state/demo",
         help="folder for the demo's catalog, warehouse and ledger; emptied first, so it must be new, empty or "
-        "one an earlier demo made (it holds .krishiv-demo-state)",
+        "one an earlier demo made (it holds .krishiv-demo-state) (default: state/demo)",
     )
     return parser
 
@@ -389,10 +489,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "broker":
             return cmd_broker(args)
-        return COMMANDS[args.command](args, load_spec(args.spec))
+        return COMMANDS[args.command](args, read_spec(args.spec))
     except KrishivError as exc:
-        err_console.print(f"[red]krishiv {args.command}: {escape(str(exc))}[/]")  # [brackets] in it are text
+        _fail(args.command, str(exc))  # [brackets] in it are text
         return 2
+    except OSError as exc:  # a path the user gave that the machine refused: named, without a traceback
+        where = f" {exc.filename}" if exc.filename else ""
+        _fail(args.command, f"{exc.strerror or exc}:{where}")
+        return 2
+    except KeyboardInterrupt:
+        _fail(args.command, "interrupted (Ctrl-C)")
+        return 130
+
+
+def _fail(command: str, message: str) -> None:
+    err_console.print(f"[red]krishiv {command}: {escape(message)}[/]")
 
 
 if __name__ == "__main__":

@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 import re
 import signal
+import threading
 import time
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING
 
 from krishiv_core.errors import ConfigError, KrishivError
@@ -23,6 +24,7 @@ from outbox.ledger import DEFAULT_LOCK_TIMEOUT_S, Ledger
 if TYPE_CHECKING:  # Spark and pyiceberg load only when an operation runs, keeping `krishiv status` quick
     from pyiceberg.catalog import Catalog
     from pyspark.sql import SparkSession
+    from pyspark.sql.streaming import StreamingQuery
 
     from krishiv.verify import Verification
     from outbox.relay import TableCommitReport
@@ -31,6 +33,20 @@ if TYPE_CHECKING:  # Spark and pyiceberg load only when an operation runs, keepi
 
 #: Builds the per-batch progress callback of a pipeline, by pipeline name.
 BatchReporter = Callable[[str], Callable[["StagedBatch"], None]]
+
+#: Takes one line of progress (Spark starting, a query started, a stop requested) for the person watching.
+Progress = Callable[[str], None]
+
+
+class RunInterrupted(KrishivError):
+    """A signal stopped a one-shot run between batches: what was staged is kept, the rest waits for the next run."""
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(
+            f"stopped by {signal_name} between batches; what was staged is kept and the next `krishiv run` "
+            "goes on from there"
+        )
+        self.signal_name = signal_name
 
 
 #: How long a command waits for a ledger another process holds (seconds; default 30).
@@ -64,6 +80,14 @@ def open_ledger(spec: KrishivSpec) -> Ledger:
     return Ledger(spec.resolve(spec.storage.ledger_path), ledger_lock_timeout_s())
 
 
+def open_existing_ledger(spec: KrishivSpec) -> Ledger:
+    """The spec's ledger for a command that reads it (status, verify, lineage, commit): a missing file is an
+    error naming the path (:class:`krishiv.inputs.LedgerMissing`), never an empty pipeline."""
+    from krishiv.inputs import require_ledger
+
+    return Ledger(require_ledger(spec), ledger_lock_timeout_s())
+
+
 def _catalog_address(catalog: Catalog) -> str:
     """How a catalog may be named in a message: its URI, redacted."""
     from krishiv_core.catalog import redact
@@ -95,28 +119,46 @@ def run_pipelines(
     ledger: Ledger | None = None,
     holder: str = "krishiv run",
     reporter: BatchReporter | None = None,
+    progress: Progress | None = None,
+    stop_on_signals: bool = False,
 ) -> list[RunningPipeline]:
     """Run the pipelines' streaming queries, each under its stager lease.
 
     With ``once`` (``AvailableNow``), return when the data present at start is staged; otherwise run until
     SIGTERM or Ctrl-C. Raises :class:`StagerBusy` if another live process runs one of the pipelines.
     ``spark``, ``catalog`` and ``ledger`` default to the spec's (the session built once the leases are held).
+    ``progress`` is told when Spark starts and each query starts. With ``stop_on_signals`` (the CLI), SIGINT and
+    SIGTERM stop a one-shot run between batches too (:class:`RunInterrupted`); a second one ends the process at
+    once. Signals are only handled in the main thread, and a continuous run always stops on them.
     """
-    from pyspark.errors import StreamingQueryException
+    from krishiv.inputs import require_writable_ledger
+    from krishiv.preflight import check_broker, check_catalog
+
+    say = progress or (lambda _line: None)
+    if ledger is None:
+        ledger = Ledger(require_writable_ledger(spec), ledger_lock_timeout_s())
+    # A broker or catalog that does not answer is one line now, not a failed query after Spark's start-up.
+    if spark is None:
+        check_broker(spec)
+    if catalog is None:
+        check_catalog(spec)
+
+    from pyspark.errors import StreamingQueryException  # seconds of imports: after the checks
 
     from krishiv_core.catalog import ensure_pipeline_tables, load_catalog
     from outbox.lease import LEASE_TTL_S, stager_lease
     from spark_jobs.job import start_pipeline, stop_between_batches
     from spark_jobs.session import build_session
 
-    ledger = open_ledger(spec) if ledger is None else ledger
     with ExitStack() as stack:
         ttl_s = _seconds_from_env(STAGER_LEASE_TTL_ENV, LEASE_TTL_S)
         leases = {p.name: stack.enter_context(stager_lease(ledger, p.name, holder, ttl_s)) for p in pipelines}
         catalog = load_catalog(spec) if catalog is None else catalog
         for p in pipelines:  # a table the spec cannot evolve is refused before Spark's JVM starts
             ensure_pipeline_tables(catalog, spec, p, pending=lambda t: len(ledger.pending_batches([t])))
-        spark = build_session(spec) if spark is None else spark
+        if spark is None:
+            say(f"starting Spark (master {spec.spark.master})")
+            spark = build_session(spec)
         running: list[RunningPipeline] = []
         try:
             for p in pipelines:
@@ -132,27 +174,29 @@ def run_pipelines(
                         lease=leases[p.name],
                     )
                 )
+                say(f"query {p.name} started; waiting for its first batch")
                 if len(pipelines) > 1:
                     _wait_for_source(running[-1])
-            if once:
-                for r in running:
-                    try:
-                        r.query.awaitTermination()
-                    except StreamingQueryException as exc:
-                        raise KrishivError(f"query {r.query.name} failed: {_root_cause(exc)}") from exc
-            else:
-
-                def stop(*_: object) -> None:
+            with _stop_requests(stop_on_signals or not once, say) as requested:
+                if once:
                     for r in running:
-                        stop_between_batches(r.query)
-
-                signal.signal(signal.SIGTERM, stop)
-                try:
-                    spark.streams.awaitAnyTermination()
-                except KeyboardInterrupt:
-                    stop()
-                except StreamingQueryException:
-                    stop()
+                        try:
+                            while not requested.is_set() and not r.query.awaitTermination(_POLL_S):
+                                pass
+                        except StreamingQueryException as exc:
+                            raise KrishivError(f"query {r.query.name} failed: {_root_cause(exc)}") from exc
+                else:
+                    try:
+                        while not requested.is_set() and not spark.streams.awaitAnyTermination(_POLL_S):
+                            pass
+                    except StreamingQueryException:
+                        pass  # named below, from the query that failed
+                for r in running:
+                    if requested.is_set():
+                        _stop_after_the_batch_in_flight(r.query)
+                    stop_between_batches(r.query)
+                if once and requested.is_set():
+                    raise RunInterrupted(requested.signal_name)
         except BaseException:
             for r in running:  # no query stages on once its stager lease is released below
                 stop_between_batches(r.query)
@@ -161,6 +205,60 @@ def run_pipelines(
             if r.query.exception() is not None:
                 raise KrishivError(f"query {r.query.name} failed: {_root_cause(r.query.exception())}")
     return running
+
+
+def _stop_after_the_batch_in_flight(query: StreamingQuery, timeout_s: float = 120.0) -> None:
+    """Stop ``query`` as soon as no batch is running or the one running has finished (its progress is reported
+    after Spark's commit log is written). ``AvailableNow`` starts the next batch at once, so waiting for an idle
+    trigger alone would let it run to the end of the topic."""
+    deadline = time.monotonic() + timeout_s
+    running = _progress_batch(query)
+    while query.isActive and time.monotonic() < deadline:
+        if not query.status["isTriggerActive"] or _progress_batch(query) != running:
+            break
+        time.sleep(0.02)
+    query.stop()
+
+
+def _progress_batch(query: StreamingQuery) -> int | None:
+    progress = query.lastProgress
+    return None if progress is None else int(progress["batchId"])
+
+
+#: How often the waiting driver looks for a stop request (seconds): the signal handler only sets a flag, since a
+#: py4j call made inside it would interleave with the main thread's call in flight on the same connection.
+_POLL_S = 0.5
+
+
+class _StopRequest(threading.Event):
+    signal_name = ""
+
+
+@contextmanager
+def _stop_requests(handle: bool, say: Progress) -> Iterator[_StopRequest]:
+    """A flag set by the first SIGINT or SIGTERM while inside (when ``handle`` and in the main thread); the second
+    one ends the process at once (the batch in flight is replayed by the next run). The previous handlers, such
+    as PySpark's, which cancels every job and raises ``KeyboardInterrupt`` into a py4j call, come back after."""
+    requested = _StopRequest()
+    if not handle or threading.current_thread() is not threading.main_thread():
+        yield requested
+        return
+
+    def on_signal(signum: int, _frame: object) -> None:
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        if requested.is_set():
+            say(f"{name} again: stopping at once; the batch in flight is replayed by the next run")
+            os._exit(128 + signum)
+        requested.signal_name = name
+        requested.set()
+        say(f"{name}: stopping after the batch in flight (Ctrl-C again stops at once)")
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield requested
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 #: How long a query's source may take to start before the next query starts anyway.
@@ -214,16 +312,18 @@ def verify_pipelines(
     fan-out's routes among them, then its rejects table), each checked by its row key and commit operation; an
     events pipeline with Kafka coordinates also has each offset in one table at most (``catalog``, ``ledger``:
     the spec's unless given)."""
+    from krishiv.inputs import load_table
     from krishiv.verify import checks_offsets, offset_violations, repeated_offsets, verify_output
     from krishiv_core.catalog import load_catalog, qualified
     from krishiv_core.tables import output_tables
 
-    catalog = load_catalog(spec) if catalog is None else catalog
     ledger = open_ledger(spec) if ledger is None else ledger
+    catalog = load_catalog(spec) if catalog is None else catalog
+    address = _catalog_address(catalog)
     results = []
     for p in pipelines:
         outputs = output_tables(p)
-        tables = {qualified(spec, o.name): catalog.load_table(qualified(spec, o.name)) for o in outputs}
+        tables = {qualified(spec, o.name): load_table(catalog, qualified(spec, o.name), address) for o in outputs}
         verified = [
             verify_output(tables[qualified(spec, o.name)], qualified(spec, o.name), ledger, p, o) for o in outputs
         ]

@@ -74,34 +74,49 @@ event_time = "timestamp_ms"
 """
 
 
-def test_status_lineage_and_verify_show_every_route_of_a_fan_out(tmp_path, broker, spark, topic, capsys):
+def test_status_lineage_and_verify_show_every_route_of_a_fan_out(tmp_path, broker, spark, topic, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")  # every table fits an 80-column terminal; --wide shows it all
     spec_file = tmp_path / "krishiv.toml"
     spec_file.write_text(FAN_OUT_SPEC.format(bootstrap=broker.bootstrap, topic=topic))
     spec = load_spec(spec_file, env={})
     produce_orders(spec, 1_000, malformed=7)
     run_pipelines(spec, list(spec.pipelines), once=True)
-    tables = [qualified(spec, t) for t in ("orders_c001", "orders_c002", "orders_other", "orders_routed_rejects")]
+    names = ("orders_c001", "orders_c002", "orders_other", "orders_routed_rejects")  # in the spec's namespace
+    tables = [qualified(spec, t) for t in names]
 
     assert main(["--spec", str(spec_file), "status"]) == 0
     out = capsys.readouterr().out
     assert f"orders_routed (events) reads {topic} into 4 tables" in out
     assert "events: 1000 read, 7 rejected, 0 dropped as late" in out  # the counts of the first route's entries
-    for table in tables:
-        assert f"  {table}: 3 pending, 0 committed, 0 rows appended\n    no commit yet\n" in out
+    for name in names:
+        assert f"  {name}: 3 pending, 0 committed, 0 rows appended\n    no commit yet\n" in out
     assert max(len(line) for line in out.splitlines()) <= 80
 
     assert main(["--spec", str(spec_file), "commit"]) == 0
-    capsys.readouterr()
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    for name in names:  # whole, not cut to "krishiv.orders_rout…"
+        assert f"\n{name} " in out
     assert main(["--spec", str(spec_file), "status"]) == 0
     out = capsys.readouterr().out
-    for table in tables:
-        assert f"  {table}: 0 pending, 3 committed, " in out
-    assert f"  {tables[3]}: 0 pending, 3 committed, 7 rows appended\n    last commit " in out
+    for name in names:
+        assert f"  {name}: 0 pending, 3 committed, " in out
+    assert f"  {names[3]}: 0 pending, 3 committed, 7 rows appended\n    last commit " in out
     assert max(len(line) for line in out.splitlines()) <= 80
+    assert main(["--spec", str(spec_file), "status", "--wide"]) == 0
+    newest = load_catalog(spec).load_table(tables[3]).current_snapshot().snapshot_id
+    assert f"  {tables[3]}: 0 pending, 3 committed, " in capsys.readouterr().out.replace(f"{newest}", "")
 
     assert main(["--spec", str(spec_file), "lineage"]) == 0
     out = capsys.readouterr().out
+    assert all(f"lineage of {name} (newest last)" in out for name in names)
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert f"{str(newest)[:7]}…" in out and str(newest) not in out
+    assert out.count(" offsets, 2 parts") >= 4  # a batch's Kafka ranges, summed up
+    assert main(["--spec", str(spec_file), "lineage", "--wide"]) == 0
+    out = capsys.readouterr().out
     assert all(f"lineage of {table} (newest last)" in out for table in tables)
+    assert str(newest) in out
 
     assert main(["--spec", str(spec_file), "verify"]) == 0
     out = capsys.readouterr().out
