@@ -11,6 +11,7 @@ the proxy counts what reached the server.
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import re
 import threading
@@ -47,6 +48,7 @@ FORWARD_THEN_504 = "forward, then 504"
 FORWARD_THEN_HOLD = "forward, then hold past the client's timeout"
 REFUSE_502 = "502 without forwarding"
 REFUSE_403 = "403 without forwarding"
+ECHO_500 = "500 quoting the request's Authorization header, without forwarding"
 
 
 class CommitProxy(ThreadingHTTPServer):
@@ -63,6 +65,9 @@ class CommitProxy(ThreadingHTTPServer):
         self.commits_forwarded = 0  # commit requests the server received
         self.commit_headers: list[dict[str, str]] = []
         self.release = threading.Event()  # lets held answers go when the test ends
+        #: Requests whose path matches are answered with :data:`ECHO_500`'s error, as a careless server might.
+        self.echo_paths: re.Pattern[str] | None = None
+        self.echo_status = 500
         self.lock = threading.Lock()
 
     @property
@@ -87,6 +92,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _relay(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         fate = self.server.fate(self.command, self.path, dict(self.headers.items()))
+        echo = self.server.echo_paths
+        if fate == ECHO_500 or (fate is None and echo is not None and echo.search(self.path)):
+            status = 500 if fate == ECHO_500 else self.server.echo_status
+            quoted = f"credentials {self.headers.get('Authorization')!r} look wrong"
+            return self._answer(status, json.dumps({"error": {"message": quoted, "type": "Error", "code": status}}))
         if fate == REFUSE_502:
             return self._answer(502, b"Bad Gateway", "text/plain")
         if fate == REFUSE_403:
@@ -116,7 +126,8 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             connection.close()
 
-    def _answer(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+    def _answer(self, status: int, body: bytes | str, content_type: str = "application/json") -> None:
+        body = body.encode() if isinstance(body, str) else body
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -243,13 +254,13 @@ def test_an_outcome_that_stays_unknown_leaves_the_entry_pending_for_the_next_run
     ledger = Ledger(spec.resolve(spec.storage.ledger_path))
     entry = stage(spec, ledger, 0)
     attempts = MAX_AMBIGUOUS_RECHECKS + 1
-    proxy.fates = [REFUSE_502] * attempts
+    proxy.fates = [REFUSE_502] * (attempts - 1) + [ECHO_500]  # the last answer quotes the token
     with pytest.raises(CatalogUnavailable) as raised:
         relay_for(spec, ledger).commit_table(entry.table)
     message = str(raised.value)
     assert message.startswith(f"Iceberg catalog at {proxy.uri}: the commit of {entry.table} batch 0 had an unknown ")
     assert "CommitStateUnknownException" in message and "\n" not in message
-    assert os.environ[TOKEN_VARIABLE] not in message
+    assert os.environ[TOKEN_VARIABLE] not in message and "credentials 'Bearer ***' look wrong" in message
     assert ledger.get("q1", entry.table, 0).status == PENDING
     assert proxy.commits_forwarded == 0
 
@@ -284,3 +295,22 @@ def test_a_reload_the_catalog_refuses_stops_at_once_naming_what_to_check(
     with pytest.raises(CatalogRefused, match=rf"table {re.escape(entry.table)} is not in the Iceberg catalog"):
         relay_for(other, ledger).commit_table(entry.table)
     assert proxy.commits_seen == 0 and ledger.get("q1", entry.table, 0).status == PENDING
+
+
+def test_a_server_that_quotes_the_token_back_never_gets_it_shown(spec: KrishivSpec, proxy: CommitProxy) -> None:
+    proxy.echo_paths = re.compile(r"^/v1/config")
+    with pytest.raises(CatalogUnavailable) as raised:
+        load_catalog(spec)
+    assert os.environ[TOKEN_VARIABLE] not in str(raised.value) and "'Bearer ***'" in str(raised.value)
+
+    ledger = Ledger(spec.resolve(spec.storage.ledger_path))
+    proxy.echo_paths = None
+    entry = stage(spec, ledger, 0)
+    proxy.echo_paths = re.compile(r"/tables/")
+    with pytest.raises(CatalogUnavailable) as down:  # ensure_table's load of the table
+        stage(spec, ledger, 1)
+    assert os.environ[TOKEN_VARIABLE] not in str(down.value) and "'Bearer ***'" in str(down.value)
+    proxy.echo_status = 401
+    with pytest.raises(CatalogRefused) as refused:  # the relay's load
+        relay_for(spec, ledger).commit_table(entry.table)
+    assert os.environ[TOKEN_VARIABLE] not in str(refused.value) and "'Bearer ***'" in str(refused.value)
