@@ -308,7 +308,9 @@ class CommitRelay:
                         f"{entry.table} batch {entry.batch_id}: {MAX_CONFLICT_RETRIES} commits lost to concurrent "
                         f"writers; the entry stays pending: {exc}"
                     ) from exc
-                log.info("commit of %s batch %s conflicted (%s); re-checking", entry.table, entry.batch_id, exc)
+                log.info(
+                    "commit of %s batch %s conflicted (%s); re-checking", entry.table, entry.batch_id, self._shown(exc)
+                )
                 time.sleep(_backoff(conflicts))
                 table = self._load(entry.table)
                 continue
@@ -333,7 +335,7 @@ class CommitRelay:
                     entry.table,
                     entry.batch_id,
                     type(exc).__name__,
-                    exc,
+                    self._shown(exc),
                 )
                 time.sleep(_backoff(ambiguous))
                 table = self._load(entry.table)

@@ -249,18 +249,20 @@ def test_a_commit_refused_by_a_gateway_before_the_server_saw_it_is_made_once(
 
 
 def test_an_outcome_that_stays_unknown_leaves_the_entry_pending_for_the_next_run(
-    spec: KrishivSpec, proxy: CommitProxy
+    spec: KrishivSpec, proxy: CommitProxy, caplog: pytest.LogCaptureFixture
 ) -> None:
     ledger = Ledger(spec.resolve(spec.storage.ledger_path))
     entry = stage(spec, ledger, 0)
     attempts = MAX_AMBIGUOUS_RECHECKS + 1
-    proxy.fates = [REFUSE_502] * (attempts - 1) + [ECHO_500]  # the last answer quotes the token
-    with pytest.raises(CatalogUnavailable) as raised:
+    proxy.fates = [ECHO_500] * attempts  # each answer quotes the token
+    with caplog.at_level("INFO"), pytest.raises(CatalogUnavailable) as raised:
         relay_for(spec, ledger).commit_table(entry.table)
     message = str(raised.value)
     assert message.startswith(f"Iceberg catalog at {proxy.uri}: the commit of {entry.table} batch 0 had an unknown ")
     assert "CommitStateUnknownException" in message and "\n" not in message
     assert os.environ[TOKEN_VARIABLE] not in message and "credentials 'Bearer ***' look wrong" in message
+    assert caplog.text.count("unknown outcome") == MAX_AMBIGUOUS_RECHECKS, "each re-check is logged"
+    assert os.environ[TOKEN_VARIABLE] not in caplog.text and "Bearer ***" in caplog.text
     assert ledger.get("q1", entry.table, 0).status == PENDING
     assert proxy.commits_forwarded == 0
 
