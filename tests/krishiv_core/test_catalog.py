@@ -4,6 +4,8 @@ REST catalog (``lakana-server``) reached with a token and prefix from ``[iceberg
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -174,3 +176,28 @@ def test_a_rest_timeout_must_be_positive_seconds(tmp_path: Path, timeout: str) -
     spec = _rest_spec(tmp_path, "http://127.0.0.1:9", {"connection.timeout": timeout})
     with pytest.raises(ConfigError, match=r"iceberg\.properties\.connection\.timeout: expected seconds > 0"):
         load_catalog(spec)
+
+
+def test_pyicebergs_own_configuration_may_supply_the_rest_token(tmp_path: Path, rest_catalog) -> None:
+    """``PYICEBERG_CATALOG__KRISHIV__TOKEN`` (read by pyiceberg when it is imported, hence a process of its own)
+    reaches the catalog named ``krishiv`` under the spec's properties: a spec without the token works."""
+    prefix, _ = rest_catalog.new_environment()
+    spec_file = tmp_path / "krishiv.toml"
+    spec_file.write_text(
+        f'[iceberg]\ncatalog_uri = "{rest_catalog.uri}"\nnamespace = "bronze"\n'
+        f'[iceberg.properties]\nprefix = "{prefix}"\n'
+        '[[pipelines]]\nname = "p"\ntopic = "t"\nevent_time_field = "t"\n[pipelines.fields]\nt = "timestamp_ms"\n'
+        '[[pipelines.aggregations]]\nname = "n"\nfunction = "count"\n'
+    )
+    program = (
+        "import sys; from krishiv_core.catalog import ensure_pipeline_tables, load_catalog; "
+        "from krishiv_core.spec import load_spec; spec = load_spec(sys.argv[1]); "
+        "print(sorted(ensure_pipeline_tables(load_catalog(spec), spec, spec.pipeline())))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_VARIABLE}
+    env["PYICEBERG_CATALOG__KRISHIV__TOKEN"] = os.environ[TOKEN_VARIABLE]
+    done = subprocess.run(
+        [sys.executable, "-c", program, str(spec_file)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['p', 'p_rejects']"
