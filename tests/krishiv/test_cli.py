@@ -123,6 +123,18 @@ def test_status_lineage_and_verify_show_every_route_of_a_fan_out(tmp_path, broke
     assert all(f"{table}: ok (" in out for table in tables)
     assert out.count("  unique by _kafka_partition, _kafka_offset") == 3 and "  no per-row key" in out
 
+    # What the README shows for reading a table: pyiceberg's CLI and Python API, with the catalog named krishiv.
+    from click.testing import CliRunner
+    from pyiceberg.catalog import load_catalog as pyiceberg_catalog
+    from pyiceberg.cli.console import run as pyiceberg_cli
+
+    uri = f"sqlite:///{tmp_path / 'catalog.db'}"
+    listed = CliRunner().invoke(pyiceberg_cli, ["--catalog", "krishiv", "--uri", uri, "list", "krishiv"])
+    assert listed.exit_code == 0 and set(listed.output.split()) == set(tables)
+    other = pyiceberg_catalog("krishiv", uri=uri).load_table("krishiv.orders_other")
+    rows = other.scan().to_duckdb("orders_other").sql("SELECT count(*) FROM orders_other").fetchall()[0][0]
+    assert rows == other.scan().to_arrow().num_rows > 0
+
     # An event of the default table copied into a route by a second writer: both tables name its offset.
     event = load_catalog(spec).load_table(tables[2]).scan().to_arrow().slice(0, 1)
     load_catalog(spec).load_table(tables[0]).append(event.cast(pa.schema(list(event.schema))))

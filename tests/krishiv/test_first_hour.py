@@ -282,3 +282,56 @@ def test_ctrl_c_stops_krishiv_run_between_batches_with_one_line(make_spec, spec_
     assert "Traceback" not in out + err and "KeyboardInterrupt" not in out + err
     assert all(len(line) <= 80 for line in out.splitlines())
     assert Ledger(spec.resolve(spec.storage.ledger_path)).pending_batches()  # what was staged is kept
+
+
+def test_sigterm_while_a_run_waits_sets_the_stop_flag_and_the_handlers_come_back() -> None:
+    """SIGTERM inside ``run``'s wait sets the stop flag and says so (no py4j call in the handler); the handlers
+    that were there before come back after."""
+    from krishiv.operations import _stop_requests
+
+    said: list[str] = []
+    before = signal.getsignal(signal.SIGTERM)
+    with _stop_requests(True, said.append) as requested:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert requested.wait(10)
+    assert requested.signal_name == "SIGTERM"
+    assert said == ["SIGTERM: stopping after the batch in flight (Ctrl-C again stops at once)"]
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+# ------------------------------------------------------------------------------------------ rejects
+
+
+def test_a_number_sent_as_a_json_string_names_the_field_and_what_it_got(spark) -> None:
+    from krishiv_core.spec import parse_spec
+    from spark_jobs.transform import parse_events
+
+    spec = parse_spec(
+        {
+            "pipelines": [
+                {
+                    "name": "p",
+                    "topic": "t",
+                    "kind": "events",
+                    "fields": {"id": "string", "amount": "long", "price": "double", "at": "timestamp_ms"},
+                }
+            ]
+        }
+    )
+    values = {
+        '{"id": "a", "amount": "12"}': 'mistyped field: amount (long, got a JSON string "12")',
+        '{"id": "a", "amount": 12.5}': "mistyped field: amount (long, got a JSON number 12.5)",
+        '{"id": "a", "amount": 1, "price": "1.5"}': 'mistyped field: price (double, got a JSON string "1.5")',
+        '{"id": "a", "at": "1767225600000"}': ('mistyped field: at (timestamp_ms, got a JSON string "1767225600000")'),
+        '{"id": "a", "amount": "1", "price": [1]}': (
+            'mistyped field: amount (long, got a JSON string "1"), price (double, got a JSON array)'
+        ),
+        '{"id": "a", "amount": 12': "malformed JSON",
+        '{"id": "a", "amount": 12, "price": 1.5, "at": 1767225600000}': None,
+    }
+    raw = spark.createDataFrame(
+        [("t", 0, i, None, None, bytearray(v.encode())) for i, v in enumerate(values)],
+        "topic string, partition int, offset long, timestamp timestamp, key binary, value binary",
+    )
+    got = {r["offset"]: r["reason"] for r in parse_events(raw, spec.pipelines[0]).collect()}
+    assert [got[i] for i in range(len(values))] == list(values.values())
