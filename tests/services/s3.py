@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -22,8 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from krishiv.broker import free_port
 
 MOTO_SERVER = Path(sys.executable).with_name("moto_server")
 SECRET_ENV = "KRISHIV_TEST_S3_SECRET_ACCESS_KEY"
@@ -77,6 +76,12 @@ class S3Endpoint:
         return found
 
 
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _answers(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
@@ -124,7 +129,7 @@ def _create_user(endpoint: str) -> tuple[str, str]:
 @pytest.fixture(scope="session")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Endpoint]:
     log = tmp_path_factory.mktemp("s3") / "moto.log"
-    port = free_port()
+    port = _free_port()
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "KRISHIV_"))},
         "INITIAL_NO_AUTH_ACTION_COUNT": str(_UNSIGNED_SETUP_REQUESTS),
