@@ -644,6 +644,20 @@ def _apply_env(raw: dict[str, Any], env: Mapping[str, str]) -> None:
         raw[section][key] = value
 
 
+#: ``scheme://…``: a URI, where the storage settings take a path (``spec.resolve`` would make ``s3://b/x`` a
+#: local folder named ``s3:``).
+_URI_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_CHECKPOINT_NEEDS = (
+    "Spark's checkpoint needs a filesystem with atomic rename, which an object store lacks, and no object-store "
+    "connector (hadoop-aws) is installed; keep the warehouse on the object store and the checkpoint on a local "
+    "disk or a mount every driver shares (NFS, EFS)"
+)
+_LEDGER_NEEDS = (
+    "the DuckDB ledger is one file, opened read-write by one process at a time under a file lock; keep it on a "
+    "local disk or a POSIX mount the stager, the relay and Dagster share"
+)
+
+
 def parse_spec(
     raw: Mapping[str, Any], env: Mapping[str, str] | None = None, base_dir: Path | None = None
 ) -> KrishivSpec:
@@ -711,6 +725,17 @@ def parse_spec(
             "a path",
         ),
     )
+
+    for name, value, reason in (
+        ("storage.checkpoint_location", storage.checkpoint_location, _CHECKPOINT_NEEDS),
+        ("storage.ledger_path", storage.ledger_path, _LEDGER_NEEDS),
+    ):
+        if m := _URI_SCHEME.match(value):
+            if m.group(1).lower() == "file":
+                raise ConfigError(name, f"expected a path, not a file:// URI: write the path itself ({value[7:]})")
+            raise ConfigError(
+                name, f"expected a path on a local disk or a shared filesystem, not a {m.group(1)}:// URI: {reason}"
+            )
 
     sp = _section(doc, "spark", {"master", "shuffle_partitions", "records_per_split", "conf"})
     spark = SparkSettings(

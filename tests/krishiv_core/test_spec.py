@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -1111,3 +1112,21 @@ def test_a_route_value_route_by_can_never_hold_is_refused(route_by: str, value: 
     """Spark compares ``cast(route_by as string)`` with the value: a long is "1", a boolean "true"; "01" or "True"
     never match, so every such event would silently go to the default table or the rejects."""
     _one_refusal(_kind_doc("events", route_by=route_by, routes={value: "t"}), f"pipelines[0].routes.{value}", value)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("checkpoint_location", "s3://bucket/checkpoints", "not a s3:// URI: Spark's checkpoint needs"),
+        ("checkpoint_location", "s3a://bucket/checkpoints", "not a s3a:// URI: Spark's checkpoint needs"),
+        ("ledger_path", "s3://bucket/ledger.duckdb", "not a s3:// URI: the DuckDB ledger is one file"),
+        ("checkpoint_location", "file:///var/lib/krishiv/checkpoints", "write the path itself (/var/lib/krishiv/"),
+    ],
+)
+def test_checkpoint_and_ledger_stay_on_a_filesystem(key: str, value: str, expected: str) -> None:
+    import tomllib
+
+    raw = tomllib.loads(MINIMAL_TOML)
+    raw["storage"][key] = value
+    with pytest.raises(ConfigError, match=re.escape(f"storage.{key}: expected a path") + ".*" + re.escape(expected)):
+        parse_spec(raw, env={})
