@@ -40,7 +40,8 @@ def _pipelines(spec: KrishivSpec, name: str | None) -> list[PipelineSpec]:
     return [spec.pipeline(name)] if name else list(spec.pipelines)
 
 
-_ROWS_NAMED = {"windowed": "windows written", "events": "rows staged", "upsert": "keys upserted"}
+#: What a batch's rows are, by kind: short, so a batch's line fits 80 columns with six-digit counts.
+_ROWS_NAMED = {"windowed": "windows", "events": "rows", "upsert": "keys"}
 
 
 def _print_batch(pipeline: str):
@@ -486,6 +487,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_not_an_interrupted_py4j_call)
     try:
         if args.command == "broker":
             return cmd_broker(args)
@@ -500,6 +503,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         _fail(args.command, "interrupted (Ctrl-C)")
         return 130
+
+
+def _not_an_interrupted_py4j_call(record: logging.LogRecord) -> bool:
+    """False for the tracebacks py4j logs (on the root logger) when Ctrl-C lands while Spark starts, before Krishiv's
+    own handler is in place: PySpark's handler then calls into the JVM from inside the call in flight. The command
+    says ``interrupted`` in one line instead."""
+    if "py4j" not in record.pathname:
+        return True
+    exc = record.exc_info[1] if record.exc_info else None
+    while exc is not None:
+        if isinstance(exc, KeyboardInterrupt) or "reentrant call" in str(exc):
+            return False
+        exc = exc.__cause__ or exc.__context__
+    return "KeyboardInterrupt" not in record.getMessage()
 
 
 def _fail(command: str, message: str) -> None:

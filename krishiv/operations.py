@@ -160,24 +160,27 @@ def run_pipelines(
             say(f"starting Spark (master {spec.spark.master})")
             spark = build_session(spec)
         running: list[RunningPipeline] = []
-        try:
-            for p in pipelines:
-                running.append(
-                    start_pipeline(
-                        spark,
-                        spec,
-                        p,
-                        catalog,
-                        ledger,
-                        once=once,
-                        on_batch=reporter(p.name) if reporter else None,
-                        lease=leases[p.name],
+        # From here on a signal is a request to stop (PySpark's own handler would make a py4j call inside it).
+        with _stop_requests(stop_on_signals or not once, say) as requested:
+            try:
+                for p in pipelines:
+                    if requested.is_set():
+                        break
+                    running.append(
+                        start_pipeline(
+                            spark,
+                            spec,
+                            p,
+                            catalog,
+                            ledger,
+                            once=once,
+                            on_batch=reporter(p.name) if reporter else None,
+                            lease=leases[p.name],
+                        )
                     )
-                )
-                say(f"query {p.name} started; waiting for its first batch")
-                if len(pipelines) > 1:
-                    _wait_for_source(running[-1])
-            with _stop_requests(stop_on_signals or not once, say) as requested:
+                    say(f"query {p.name} started; waiting for its first batch")
+                    if len(pipelines) > 1:
+                        _wait_for_source(running[-1])
                 if once:
                     for r in running:
                         try:
@@ -197,10 +200,10 @@ def run_pipelines(
                     stop_between_batches(r.query)
                 if once and requested.is_set():
                     raise RunInterrupted(requested.signal_name)
-        except BaseException:
-            for r in running:  # no query stages on once its stager lease is released below
-                stop_between_batches(r.query)
-            raise
+            except BaseException:
+                for r in running:  # no query stages on once its stager lease is released below
+                    stop_between_batches(r.query)
+                raise
         for r in running:
             if r.query.exception() is not None:
                 raise KrishivError(f"query {r.query.name} failed: {_root_cause(r.query.exception())}")
