@@ -21,7 +21,14 @@ from dagster_pyspark import LazyPySparkResource
 
 from krishiv_assets.assets import PipelineKeys, pipeline_assets
 from krishiv_assets.checks import DEFAULT_THRESHOLDS, CheckThresholds, pipeline_checks
-from krishiv_assets.resources import IcebergCatalogResource, KafkaResource, LedgerResource, SparkResource, displayed
+from krishiv_assets.resources import (
+    IcebergCatalogResource,
+    KafkaResource,
+    LedgerResource,
+    SparkResource,
+    displayed,
+    shown_spark_conf,
+)
 from krishiv_assets.sensors import kafka_sensor, outbox_sensor
 from krishiv_core.spec import DEFAULT_SPEC_FILE, SPEC_FILE_ENV, KrishivSpec, PipelineSpec, load_spec
 
@@ -80,8 +87,6 @@ def build_resources(spec: KrishivSpec, env_overrides: Collection[str] = ()) -> d
     def value(variable: str, default: str) -> str:
         return dg.EnvVar(variable) if variable in env_overrides else default
 
-    from spark_jobs.session import spark_conf
-
     return {
         "kafka": KafkaResource(bootstrap_servers=value("KRISHIV_KAFKA_BOOTSTRAP", spec.kafka.bootstrap_servers)),
         "iceberg": IcebergCatalogResource(
@@ -91,7 +96,9 @@ def build_resources(spec: KrishivSpec, env_overrides: Collection[str] = ()) -> d
         ),
         "ledger": LedgerResource(spec=spec, path=value("KRISHIV_LEDGER_PATH", spec.storage.ledger_path)),
         "spark": SparkResource(
-            pyspark=LazyPySparkResource(spark_config=spark_conf(spec, app_name="krishiv-dagster")),
+            spec=spec,
+            # Resource config is what the UI shows: a secret of [spark.conf] is added by the run (session()).
+            pyspark=LazyPySparkResource(spark_config=shown_spark_conf(spec)),
             checkpoint_location=value("KRISHIV_CHECKPOINT_LOCATION", spec.storage.checkpoint_location),
         ),
     }

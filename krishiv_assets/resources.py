@@ -114,9 +114,22 @@ class LedgerResource(dg.ConfigurableResource):
         return self._ledgers[lock_timeout_s]
 
 
+#: The Spark application name of Dagster's runs.
+DAGSTER_SPARK_APP = "krishiv-dagster"
+
+
+def shown_spark_conf(spec: KrishivSpec) -> dict[str, str]:
+    """The Spark configuration the UI may show: Krishiv's, with no secret of ``[spark.conf]`` in it."""
+    from krishiv_core.client_settings import is_secret
+    from spark_jobs.session import spark_conf
+
+    return {k: v for k, v in spark_conf(spec, DAGSTER_SPARK_APP).items() if not is_secret(k)}
+
+
 class SparkResource(dg.ConfigurableResource):
     """The Spark session, built by dagster-pyspark on first use, plus where the query checkpoints live."""
 
+    spec: dg.ResourceDependency[KrishivSpec] = Field(repr=False, exclude=True, description=_SPEC_DESCRIPTION)
     pyspark: LazyPySparkResource
     checkpoint_location: str
     _owns_session: bool = PrivateAttr(default=False)
@@ -128,11 +141,21 @@ class SparkResource(dg.ConfigurableResource):
         """
         from pyspark.sql import SparkSession
 
-        from spark_jobs.session import prepare_environment, prepare_session
+        from spark_jobs.session import prepare_environment, prepare_session, require_master, spark_conf
 
-        prepare_environment()  # names a missing or too old Java before Spark's own, longer failure
-        self._owns_session = self._owns_session or SparkSession.getActiveSession() is None
-        master = self.pyspark.spark_config.get("spark.master", "the default master")
+        conf = {**spark_conf(self.spec, DAGSTER_SPARK_APP), **self.pyspark.spark_config}
+        prepare_environment(conf)  # names a missing or too old Java before Spark's own, longer failure
+        master = conf.get("spark.master", "the default master")
+        if SparkSession.getActiveSession() is None:
+            self._owns_session = True
+            require_master(master)
+            if conf.keys() - self.pyspark.spark_config.keys():
+                # The secrets the UI was not shown: the session is built here with them, and dagster-pyspark's
+                # getOrCreate below returns it.
+                builder = SparkSession.builder
+                for key, value in conf.items():
+                    builder = builder.config(key, value)
+                builder.getOrCreate()
         try:
             return prepare_session(self.pyspark.spark_session)
         except KrishivError:

@@ -339,3 +339,25 @@ def test_a_redacted_uri_that_is_not_the_spec_files_is_refused_by_name(tmp_path, 
     secret = f"postgresql+psycopg://app:{PASSWORD}@elsewhere/db"
     monkeypatch.setattr(krishiv_core.catalog, "load_catalog", lambda spec: spec.catalog_uri())
     assert IcebergCatalogResource(spec=spec, uri=secret, warehouse="w").catalog() == secret
+
+
+def test_a_secret_of_spark_conf_is_not_shown_but_reaches_the_runs_session(tmp_path, monkeypatch):
+    from krishiv_core.spec import load_spec
+    from spark_jobs.session import spark_conf
+
+    monkeypatch.setenv("KRISHIV_TEST_SPARK_SECRET", "spark-secret-4711")
+    path = _spec_file(tmp_path, "sqlite:///catalog.db")
+    path.write_text(
+        path.read_text()
+        + '\n[spark.conf]\n"spark.authenticate.secret" = "${KRISHIV_TEST_SPARK_SECRET}"\n'
+        + '"spark.executor.memory" = "1g"\n'
+    )
+    spec = load_spec(path, env=os.environ)
+    defs = build_definitions(spec)
+    shown = _shown_to_the_ui(defs)
+    assert "spark-secret-4711" not in shown
+    assert "KRISHIV_TEST_SPARK_SECRET" not in shown  # not even the reference: the key is left out
+    resource = build_resources(spec, set())["spark"]
+    assert resource.pyspark.spark_config["spark.executor.memory"] == "1g"
+    assert "spark.authenticate.secret" not in resource.pyspark.spark_config
+    assert spark_conf(spec)["spark.authenticate.secret"] == "spark-secret-4711"  # what session() adds
