@@ -254,7 +254,8 @@ def _stop_requests(handle: bool, say: Progress) -> Iterator[_StopRequest]:
             os._exit(128 + signum)
         requested.signal_name = name
         requested.set()
-        say(f"{name}: stopping after the batch in flight (Ctrl-C again stops at once)")
+        again = " (Ctrl-C again stops at once)" if signum == signal.SIGINT else ""
+        say(f"{name}: stopping after the batch in flight{again}")
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
