@@ -228,6 +228,16 @@ def _progress_batch(query: StreamingQuery) -> int | None:
     return None if progress is None else int(progress["batchId"])
 
 
+def _kill_spark_driver() -> None:
+    """Kill the JVM PySpark launched, before this process ends at once: left alone, it would log the Python side's
+    disappearance mid-batch as a Java stack trace on the same terminal."""
+    from pyspark import SparkContext
+
+    process = getattr(SparkContext._gateway, "proc", None)
+    if process is not None:
+        process.kill()
+
+
 #: How often the waiting driver looks for a stop request (seconds): the signal handler only sets a flag, since a
 #: py4j call made inside it would interleave with the main thread's call in flight on the same connection.
 _POLL_S = 0.5
@@ -251,6 +261,7 @@ def _stop_requests(handle: bool, say: Progress) -> Iterator[_StopRequest]:
         name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
         if requested.is_set():
             say(f"{name} again: stopping at once; the batch in flight is replayed by the next run")
+            _kill_spark_driver()
             os._exit(128 + signum)
         requested.signal_name = name
         requested.set()
