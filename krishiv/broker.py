@@ -7,6 +7,7 @@ still fetchable. Readers bound by the high watermark see them in a later batch, 
 
 from __future__ import annotations
 
+import errno
 import signal
 import socket
 import subprocess
@@ -37,9 +38,14 @@ def ensure_port_free(host: str, port: int) -> None:
         try:
             s.bind((host, port))
         except OSError as exc:
-            raise PortTaken(
-                f"port {port} on {host} is already in use ({exc.strerror}): another broker, or another program; "
-                "stop it, or choose another port with --port"
+            if exc.errno == errno.EADDRINUSE:
+                raise PortTaken(
+                    f"port {port} on {host} is already in use ({exc.strerror}): another broker, or another "
+                    "program; stop it, or choose another port with --port"
+                ) from None
+            raise EnvironmentProblem(
+                f"cannot listen on {host}:{port} ({exc.strerror or exc}); expected a local address (--host) and a "
+                "port this user may open (--port)"
             ) from None
 
 

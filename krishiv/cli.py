@@ -300,6 +300,16 @@ def _duration(text: str) -> float:
     return value
 
 
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number from 1 to 65535, got {text!r}")
+    return port
+
+
 def _format_duration(seconds: float) -> str:
     for unit in ("w", "d", "h", "m"):
         if seconds >= _DURATION_UNITS[unit] and seconds % _DURATION_UNITS[unit] == 0:
@@ -393,7 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = _command(
         sub, "broker", "run a local Tansu Kafka broker in the foreground until Ctrl-C", pipeline=None, spec=False
     )
-    b.add_argument("--port", type=int, default=9092, help="the port it listens on")
+    b.add_argument("--port", type=_port, default=9092, help="the port it listens on")
     b.add_argument("--host", default="127.0.0.1", help="the address it listens on")
 
     one = "the pipeline whose topic to write (default: the spec's first)"
