@@ -26,7 +26,7 @@ from krishiv.operations import (
     run_pipelines,
     verify_pipelines,
 )
-from krishiv_core.errors import BrokerUnavailable, KrishivError
+from krishiv_core.errors import BrokerUnavailable, ConfigError, KrishivError
 from krishiv_core.spec import ENV_OVERRIDES, SPEC_FILE_ENV, KrishivSpec, PipelineSpec
 
 console = Console(highlight=False, soft_wrap=True)  # a line per message, whatever the width
@@ -83,6 +83,8 @@ def cmd_produce(args: argparse.Namespace, spec: KrishivSpec) -> int:
     from krishiv.preflight import check_broker
     from krishiv.produce import demo_orders, ensure_topic, produce
 
+    if args.late + args.malformed > args.records:
+        raise ConfigError("--late, --malformed", f"{args.late} + {args.malformed} exceed --records {args.records}")
     check_broker(spec)  # one line naming the address, not librdkafka's retries
     pipeline = spec.pipeline(args.pipeline)
     partitions = ensure_topic(spec.kafka.bootstrap_servers, pipeline.topic, spec.kafka.partitions)
@@ -228,6 +230,7 @@ def cmd_restage(args: argparse.Namespace, spec: KrishivSpec) -> int:
 def cmd_clean_staging(args: argparse.Namespace, spec: KrishivSpec) -> int:
     from krishiv.staging_files import clean_staging
 
+    open_existing_ledger(spec)  # before a first run there is nothing to clean: said so, not a catalog's traceback
     grace = _format_duration(args.grace)
     for p in _pipelines(spec, args.pipeline):
         for c in clean_staging(spec, p, args.grace, dry_run=args.dry_run):
@@ -298,6 +301,16 @@ def _duration(text: str) -> float:
     if not value >= 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a finite duration of at least 0, got {text!r}")
     return value
+
+
+def _count(text: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        count = -1
+    if count < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 0, got {text!r}")
+    return count
 
 
 def _port(text: str) -> int:
@@ -408,11 +421,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     one = "the pipeline whose topic to write (default: the spec's first)"
     p = _command(sub, "produce", "produce seeded demo orders to a pipeline's topic", pipeline=one)
-    p.add_argument("--records", type=int, default=10_000, help="how many orders")
+    p.add_argument("--records", type=_count, default=10_000, help="how many orders")
     p.add_argument("--rate", type=float, help="events per second (default: as fast as possible)")
     p.add_argument("--seed", type=int, default=7, help="the random seed: the same seed gives the same orders")
-    p.add_argument("--late", type=int, default=0, help="how many events arrive ten minutes late")
-    p.add_argument("--malformed", type=int, default=0, help="how many events are malformed")
+    p.add_argument("--late", type=_count, default=0, help="how many events arrive ten minutes late")
+    p.add_argument("--malformed", type=_count, default=0, help="how many events are malformed")
 
     r = _command(sub, "run", "run the Spark streaming job (phase 1: stage batches); Ctrl-C stops it between batches")
     r.add_argument("--once", action="store_true", help="process what is in the topic now, then stop (default: run on)")
@@ -463,9 +476,9 @@ def build_parser() -> argparse.ArgumentParser:
     cs.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
 
     d = _command(sub, "demo", "broker + produce + run + commit + show, on embedded defaults", pipeline=None)
-    d.add_argument("--records", type=int, default=20_000, help="how many orders")
-    d.add_argument("--late", type=int, default=25, help="how many events arrive ten minutes late")
-    d.add_argument("--malformed", type=int, default=30, help="how many events are malformed")
+    d.add_argument("--records", type=_count, default=20_000, help="how many orders")
+    d.add_argument("--late", type=_count, default=25, help="how many events arrive ten minutes late")
+    d.add_argument("--malformed", type=_count, default=30, help="how many events are malformed")
     d.add_argument("--seed", type=int, default=7, help="the random seed")
     d.add_argument(
         "--state",
@@ -513,6 +526,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         _fail(args.command, "interrupted (Ctrl-C)")
         return 130
+    except Exception as exc:
+        if type(exc).__name__ not in ("NoSuchTableError", "NoSuchNamespaceError"):  # pyiceberg, deeper down
+            raise
+        _fail(args.command, f"{exc}; `krishiv run` creates the spec's tables and `krishiv commit` fills them")
+        return 2
 
 
 def _not_an_interrupted_py4j_call(record: logging.LogRecord) -> bool:

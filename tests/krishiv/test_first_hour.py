@@ -115,7 +115,7 @@ def test_a_spec_path_that_is_a_folder_is_named(tmp_path: Path, capsys, monkeypat
     assert f"spec: ${SPEC_FILE_ENV} {tmp_path} is a folder" in _one_line(capsys.readouterr().err)
 
 
-@pytest.mark.parametrize("command", ["status", "verify", "lineage", "commit"])
+@pytest.mark.parametrize("command", ["status", "verify", "lineage", "commit", "clean-staging"])
 def test_before_a_first_run_each_reader_says_there_is_no_ledger(tmp_path: Path, capsys, command: str) -> None:
     spec = _spec(tmp_path / "fresh")
     assert main(["--spec", str(spec), command]) == 2
@@ -187,6 +187,15 @@ def test_a_broker_that_is_down_is_one_line_for_status_and_produce(tmp_path: Path
     assert _one_line(err).startswith("krishiv status: Kafka broker at 127.0.0.1:")
     assert main(["--spec", str(spec), "produce", "--records", "5"]) == 2
     assert _one_line(capsys.readouterr().err).startswith("krishiv produce: Kafka broker at 127.0.0.1:")
+
+
+def test_produce_refuses_counts_that_cannot_be(tmp_path: Path, capsys) -> None:
+    spec = _spec(tmp_path)
+    assert main(["--spec", str(spec), "produce", "--records", "5", "--late", "4", "--malformed", "2"]) == 2
+    assert _one_line(capsys.readouterr().err) == "krishiv produce: --late, --malformed: 4 + 2 exceed --records 5"
+    with pytest.raises(SystemExit):
+        main(["--spec", str(spec), "produce", "--records", "-5"])
+    assert "argument --records: expected a whole number of at least 0, got '-5'" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------------ the broker
