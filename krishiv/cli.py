@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console, RenderableType
 from rich.markup import escape
@@ -23,11 +24,16 @@ from krishiv.operations import (
     RunInterrupted,
     commit_pipelines,
     open_existing_ledger,
+    open_writable_ledger,
     run_pipelines,
     verify_pipelines,
 )
 from krishiv_core.errors import BrokerUnavailable, ConfigError, KrishivError
 from krishiv_core.spec import ENV_OVERRIDES, SPEC_FILE_ENV, KrishivSpec, PipelineSpec
+
+if TYPE_CHECKING:
+    from krishiv.metrics import Metrics
+    from outbox.ledger import Ledger
 
 console = Console(highlight=False, soft_wrap=True)  # a line per message, whatever the width
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -87,7 +93,8 @@ def cmd_produce(args: argparse.Namespace, spec: KrishivSpec) -> int:
         raise ConfigError("--late, --malformed", f"{args.late} + {args.malformed} exceed --records {args.records}")
     check_broker(spec)  # one line naming the address, not librdkafka's retries
     pipeline = spec.pipeline(args.pipeline)
-    partitions = ensure_topic(spec.kafka.bootstrap_servers, pipeline.topic, spec.kafka.partitions)
+    settings = spec.kafka.client_settings()  # [kafka.properties]: security, secrets resolved
+    partitions = ensure_topic(spec.kafka.bootstrap_servers, pipeline.topic, spec.kafka.partitions, settings=settings)
     extra = {}
     if args.rate:
         extra = {"start_ms": int(time.time() * 1000), "spacing_ms": max(1, int(1000 / args.rate)), "jitter_ms": 0}
@@ -102,6 +109,7 @@ def cmd_produce(args: argparse.Namespace, spec: KrishivSpec) -> int:
             events,
             rate=args.rate,
             on_progress=lambda n: progress.update(task, completed=n),
+            settings=settings,
         )
     console.print(
         f"produced {len(events)} events to {pipeline.topic} on {spec.kafka.bootstrap_servers} "
@@ -110,16 +118,29 @@ def cmd_produce(args: argparse.Namespace, spec: KrishivSpec) -> int:
     return 0
 
 
+def _metrics(spec: KrishivSpec, ledger: Ledger, pipelines: list[PipelineSpec], port: int | None) -> Metrics:
+    """The command's metrics (exported as ``--metrics-port`` and the environment ask), the endpoint announced."""
+    from krishiv.metrics import start_metrics
+
+    metrics = start_metrics(spec, ledger, pipelines=pipelines, port=port)
+    if metrics.address:
+        _say(f"metrics on http://{metrics.address[0]}:{metrics.address[1]}/metrics")
+    return metrics
+
+
 def cmd_run(args: argparse.Namespace, spec: KrishivSpec) -> int:
+    pipelines, ledger = _pipelines(spec, args.pipeline), open_writable_ledger(spec)
     try:
-        running = run_pipelines(
-            spec,
-            _pipelines(spec, args.pipeline),
-            once=args.once,
-            reporter=_print_batch,
-            progress=_say,
-            stop_on_signals=True,
-        )
+        with _metrics(spec, ledger, pipelines, args.metrics_port) as metrics:
+            running = run_pipelines(
+                spec,
+                pipelines,
+                once=args.once,
+                ledger=ledger,
+                reporter=metrics.chain(_print_batch),
+                progress=_say,
+                stop_on_signals=True,
+            )
     except RunInterrupted as exc:
         err_console.print(f"krishiv run: {escape(str(exc))}")
         return 130 if exc.signal_name == "Ctrl-C" else 143
@@ -135,7 +156,10 @@ def cmd_run(args: argparse.Namespace, spec: KrishivSpec) -> int:
 def cmd_commit(args: argparse.Namespace, spec: KrishivSpec) -> int:
     from krishiv.views import commit_table
 
-    reports = commit_pipelines(spec, _pipelines(spec, args.pipeline), ledger=open_existing_ledger(spec))
+    pipelines, ledger = _pipelines(spec, args.pipeline), open_existing_ledger(spec)
+    with _metrics(spec, ledger, pipelines, args.metrics_port) as metrics:
+        reports = commit_pipelines(spec, pipelines, ledger=ledger)
+        metrics.record_commits(reports)
     _show(commit_table(spec, reports, wide=args.wide), args.wide)
     return 0
 
@@ -404,6 +428,16 @@ def _wide(c: argparse.ArgumentParser) -> None:
     c.add_argument("--wide", action="store_true", help="whole ids, namespaces and offsets (wider than 80 columns)")
 
 
+def _metrics_port(c: argparse.ArgumentParser) -> None:
+    c.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics on this port, on 127.0.0.1 unless $KRISHIV_METRICS_HOST "
+        "(default: $KRISHIV_METRICS_PORT, else none)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="krishiv", description=__doc__, epilog=_environment(), formatter_class=_HelpFormatter
@@ -429,9 +463,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = _command(sub, "run", "run the Spark streaming job (phase 1: stage batches); Ctrl-C stops it between batches")
     r.add_argument("--once", action="store_true", help="process what is in the topic now, then stop (default: run on)")
+    _metrics_port(r)
 
     c = _command(sub, "commit", "commit pending batches to Iceberg (phase 2)")
     _wide(c)
+    _metrics_port(c)
     c = _command(sub, "status", "outbox, events and lag per pipeline; exit 1 if the broker does not answer")
     _wide(c)
     c = _command(sub, "lineage", "snapshot lineage of the tables, newest last")

@@ -80,6 +80,14 @@ def open_ledger(spec: KrishivSpec) -> Ledger:
     return Ledger(spec.resolve(spec.storage.ledger_path), ledger_lock_timeout_s())
 
 
+def open_writable_ledger(spec: KrishivSpec) -> Ledger:
+    """The spec's ledger for a command that stages: its folder made, or an error naming why it cannot be
+    (:func:`krishiv.inputs.require_writable_ledger`)."""
+    from krishiv.inputs import require_writable_ledger
+
+    return Ledger(require_writable_ledger(spec), ledger_lock_timeout_s())
+
+
 def open_existing_ledger(spec: KrishivSpec) -> Ledger:
     """The spec's ledger for a command that reads it (status, verify, lineage, commit): a missing file is an
     error naming the path (:class:`krishiv.inputs.LedgerMissing`), never an empty pipeline."""
@@ -131,12 +139,11 @@ def run_pipelines(
     SIGTERM stop a one-shot run between batches too (:class:`RunInterrupted`); a second one ends the process at
     once. Signals are only handled in the main thread, and a continuous run always stops on them.
     """
-    from krishiv.inputs import require_writable_ledger
     from krishiv.preflight import check_broker, check_catalog
 
     say = progress or (lambda _line: None)
     if ledger is None:
-        ledger = Ledger(require_writable_ledger(spec), ledger_lock_timeout_s())
+        ledger = open_writable_ledger(spec)
     # A broker or catalog that does not answer is one line now, not a failed query after Spark's start-up.
     if spark is None:
         check_broker(spec)

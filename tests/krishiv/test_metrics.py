@@ -310,3 +310,34 @@ def test_an_events_table_s_freshness_comes_from_its_newest_committed_files(
     assert abs(samples[("krishiv_freshness_seconds", labels)] - (scraped - now).total_seconds() - 180) < 5
     assert samples[("krishiv_entries_pending", labels)] == 1
     assert ("krishiv_freshness_seconds", (("pipeline", pipeline.name), ("table", rejects))) not in samples
+
+
+def test_the_cli_exports_a_commit_s_metrics_and_refuses_a_taken_port(
+    spec_file, otlp_receiver, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``krishiv commit`` through the CLI: its final OTLP export arrives, and ``--metrics-port`` on a taken port is
+    one line and exit 2 before anything is committed."""
+    from krishiv.cli import main
+    from krishiv_core.spec import load_spec
+    from outbox.ledger import Ledger
+
+    spec = load_spec(spec_file)
+    Ledger(spec.resolve(spec.storage.ledger_path)).migrate()  # an empty ledger: nothing pending
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otlp_receiver.endpoint)
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
+    otlp_receiver.clear()
+    assert main(["--spec", str(spec_file), "commit"]) == 0
+    table = (("pipeline", spec.pipeline().name), ("table", qualified(spec, spec.pipeline().table)))
+    points = otlp_receiver.wait_for(lambda pts: ("krishiv_entries_pending", table) in pts, timeout_s=15)
+    assert points[("krishiv_entries_pending", table)] == 0
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        capsys.readouterr()
+        assert main(["--spec", str(spec_file), "commit", "--metrics-port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1
+    assert err.startswith(f"krishiv commit: metrics endpoint 127.0.0.1:{port} cannot listen: the port is in use")
