@@ -78,13 +78,16 @@ def wait_until_ready(
     """Block until the broker answers a metadata request; raise :class:`BrokerUnavailable` after ``timeout_s``."""
     from confluent_kafka.admin import AdminClient
 
+    from spark_jobs.kafka_clients import KafkaProblems
+
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
             raise BrokerUnavailable(f"broker for {bootstrap} exited with code {process.returncode} while starting")
         try:
-            AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=1.0)
+            # Quiet: until the listener is up librdkafka would print a "connection refused" line per attempt.
+            AdminClient(KafkaProblems().settings({"bootstrap.servers": bootstrap})).list_topics(timeout=1.0)
             return
         except Exception as exc:  # KafkaException until the listener is up
             last = exc

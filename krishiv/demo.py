@@ -123,7 +123,9 @@ def produce_tombstones(bootstrap: str, topic: str, keys: Sequence[str]) -> None:
     """A null value per key, one produce request each: Tansu's high watermark counts batches, not records."""
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bootstrap})
+    from spark_jobs.kafka_clients import KafkaProblems
+
+    producer = Producer(KafkaProblems().settings({"bootstrap.servers": bootstrap}))
     for key in keys:
         producer.produce(topic, key=key.encode(), value=None, partition=0)
         if producer.flush(30):
