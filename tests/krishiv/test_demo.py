@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -56,3 +59,18 @@ def test_the_demo_writes_every_kind_and_verifies(tmp_path, spark, capsys, monkey
         assert any(line.split()[:2] == [p.kind, p.name] for line in out.splitlines() if line.strip()), p.name
     too_wide = [line for line in out.splitlines() if len(line) > WIDTH]
     assert not too_wide, too_wide
+
+    # The README's way to look at the tables: pyiceberg's own CLI, told the catalog's name and URI.
+    pyiceberg = Path(sys.executable).with_name("pyiceberg")
+    listed = subprocess.run(
+        [str(pyiceberg), "--catalog", "krishiv", "--uri", spec.catalog_uri(), "list", spec.iceberg.namespace],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if not k.startswith("PYICEBERG_")},
+    )
+    assert listed.returncode == 0, listed.stderr
+    for p in spec.pipelines:
+        for name in p.all_tables:
+            assert f"{spec.iceberg.namespace}.{name}" in listed.stdout, name
