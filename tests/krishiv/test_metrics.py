@@ -12,6 +12,7 @@ from collections import Counter
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from krishiv.broker import free_port
 from krishiv.metrics import Metrics, start_metrics
 from krishiv.metrics.prometheus import MetricsEndpointError
 from krishiv.metrics.settings import METRICS_HOST_ENV, METRICS_PORT_ENV, METRICS_REFRESH_ENV, metrics_settings
@@ -172,19 +173,13 @@ def _small_spec() -> KrishivSpec:
     return parse_spec({"kafka": {"bootstrap_servers": "127.0.0.1:1"}, "pipelines": [pipeline]}, env={})
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_collector_that_does_not_answer_is_one_line_and_does_not_hold_the_exit(
     tmp_path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     from krishiv.metrics.otlp import EXPORTER_LOGGER
     from outbox.ledger import Ledger
 
-    endpoint = f"http://127.0.0.1:{_free_port()}"  # closed again: nothing listens there
+    endpoint = f"http://127.0.0.1:{free_port()}"  # closed again: nothing listens there
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
     monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "200")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "2")

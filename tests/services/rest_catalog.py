@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from krishiv.broker import free_port
+from tests.services.processes import stop
 
 #: The environment variable the specs reference for the token (``token = "${KRISHIV_TEST_REST_TOKEN}"``).
 TOKEN_VARIABLE = "KRISHIV_TEST_REST_TOKEN"
@@ -149,11 +150,6 @@ def rest_catalog(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RestCatal
     finally:
         os.environ.pop(TOKEN_VARIABLE, None)
         if process is not None:
-            process.terminate()
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=15)
+            stop(process)
         with psycopg.connect(PG_ADMIN_DSN, autocommit=True, connect_timeout=10) as con:
             con.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')

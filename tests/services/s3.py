@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from krishiv.broker import free_port
+from tests.services.processes import stop
 
 MOTO_SERVER = Path(sys.executable).with_name("moto_server")
 SECRET_ENV = "KRISHIV_TEST_S3_SECRET_ACCESS_KEY"
@@ -76,12 +78,6 @@ class S3Endpoint:
         return found
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _answers(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
@@ -101,17 +97,6 @@ def _wait_until_up(process: subprocess.Popen, url: str, log: Path) -> None:
     raise TimeoutError(f"moto_server did not answer at {url} in {START_TIMEOUT_S:.0f}s; see {log}")
 
 
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is not None:
-        return
-    process.terminate()
-    try:
-        process.wait(timeout=STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=STOP_TIMEOUT_S)
-
-
 def _create_user(endpoint: str) -> tuple[str, str]:
     """An IAM user allowed every S3 action, and its access key (id, secret): moto's first, unsigned requests."""
     import boto3
@@ -129,7 +114,7 @@ def _create_user(endpoint: str) -> tuple[str, str]:
 @pytest.fixture(scope="session")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Endpoint]:
     log = tmp_path_factory.mktemp("s3") / "moto.log"
-    port = _free_port()
+    port = free_port()
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "KRISHIV_"))},
         "INITIAL_NO_AUTH_ACTION_COUNT": str(_UNSIGNED_SETUP_REQUESTS),
@@ -152,4 +137,4 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Endpoint]:
         yield s3
     finally:
         os.environ.pop(SECRET_ENV, None)
-        _stop(process)
+        stop(process, STOP_TIMEOUT_S)

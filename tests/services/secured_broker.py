@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from krishiv.broker import broker_command, free_port
+from tests.services.processes import stop
 
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORD_ENV = "KRISHIV_TEST_KAFKA_PASSWORD"
@@ -78,16 +79,6 @@ def wait_for_port(host: str, port: int, process: subprocess.Popen, what: str, lo
         except OSError:
             time.sleep(0.05)
     raise TimeoutError(f"{what} did not listen on {host}:{port} within {START_TIMEOUT_S:.0f}s; see {log}")
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(STOP_TIMEOUT_S)
 
 
 def _tansu(port: int, advertised_port: int, log: Path, *extra: str) -> subprocess.Popen:
@@ -144,7 +135,7 @@ def sasl_tansu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SaslTansu]:
     try:
         yield SaslTansu(f"127.0.0.1:{port}")
     finally:
-        _stop(process)
+        stop(process, STOP_TIMEOUT_S)
 
 
 @pytest.fixture(scope="session")
@@ -187,8 +178,8 @@ def secured_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured
         yield SecuredBroker(f"127.0.0.1:{front_port}", USER, PASSWORD_ENV, cert)
     finally:
         if front is not None:
-            _stop(front)
-        _stop(tansu)
+            stop(front, STOP_TIMEOUT_S)
+        stop(tansu, STOP_TIMEOUT_S)
         if previous is None:
             os.environ.pop(PASSWORD_ENV, None)
         else:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import time
 import urllib.error
@@ -22,6 +21,9 @@ from typing import Any
 
 import pyspark
 import pytest
+
+from krishiv.broker import free_port
+from tests.services.processes import stop
 
 SPARK_HOME = Path(pyspark.__file__).parent
 START_TIMEOUT_S = 90.0
@@ -60,12 +62,6 @@ def _get_json(url: str) -> dict[str, Any]:
         return json.load(response)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spark_class(main: str, args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
     # spark-class execs the JVM, so the Popen's pid is the JVM's own.
     return subprocess.Popen(
@@ -75,17 +71,6 @@ def _spark_class(main: str, args: list[str], log: Path, env: dict[str, str]) -> 
         stdin=subprocess.DEVNULL,
         env=env,
     )
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is not None:
-        return
-    process.terminate()
-    try:
-        process.wait(timeout=STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=STOP_TIMEOUT_S)
 
 
 def _wait_for_worker(cluster: SparkCluster, processes: list[tuple[str, subprocess.Popen]]) -> None:
@@ -131,7 +116,7 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkClu
             root / "master.log",
             env,
         )
-        stack.callback(_stop, master)
+        stack.callback(stop, master, STOP_TIMEOUT_S)
         worker = _spark_class(
             "org.apache.spark.deploy.worker.Worker",
             [
@@ -150,6 +135,8 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkClu
             root / "worker.log",
             env,
         )
-        stack.callback(_stop, worker)  # stopped first: the worker ends its executors, then the master stops
+        stack.callback(
+            stop, worker, STOP_TIMEOUT_S
+        )  # stopped first: the worker ends its executors, then the master stops
         _wait_for_worker(cluster, [("master", master), ("worker", worker)])
         yield cluster

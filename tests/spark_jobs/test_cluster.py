@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from krishiv.broker import free_port
 from krishiv_core.errors import ConfigError, EnvironmentProblem
 from krishiv_core.spec import KrishivSpec, load_spec, parse_spec
 from spark_jobs.session import on_loopback, require_master, spark_conf
-from tests.services.spark_cluster import SparkCluster, free_port
+from tests.services.spark_cluster import SparkCluster
 from tests.spark_jobs.pipeline_helpers import assert_exactly_once, krishiv_cli, produce_orders
 
 KILLED = -signal.SIGKILL
