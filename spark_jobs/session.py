@@ -143,10 +143,31 @@ def prepare_session(spark: SparkSession) -> SparkSession:
     return spark
 
 
+def launch_detached_gateway(conf: Mapping[str, str]) -> None:
+    """Start Spark's JVM in a process session of its own, unless this process has one already.
+
+    A terminal's Ctrl-C reaches its whole foreground process group. PySpark's JVM ignores it, but the Python
+    workers it forks (``pyspark.daemon``) restore Python's ``KeyboardInterrupt``: a Ctrl-C would kill the tasks in
+    flight, fail the batch and print their tracebacks, instead of letting ``krishiv run`` stop between batches.
+    In a session of its own the JVM and its workers get only what Krishiv sends them; they still end with this
+    process, since the JVM exits when its standard input (a pipe from this process) closes.
+    """
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None:
+        return
+    submit_conf = SparkConf(loadDefaults=False)
+    for key, value in conf.items():
+        submit_conf.set(key, value)
+    SparkContext._ensure_initialized(gateway=launch_gateway(submit_conf, popen_kwargs={"start_new_session": True}))
+
+
 def build_session(spec: KrishivSpec, app_name: str = "krishiv") -> SparkSession:
     conf = spark_conf(spec, app_name)
     prepare_environment(conf)
     require_master(spec.spark.master)
+    launch_detached_gateway(conf)
     builder = SparkSession.builder
     for key, value in conf.items():
         builder = builder.config(key, value)
