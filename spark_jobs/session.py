@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
@@ -49,6 +50,11 @@ def require_java() -> None:
         raise EnvironmentProblem(f"Spark needs Java {REQUIRED_JAVA} or newer; found Java {version}")
 
 
+DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+#: Spark's driver log: errors only (see the file), unless ``[spark.conf]`` names a log4j2 configuration itself.
+DRIVER_LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
+
+
 def spark_conf(spec: KrishivSpec, app_name: str = "krishiv") -> dict[str, str]:
     """The Spark configuration Krishiv runs with: the spec's ``[spark.conf]``, then what Krishiv sets itself."""
     conf = {
@@ -69,6 +75,9 @@ def spark_conf(spec: KrishivSpec, app_name: str = "krishiv") -> dict[str, str]:
     if on_loopback(spec.spark.master) and not {"spark.driver.host", "spark.driver.bindAddress"} & conf.keys():
         conf["spark.driver.bindAddress"] = "127.0.0.1"
         conf["spark.driver.host"] = "127.0.0.1"
+    options = conf.get(DRIVER_JAVA_OPTIONS, "")
+    if "log4j2.configurationFile" not in options:
+        conf[DRIVER_JAVA_OPTIONS] = f"{options} -Dlog4j2.configurationFile={DRIVER_LOG_CONFIG.as_uri()}".strip()
     return conf
 
 
