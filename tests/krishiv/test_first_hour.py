@@ -115,7 +115,9 @@ def test_a_spec_path_that_is_a_folder_is_named(tmp_path: Path, capsys, monkeypat
     assert f"spec: ${SPEC_FILE_ENV} {tmp_path} is a folder" in _one_line(capsys.readouterr().err)
 
 
-@pytest.mark.parametrize("command", ["status", "verify", "lineage", "commit", "clean-staging"])
+@pytest.mark.parametrize(
+    "command", ["status", "verify", "lineage", "commit", "clean-staging", "restage", "ledger-compact"]
+)
 def test_before_a_first_run_each_reader_says_there_is_no_ledger(tmp_path: Path, capsys, command: str) -> None:
     spec = _spec(tmp_path / "fresh")
     assert main(["--spec", str(spec), command]) == 2
