@@ -15,7 +15,7 @@ from krishiv.verify import check_ledger_agreement
 from krishiv_core.catalog import ensure_table, load_catalog
 from krishiv_core.entries import COMMITTED, PENDING, OutboxEntry, new_snapshot_id
 from krishiv_core.errors import CatalogUnavailable
-from krishiv_core.spec import load_spec
+from krishiv_core.spec import PipelineSpec, load_spec
 from krishiv_core.tables import aggregate_table_schema
 from outbox.errors import CommittedBatchesMissing, StagedFileMissing
 from outbox.ledger import Ledger
@@ -36,9 +36,19 @@ def ledger(tmp_path: Path) -> Ledger:
     return Ledger(tmp_path / "ledger.duckdb")
 
 
-def stage(catalog: Catalog, ledger: Ledger, batch_id: int, minute: int) -> OutboxEntry:
-    pipeline = load_spec(ROOT / "krishiv.toml", env={}).pipeline()
-    table = ensure_table(catalog, ("krishiv", "orders_per_minute"), aggregate_table_schema(pipeline))
+def stage(
+    catalog: Catalog,
+    ledger: Ledger,
+    batch_id: int,
+    minute: int,
+    *,
+    pipeline: PipelineSpec | None = None,
+    namespace: str = "krishiv",
+) -> OutboxEntry:
+    """One batch of one window row (the repository's pipeline by default), staged beside the table as Spark would,
+    and recorded in the ledger."""
+    pipeline = pipeline or load_spec(ROOT / "krishiv.toml", env={}).pipeline()
+    table = ensure_table(catalog, (namespace, pipeline.table), aggregate_table_schema(pipeline))
     start = datetime(2026, 1, 1, 0, minute, tzinfo=UTC)
     rows = pa.table(
         {
@@ -51,8 +61,8 @@ def stage(catalog: Catalog, ledger: Ledger, batch_id: int, minute: int) -> Outbo
     (staged,) = write_parquet(table, rows, staging_folder(table, "q1", batch_id))
     entry = OutboxEntry(
         "q1",
-        "orders_per_minute",
-        TABLE,
+        pipeline.name,
+        f"{namespace}.{pipeline.table}",
         batch_id,
         {"orders": {"0": [batch_id, batch_id + 1]}},
         (staged,),

@@ -17,24 +17,20 @@ import re
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
-from datetime import UTC, datetime
-from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlparse
 
-import pyarrow as pa
 import pytest
 
 from krishiv.verify import check_ledger_agreement
-from krishiv_core.catalog import CatalogRefused, ensure_table, load_catalog, qualified, redact
-from krishiv_core.entries import COMMITTED, PENDING, OutboxEntry, new_snapshot_id
+from krishiv_core.catalog import CatalogRefused, load_catalog, redact
+from krishiv_core.entries import COMMITTED, PENDING, OutboxEntry
 from krishiv_core.errors import CatalogUnavailable
 from krishiv_core.spec import KrishivSpec, parse_spec
-from krishiv_core.tables import aggregate_table_schema
 from outbox.ledger import Ledger
 from outbox.relay import MAX_AMBIGUOUS_RECHECKS, CommitRelay
-from spark_jobs.staging import staging_folder, write_parquet
+from tests.outbox.test_relay import stage as stage_in
 from tests.services.rest_catalog import NAMESPACE, TOKEN_VARIABLE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -181,32 +177,8 @@ def spec(tmp_path: Path, rest_catalog, proxy: CommitProxy) -> KrishivSpec:
 
 
 def stage(spec: KrishivSpec, ledger: Ledger, batch_id: int) -> OutboxEntry:
-    """One batch of one window row, staged beside the table as Spark would, and recorded in the ledger."""
-    pipeline = spec.pipeline()
-    table = ensure_table(load_catalog(spec), (NAMESPACE, pipeline.table), aggregate_table_schema(pipeline))
-    start = datetime(2026, 1, 1, 0, batch_id, tzinfo=UTC)
-    rows = pa.table(
-        {
-            "window_start": pa.array([start], pa.timestamp("us", tz="UTC")),
-            "window_end": pa.array([start.replace(minute=batch_id + 1)], pa.timestamp("us", tz="UTC")),
-            "order_count": pa.array([batch_id + 1], pa.int64()),
-            "amount_total": pa.array([Decimal("10.25")], pa.decimal128(22, 2)),
-        }
-    )
-    (staged,) = write_parquet(table, rows, staging_folder(table, "q1", batch_id))
-    name = qualified(spec, pipeline.table)
-    entry = OutboxEntry(
-        "q1",
-        pipeline.name,
-        name,
-        batch_id,
-        {"orders": {"0": [batch_id, batch_id + 1]}},
-        (staged,),
-        new_snapshot_id(),
-        {},
-    )
-    assert ledger.record_batch([entry]) == [True]
-    return entry
+    """One batch of one window row in the REST catalog, staged beside the table and recorded in the ledger."""
+    return stage_in(load_catalog(spec), ledger, batch_id, batch_id, pipeline=spec.pipeline(), namespace=NAMESPACE)
 
 
 def relay_for(spec: KrishivSpec, ledger: Ledger) -> CommitRelay:
