@@ -55,8 +55,11 @@ ENV_OVERRIDES = {
 _DECIMAL = re.compile(r"^decimal\((\d+),\s*(\d+)\)$")
 _SCALAR_TYPES = ("string", "long", "int", "double", "boolean", "timestamp_ms", "timestamp")
 _AGG_FUNCTIONS = ("count", "sum", "min", "max", "avg")
-_DURATION = re.compile(r"^(\d+)\s*(ms|s|m|h)$")
-_DURATION_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
+_DURATION = re.compile(r"^(\d+)\s*(ms|s|m|h|d)$")
+_DURATION_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_SIZE = re.compile(r"^(\d+)\s*(B|KiB|MiB|GiB|KB|MB|GB)?$")
+_SIZE_BYTES = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "KB": 10**3, "MB": 10**6, "GB": 10**9}
+_CRON_FIELD = re.compile(r"^[0-9A-Za-z*/,?-]+$")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _OUTPUT_MODES = ("append", "update")
 WINDOWED, EVENTS, UPSERT = "windowed", "events", "upsert"
@@ -219,6 +222,32 @@ class SparkSettings:
         return resolve(self.conf, os.environ if env is None else env, "spark.conf")
 
 
+#: Orphan removal refuses a grace period below this unless forced: a file being written or staged, not yet
+#: recorded in the ledger or the table, is younger than this.
+MIN_ORPHAN_GRACE_MS = 10 * 60_000
+
+
+@dataclass(frozen=True)
+class MaintenanceSettings:
+    """``[maintenance]``: snapshot expiry, orphan-file removal and compaction of every table Krishiv writes.
+
+    A snapshot is kept if it is one of the newest ``keep_last`` or younger than ``keep_younger_than``; the
+    current snapshot and any branch or tag head always are (Iceberg's min-snapshots-to-keep and
+    max-snapshot-age). A file neither a retained snapshot, the table's metadata nor a PENDING ledger entry refers
+    to is removed once older than ``orphan_grace``. Compaction rewrites a partition's files smaller than
+    ``target_file_size`` once it has ``min_files`` of them. ``schedule`` (cron) runs all three from Dagster;
+    ``enabled = false`` leaves the schedule stopped (the commands still run when asked).
+    """
+
+    enabled: bool = True
+    schedule: str = "0 * * * *"
+    keep_last: int = 100
+    keep_younger_than_ms: int = 15 * 60_000
+    orphan_grace_ms: int = 24 * 3_600_000
+    target_file_size: int = 128 << 20
+    min_files: int = 5
+
+
 @dataclass(frozen=True)
 class KrishivSpec:
     kafka: KafkaSettings
@@ -227,6 +256,7 @@ class KrishivSpec:
     spark: SparkSettings
     pipelines: tuple[PipelineSpec, ...]
     base_dir: Path = Path(".")
+    maintenance: MaintenanceSettings = field(default_factory=MaintenanceSettings)
 
     def pipeline(self, name: str | None = None) -> PipelineSpec:
         if name is None:
@@ -316,7 +346,7 @@ def _expect(value: Any, kind: type | tuple[type, ...], field_name: str, what: st
 
 
 def parse_duration_ms(value: Any, field_name: str) -> int:
-    """``"5s"``, ``"1m"``, ``"250ms"``, ``"1h"`` or a whole number of milliseconds."""
+    """``"5s"``, ``"1m"``, ``"250ms"``, ``"1h"``, ``"7d"`` or a whole number of milliseconds."""
     if isinstance(value, int) and not isinstance(value, bool):
         ms = value
     elif isinstance(value, str) and (m := _DURATION.match(value.strip())):
@@ -326,6 +356,56 @@ def parse_duration_ms(value: Any, field_name: str) -> int:
     if ms <= 0:
         raise ConfigError(field_name, f"expected a positive duration, got {value!r}")
     return ms
+
+
+def parse_size_bytes(value: Any, field_name: str) -> int:
+    """``"128MiB"``, ``"512KiB"``, ``"1GB"`` or a whole number of bytes."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        size = value
+    elif isinstance(value, str) and (m := _SIZE.match(value.strip())):
+        size = int(m.group(1)) * _SIZE_BYTES[m.group(2) or "B"]
+    else:
+        raise ConfigError(field_name, f"expected a size like '128MiB', '512KiB' or a number of bytes, got {value!r}")
+    if size <= 0:
+        raise ConfigError(field_name, f"expected a positive size, got {value!r}")
+    return size
+
+
+def parse_cron(value: Any, field_name: str) -> str:
+    """A cron string of five fields (minute hour day-of-month month day-of-week), as Dagster's schedules take."""
+    fields = value.split() if isinstance(value, str) else []
+    if len(fields) != 5 or not all(_CRON_FIELD.match(f) for f in fields):
+        raise ConfigError(field_name, f"expected a cron string of five fields such as '0 * * * *', got {value!r}")
+    return " ".join(fields)
+
+
+def _parse_maintenance(doc: Mapping[str, Any]) -> MaintenanceSettings:
+    m = _section(
+        doc,
+        "maintenance",
+        {"enabled", "schedule", "keep_last", "keep_younger_than", "orphan_grace", "target_file_size", "min_files"},
+    )
+    d = MaintenanceSettings()
+    settings = MaintenanceSettings(
+        enabled=_expect(m.get("enabled", d.enabled), bool, "maintenance.enabled", "true or false"),
+        schedule=parse_cron(m.get("schedule", d.schedule), "maintenance.schedule"),
+        keep_last=_positive_int(m.get("keep_last", d.keep_last), "maintenance.keep_last"),
+        keep_younger_than_ms=parse_duration_ms(
+            m.get("keep_younger_than", d.keep_younger_than_ms), "maintenance.keep_younger_than"
+        ),
+        orphan_grace_ms=parse_duration_ms(m.get("orphan_grace", d.orphan_grace_ms), "maintenance.orphan_grace"),
+        target_file_size=parse_size_bytes(
+            m.get("target_file_size", d.target_file_size), "maintenance.target_file_size"
+        ),
+        min_files=_positive_int(m.get("min_files", d.min_files), "maintenance.min_files"),
+    )
+    if settings.orphan_grace_ms < MIN_ORPHAN_GRACE_MS:
+        raise ConfigError(
+            "maintenance.orphan_grace",
+            f"expected at least {MIN_ORPHAN_GRACE_MS // 60_000}m (a file being staged is not recorded yet), "
+            f"got {m['orphan_grace']!r}",
+        )
+    return settings
 
 
 def parse_field_type(value: Any, field_name: str) -> FieldType:
@@ -664,7 +744,7 @@ def parse_spec(
     """Validate a decoded spec document, applying environment overrides first."""
     doc = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
     _apply_env(doc, env if env is not None else {})
-    unknown = set(doc) - {"kafka", "iceberg", "storage", "spark", "pipelines"}
+    unknown = set(doc) - {"kafka", "iceberg", "storage", "spark", "maintenance", "pipelines"}
     if unknown:
         raise ConfigError("spec", f"unknown sections {sorted(unknown)}")
 
@@ -760,7 +840,8 @@ def parse_spec(
         raise ConfigError(
             "pipelines.table", f"each table is written by one pipeline only; written by several: {sorted(dupes)}"
         )
-    return KrishivSpec(kafka, iceberg, storage, spark, pipelines, base_dir or Path.cwd())
+    maintenance = _parse_maintenance(doc)
+    return KrishivSpec(kafka, iceberg, storage, spark, pipelines, base_dir or Path.cwd(), maintenance)
 
 
 def load_spec(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> KrishivSpec:

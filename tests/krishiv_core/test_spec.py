@@ -17,10 +17,12 @@ from krishiv_core.spec import (
     Aggregation,
     FieldType,
     KrishivSpec,
+    MaintenanceSettings,
     PipelineSpec,
     Route,
     load_spec,
     parse_duration_ms,
+    parse_size_bytes,
     parse_spec,
 )
 from krishiv_core.tables import aggregate_table_schema, aggregate_type
@@ -1130,3 +1132,57 @@ def test_checkpoint_and_ledger_stay_on_a_filesystem(key: str, value: str, expect
     raw["storage"][key] = value
     with pytest.raises(ConfigError, match=re.escape(f"storage.{key}: expected a path") + ".*" + re.escape(expected)):
         parse_spec(raw, env={})
+
+
+# ------------------------------------------------------------------------------------------- [maintenance]
+
+
+def test_maintenance_defaults() -> None:
+    m = parse_spec(_doc(), env={}).maintenance
+    assert m == MaintenanceSettings()
+    assert (m.enabled, m.schedule, m.keep_last, m.min_files) == (True, "0 * * * *", 100, 5)
+    assert (m.keep_younger_than_ms, m.orphan_grace_ms, m.target_file_size) == (900_000, 86_400_000, 128 << 20)
+
+
+def test_maintenance_section_read() -> None:
+    doc = _doc()
+    doc["maintenance"] = {
+        "enabled": False,
+        "schedule": "*/10  *  * * *",
+        "keep_last": 7,
+        "keep_younger_than": "90s",
+        "orphan_grace": "7d",
+        "target_file_size": "64MiB",
+        "min_files": 3,
+    }
+    m = parse_spec(doc, env={}).maintenance
+    assert m == MaintenanceSettings(False, "*/10 * * * *", 7, 90_000, 7 * 86_400_000, 64 << 20, 3)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("keep_last", 0, "expected a positive whole number"),
+        ("keep_younger_than", "15 minutes", "expected a duration like"),
+        ("orphan_grace", "5m", "expected at least 10m"),
+        ("target_file_size", "big", "expected a size like '128MiB'"),
+        ("min_files", "two", "expected"),
+        ("schedule", "hourly", "expected a cron string of five fields"),
+        ("enabled", "yes", "expected true or false"),
+        ("compact", True, "unknown keys ['compact']"),
+    ],
+)
+def test_bad_maintenance_value_names_its_key(key: str, value: object, expected: str) -> None:
+    doc = _doc()
+    doc["maintenance"] = {key: value}
+    with pytest.raises(ConfigError) as err:
+        parse_spec(doc, env={})
+    assert err.value.field == ("maintenance" if key == "compact" else f"maintenance.{key}")
+    assert expected in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "size"), [("128MiB", 128 << 20), ("1GB", 10**9), ("512 KiB", 512 << 10), (4096, 4096)]
+)
+def test_parse_size(value: object, size: int) -> None:
+    assert parse_size_bytes(value, "x") == size
