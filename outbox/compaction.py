@@ -1,0 +1,404 @@
+"""Compaction: rewrite a table's small data files into files of about a target size, as one ``replace`` snapshot.
+
+Every relay commit adds at least one small file (and one manifest), so a continuous pipeline leaves thousands of
+them: scans open every file and every commit reads every manifest. :func:`compact_table` rewrites them:
+
+1. Plan on the branch head H: the live data files, grouped by partition spec and partition value; in each group
+   the files smaller than ``small_file_ratio`` of the target; a group with at least ``min_files`` of them is
+   bin-packed (on their sizes on disk) into outputs of about ``target_file_size``.
+2. Read each bin through the table's FileIO in the table's schema (files written under an older schema read as
+   that schema's evolution says) and write it with pyiceberg's own writer (file names under the table's data
+   location, field ids, the table's Parquet settings, partition records computed from the rows, invariant 14).
+   Each bin must give back exactly the rows its files held, in one file of the bin's partition; otherwise
+   nothing of it is committed.
+3. Commit ONE snapshot with operation ``replace`` (pyiceberg 0.12 cannot summarise one, see
+   :class:`_ReplaceFiles`) that removes the bins' files and adds their rewrites, with the requirement that the
+   branch head is still the snapshot the plan read. Its summary names the maintenance
+   (``krishiv.maintenance=compaction``, the files and bytes rewritten, the run id) and never a batch, a query
+   or a high-water batch id; no table property is set, so the relay's high-water marks stay as they are.
+
+A compaction never changes what the table holds: added rows equal deleted rows, per bin and in the summary.
+
+Concurrency with the relay (which commits about every second in continuous mode): if the head moved between
+plan and commit, the table is reloaded. A bin whose files are all still live is committed on the new head as
+it is (a relay append only adds files); a bin one of whose files a concurrent commit removed (a merge's
+copy-on-write rewrite) is dropped and its written files deleted. At most :data:`MAX_ATTEMPTS` commits are
+tried. Every file written by a compaction that does not commit is deleted by it, except after an unknown
+outcome (the catalog may still apply the commit): those, and the files of a killed compaction, are orphans for
+orphan-file removal. The relay, for its part, sees a compaction as another writer at the head: its conflict
+reloads, re-checks (the intended snapshot id, the high-water property) and retries.
+
+Fault points (``krishiv_core.faults``): ``maintenance.after_rewrite`` (files written, nothing committed),
+``maintenance.before_catalog_commit`` and ``maintenance.after_catalog_commit``.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.expressions import AlwaysTrue
+from pyiceberg.io.pyarrow import ArrowScan, _dataframe_to_data_files
+from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent
+from pyiceberg.table import FileScanTask, Table, TableProperties
+from pyiceberg.table.snapshots import Operation, Summary
+from pyiceberg.table.update import UpdateTableMetadata
+from pyiceberg.table.update.snapshot import _OverwriteFiles
+from pyiceberg.typedef import EMPTY_DICT, Record
+
+from krishiv_core.faults import fault_point
+from outbox.errors import OutboxError
+from outbox.snapshot_producer import MetadataCachingTransaction
+
+log = logging.getLogger(__name__)
+
+SUMMARY_MAINTENANCE = "krishiv.maintenance"
+SUMMARY_REWRITTEN_FILES = "krishiv.rewritten-files"
+SUMMARY_REWRITTEN_BYTES = "krishiv.rewritten-bytes"
+SUMMARY_MAINTENANCE_RUN = "krishiv.maintenance-run"
+COMPACTION = "compaction"
+
+#: A file below this share of the target size is small (a candidate to rewrite).
+SMALL_FILE_RATIO = 0.75
+#: Commits tried (the first and its rebases on a moved head) before the compaction gives up, committing nothing.
+MAX_ATTEMPTS = 5
+#: The writer's own target (``write.target-file-size-bytes``) while rewriting: a bin is one file, already sized
+#: by the bytes on disk (pyiceberg would split by the rows' size in memory, several times larger).
+_ONE_FILE_PER_BIN = 1 << 62
+
+
+class CompactionError(OutboxError):
+    """A compaction refused to commit or gave up; the table is as it was (see the message for written files)."""
+
+
+class CompactionRowsMismatch(CompactionError):
+    """A rewrite did not hold exactly the rows of the files it replaces; nothing was committed."""
+
+
+class CompactionConflict(CompactionError):
+    """Concurrent commits kept moving the head for longer than the retry budget; nothing was committed."""
+
+
+class CompactionOutcomeUnknown(CompactionError):
+    """The catalog call failed without saying whether it applied the commit; the written files are left."""
+
+
+@dataclass(frozen=True)
+class Bin:
+    """Files of one partition rewritten into one file."""
+
+    spec_id: int
+    partition: Record
+    files: tuple[DataFile, ...]
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.file_size_in_bytes for f in self.files)
+
+    @property
+    def rows(self) -> int:
+        return sum(f.record_count for f in self.files)
+
+
+@dataclass
+class CompactionReport:
+    table: str
+    groups: int = 0  # partitions with files rewritten (planned, for a dry run)
+    files_rewritten: int = 0
+    bytes_rewritten: int = 0
+    files_written: int = 0
+    bytes_written: int = 0
+    rows: int = 0  # rows rewritten (added == deleted)
+    snapshot_id: int | None = None  # the replace snapshot, None when nothing was committed
+    attempts: int = 0  # commits tried (a moved head makes more than one)
+    dry_run: bool = False
+    skipped: list[str] = field(default_factory=list)  # why files or groups were left as they are
+
+
+@dataclass
+class _Rewrite:
+    bin: Bin
+    written: list[DataFile]
+
+
+def compact_table(
+    table: Table,
+    *,
+    target_file_size: int,
+    min_files: int,
+    dry_run: bool = False,
+    run_id: str | None = None,
+    small_file_ratio: float = SMALL_FILE_RATIO,
+) -> CompactionReport:
+    """Rewrite the small data files of ``table`` (a pyiceberg table loaded from its catalog) into files of about
+    ``target_file_size`` bytes, in partitions holding at least ``min_files`` small files, as one ``replace``
+    snapshot; ``dry_run`` plans and reports without writing. Returns what was (or would be) rewritten."""
+    if target_file_size <= 0:
+        raise ValueError(f"target_file_size must be positive, not {target_file_size}")
+    if min_files < 2:
+        raise ValueError(f"min_files must be at least 2 (one file is not compacted), not {min_files}")
+    name = ".".join(table.name())
+    report = CompactionReport(name, dry_run=dry_run)
+    bins = plan_bins(table, target_file_size, min_files, small_file_ratio, report.skipped)
+    if not bins:
+        return report
+    if dry_run:
+        _count(report, bins, written=[])
+        return report
+
+    run_id = run_id or uuid.uuid4().hex
+    rewrites = [_rewrite(table, b) for b in bins]
+    try:
+        fault_point("maintenance.after_rewrite")
+        _commit(table, rewrites, run_id, report)
+    except CompactionOutcomeUnknown:
+        raise  # the files may be referenced by a commit the catalog still applies: left as orphans at worst
+    except BaseException:
+        if report.snapshot_id is None:
+            _remove(table, [f for r in rewrites for f in r.written])
+        raise
+    return report
+
+
+# ------------------------------------------------------------------------------------------ planning
+
+
+def live_data_files(table: Table) -> list[DataFile]:
+    """The data files of the current snapshot (no delete files), each with its ``spec_id``."""
+    snapshot = table.current_snapshot()
+    if snapshot is None:
+        return []
+    files = []
+    for manifest in snapshot.manifests(table.io):
+        if manifest.content != ManifestContent.DATA:
+            continue
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            if entry.data_file.content == DataFileContent.DATA:
+                files.append(entry.data_file)
+    return files
+
+
+def _has_delete_files(table: Table) -> bool:
+    snapshot = table.current_snapshot()
+    return snapshot is not None and any(m.content == ManifestContent.DELETES for m in snapshot.manifests(table.io))
+
+
+def plan_bins(
+    table: Table, target_file_size: int, min_files: int, small_file_ratio: float, skipped: list[str]
+) -> list[Bin]:
+    """The bins to rewrite on the current snapshot, by partition; reasons for what is left go to ``skipped``."""
+    if table.current_snapshot() is None:
+        skipped.append("the table has no snapshot")
+        return []
+    if _has_delete_files(table):
+        # A rewrite would drop the delete files' hold on the rows they delete (Krishiv never writes any).
+        skipped.append("the table has delete files (merge-on-read); compaction rewrites copy-on-write tables only")
+        return []
+    current_spec = table.spec().spec_id
+    groups: dict[tuple[int, Record], list[DataFile]] = defaultdict(list)
+    older_spec = 0
+    for data_file in live_data_files(table):
+        if data_file.spec_id != current_spec:
+            older_spec += 1
+            continue
+        groups[(data_file.spec_id, data_file.partition)].append(data_file)
+    if older_spec:
+        skipped.append(f"{older_spec} files under an older partition spec are left as they are")
+
+    small_limit = target_file_size * small_file_ratio
+    bins: list[Bin] = []
+    few = 0
+    for (spec_id, partition), files in sorted(groups.items(), key=lambda kv: repr(kv[0])):
+        small = [f for f in files if f.file_size_in_bytes < small_limit]
+        if len(small) < min_files:
+            few += 1 if small else 0
+            continue
+        for packed in _pack(small, target_file_size):
+            if len(packed) > 1:
+                bins.append(Bin(spec_id, partition, tuple(packed)))
+    if few:
+        skipped.append(f"{few} partitions have fewer than {min_files} small files")
+    if not bins and not skipped:
+        skipped.append("no partition has small files to compact")
+    return bins
+
+
+def _pack(files: Sequence[DataFile], target: int) -> list[list[DataFile]]:
+    """Files in bins of at most ``target`` bytes (first fit, largest first), oldest order kept within a bin."""
+    order = {f.file_path: i for i, f in enumerate(files)}
+    bins: list[tuple[int, list[DataFile]]] = []
+    for f in sorted(files, key=lambda f: -f.file_size_in_bytes):
+        for i, (size, members) in enumerate(bins):
+            if size + f.file_size_in_bytes <= target:
+                members.append(f)
+                bins[i] = (size + f.file_size_in_bytes, members)
+                break
+        else:
+            bins.append((f.file_size_in_bytes, [f]))
+    return [sorted(members, key=lambda f: order[f.file_path]) for _, members in bins]
+
+
+# ------------------------------------------------------------------------------------------ rewriting
+
+
+def _rewrite(table: Table, b: Bin) -> _Rewrite:
+    """Read the bin's files in the table's schema and write them as one file of the bin's partition."""
+    reader = ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue())
+    rows: pa.Table = reader.to_table([FileScanTask(f) for f in b.files])
+    writing = table.metadata.model_copy(
+        update={
+            "properties": {
+                **table.metadata.properties,
+                TableProperties.WRITE_TARGET_FILE_SIZE_BYTES: str(_ONE_FILE_PER_BIN),
+            }
+        }
+    )
+    written = list(_dataframe_to_data_files(table_metadata=writing, df=rows, io=table.io)) if rows.num_rows else []
+    problem = None
+    if rows.num_rows != b.rows or sum(f.record_count for f in written) != b.rows:
+        problem = (
+            f"read {rows.num_rows} and wrote {sum(f.record_count for f in written)} rows of {len(b.files)} files "
+            f"holding {b.rows}"
+        )
+    elif any(f.partition != b.partition for f in written):
+        problem = f"rows of partition {b.partition} were written under partitions {[f.partition for f in written]}"
+    if problem:
+        _remove(table, written)
+        raise CompactionRowsMismatch(
+            f"compaction of {'.'.join(table.name())}: {problem}; nothing was committed "
+            f"(files {', '.join(f.file_path for f in b.files[:3])}{' …' if len(b.files) > 3 else ''})"
+        )
+    return _Rewrite(b, written)
+
+
+# ------------------------------------------------------------------------------------------ committing
+
+
+class _ReplaceFiles(_OverwriteFiles):
+    """An overwrite producer whose snapshot is labelled ``replace``: the same data, rearranged.
+
+    pyiceberg 0.12 builds a snapshot summary for append, overwrite and delete only (``update_snapshot_summaries``
+    raises "Operation not implemented" for replace), so the summary is computed as an overwrite's (added and
+    deleted files, records and sizes, the totals) and then labelled replace. It is not registered for
+    pyiceberg's own commit retries: a retry would rebase it without the check that its files are still live;
+    :func:`compact_table` rebases itself.
+    """
+
+    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
+        self._operation = Operation.OVERWRITE
+        try:
+            summary = super()._summary(snapshot_properties)
+        finally:
+            self._operation = Operation.REPLACE
+        return Summary(operation=Operation.REPLACE, **summary.additional_properties)
+
+    def commit(self) -> None:
+        UpdateTableMetadata.commit(self)
+
+
+def _commit(table: Table, rewrites: list[_Rewrite], run_id: str, report: CompactionReport) -> None:
+    snapshot_id = table.metadata.new_snapshot_id()
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        report.attempts = attempt
+        summary = {
+            SUMMARY_MAINTENANCE: COMPACTION,
+            SUMMARY_REWRITTEN_FILES: str(sum(len(r.bin.files) for r in rewrites)),
+            SUMMARY_REWRITTEN_BYTES: str(sum(r.bin.bytes for r in rewrites)),
+            SUMMARY_MAINTENANCE_RUN: run_id,
+        }
+        tx = MetadataCachingTransaction(table, autocommit=False)
+        producer = _ReplaceFiles(operation=Operation.REPLACE, transaction=tx, io=table.io, snapshot_properties=summary)
+        producer._snapshot_id = snapshot_id  # kept across attempts: a late landing of one is found by its id
+        producer.delete_by_predicate(AlwaysTrue())  # every manifest may hold a bin's file
+        for r in rewrites:
+            for f in r.bin.files:
+                producer.delete_data_file(f)
+            for f in r.written:
+                producer.append_data_file(f)
+        producer.commit()  # writes the manifests and stages the snapshot; the catalog is not called yet
+        fault_point("maintenance.before_catalog_commit")
+        try:
+            tx.commit_transaction()
+        except CommitFailedException as exc:
+            producer._clean_all_uncommitted()
+            log.info("compaction of %s lost a race to another commit (%s); rebasing", report.table, exc)
+            table.refresh()
+            rewrites = _still_live(table, rewrites, report)
+            if not rewrites:
+                return
+            continue
+        except Exception as exc:
+            if _landed(table, snapshot_id):
+                break
+            raise CompactionOutcomeUnknown(
+                f"compaction of {report.table}: the catalog commit failed ({type(exc).__name__}: {exc}) and the "
+                f"table does not show snapshot {snapshot_id}; it may still apply it. Its written files are left "
+                "for orphan-file removal"
+            ) from exc
+        break
+    else:
+        raise CompactionConflict(
+            f"compaction of {report.table}: {MAX_ATTEMPTS} commits lost to concurrent writers; nothing was committed"
+        )
+    report.snapshot_id = snapshot_id
+    _count(report, [r.bin for r in rewrites], [f for r in rewrites for f in r.written])
+    fault_point("maintenance.after_catalog_commit")
+    log.info(
+        "compacted %s: %d files (%d bytes) into %d (%d bytes), snapshot %s",
+        report.table,
+        report.files_rewritten,
+        report.bytes_rewritten,
+        report.files_written,
+        report.bytes_written,
+        snapshot_id,
+    )
+
+
+def _landed(table: Table, snapshot_id: int) -> bool:
+    try:
+        table.refresh()
+    except Exception:  # the catalog is still away: unknown
+        return False
+    return table.metadata.snapshot_by_id(snapshot_id) is not None
+
+
+def _still_live(table: Table, rewrites: list[_Rewrite], report: CompactionReport) -> list[_Rewrite]:
+    """The rewrites whose files are all live at the new head; the others' written files are deleted."""
+    if table.spec().spec_id != rewrites[0].bin.spec_id:
+        report.skipped.append("the partition spec changed during the compaction; nothing was committed")
+        _remove(table, [f for r in rewrites for f in r.written])
+        return []
+    live = {f.file_path for f in live_data_files(table)}
+    kept, dropped = [], []
+    for r in rewrites:
+        (kept if all(f.file_path in live for f in r.bin.files) else dropped).append(r)
+    if dropped:
+        report.skipped.append(
+            f"{sum(len(r.bin.files) for r in dropped)} files were rewritten by a concurrent commit; "
+            f"{len(dropped)} of their groups were left"
+        )
+        _remove(table, [f for r in dropped for f in r.written])
+    return kept
+
+
+def _count(report: CompactionReport, bins: Iterable[Bin], written: Sequence[DataFile]) -> None:
+    bins = list(bins)
+    report.groups = len({(b.spec_id, b.partition) for b in bins})
+    report.files_rewritten = sum(len(b.files) for b in bins)
+    report.bytes_rewritten = sum(b.bytes for b in bins)
+    report.rows = sum(b.rows for b in bins)
+    report.files_written = len(written)
+    report.bytes_written = sum(f.file_size_in_bytes for f in written)
+
+
+def _remove(table: Table, files: Sequence[DataFile]) -> None:
+    for f in files:
+        try:
+            table.io.delete(f.file_path)
+        except Exception:  # a leftover file is an orphan, not an error of the compaction
+            log.warning("could not remove %s, written for a compaction that did not commit", f.file_path, exc_info=True)
