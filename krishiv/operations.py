@@ -129,6 +129,7 @@ def run_pipelines(
     reporter: BatchReporter | None = None,
     progress: Progress | None = None,
     stop_on_signals: bool = False,
+    stop_when: Callable[[], bool] | None = None,
 ) -> list[RunningPipeline]:
     """Run the pipelines' streaming queries, each under its stager lease.
 
@@ -138,6 +139,8 @@ def run_pipelines(
     ``progress`` is told when Spark starts and each query starts. With ``stop_on_signals`` (the CLI), SIGINT and
     SIGTERM stop a one-shot run between batches too (:class:`RunInterrupted`); a second one ends the process at
     once. Signals are only handled in the main thread, and a continuous run always stops on them.
+    ``stop_when`` (continuous mode): asked every half second; once it returns True the queries stop between
+    batches, as on SIGTERM, and the run returns (a Dagster staging run that lingers while events arrive).
     """
     from krishiv.preflight import check_broker, check_catalog
 
@@ -170,6 +173,8 @@ def run_pipelines(
         # From here on a signal is a request to stop (PySpark's own handler would make a py4j call inside it).
         with _stop_requests(stop_on_signals or not once, say) as requested:
             try:
+                if not once:  # a shared session's earlier queries would end the wait below at once
+                    spark.streams.resetTerminated()
                 for p in pipelines:
                     if requested.is_set():
                         break
@@ -198,7 +203,8 @@ def run_pipelines(
                 else:
                     try:
                         while not requested.is_set() and not spark.streams.awaitAnyTermination(_POLL_S):
-                            pass
+                            if stop_when is not None and stop_when():
+                                break
                     except StreamingQueryException:
                         pass  # named below, from the query that failed
                 for r in running:
