@@ -11,6 +11,10 @@ another process, and the stager checks ``lost`` (or calls :meth:`HeldLease.ensur
 passes ``held.lease`` to :meth:`Ledger.record_batch`, which checks again in the transaction that records the
 batch. A renewal that fails for a while (ledger busy) is only logged: the lease is lost only when the ledger
 says so, or when it has certainly expired.
+
+A holder that commits each batch itself right after staging it (a continuous ``krishiv run`` with its
+committer) takes the lease with ``committing=True``: the Dagster outbox sensor then leaves fresh pending
+entries to it and launches a commit run only for what stays pending past a grace (the committer is down).
 """
 
 from __future__ import annotations
@@ -57,6 +61,11 @@ class HeldLease:
         """Block until the lease is lost or ``timeout`` passes; returns :attr:`lost`."""
         return self._lost.wait(timeout)
 
+    @property
+    def committing(self) -> bool:
+        """Whether this process said it commits its own batches when it took the lease."""
+        return bool(self.lease.committing)
+
     def ensure_held(self) -> None:
         """Raise :class:`StagerLeaseLost` if the lease was lost: call it before staging a batch."""
         if self.lost:
@@ -84,13 +93,16 @@ def _who_holds(ledger: Ledger, lease: StagerLease) -> str:
 
 
 @contextmanager
-def stager_lease(ledger: Ledger, pipeline: str, holder: str, ttl_s: float = LEASE_TTL_S) -> Iterator[HeldLease]:
+def stager_lease(
+    ledger: Ledger, pipeline: str, holder: str, ttl_s: float = LEASE_TTL_S, committing: bool = False
+) -> Iterator[HeldLease]:
     """Hold the lease for the duration of the block; raises :class:`StagerBusy` if another process holds it.
 
     Yields a :class:`HeldLease` whose ``lost`` turns True when the renewer finds the lease gone; the renewer
     then stops, and the lease is not released on exit (it is not this process's to release any more).
+    ``committing`` is recorded with the lease: this process commits the batches it stages (see the module).
     """
-    held = HeldLease(ledger.acquire_lease(pipeline, holder, ttl_s))
+    held = HeldLease(ledger.acquire_lease(pipeline, holder, ttl_s, committing=committing))
     stop = threading.Event()
 
     def renew() -> None:

@@ -188,6 +188,7 @@ class StagerLease:
     expires_at: datetime
     token: str | None = None
     node: str | None = None
+    committing: bool | None = False  # the holder commits its own batches as it stages them (NULL: an old lease)
 
     def alive(self, now: datetime | None = None) -> bool:
         """Unexpired, and, when held in this process's pid space, by a process that still exists."""
@@ -209,7 +210,8 @@ class StagerLease:
 
     def describe(self) -> str:
         until = self.expires_at.isoformat(timespec="seconds")
-        return f"{self.holder} (pid {self.pid} on {self.host}, lease until {until})"
+        commits = ", committing its own batches" if self.committing else ""
+        return f"{self.holder} (pid {self.pid} on {self.host}{commits}, lease until {until})"
 
 
 # ------------------------------------------------------------------------------------------ schema
@@ -330,6 +332,16 @@ _MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE outbox ADD COLUMN operation VARCHAR;
     """,
+    # 8: each commit's place in the order of commits (``commit_seq``, from a sequence: the cursor the Dagster
+    # sensor reports commits by), who made it and how long the catalog call took; whether a lease's process
+    # commits its own batches. Entries committed before this version keep NULLs and are never reported.
+    """
+    CREATE SEQUENCE outbox_commit_seq START 1;
+    ALTER TABLE outbox ADD COLUMN commit_seq BIGINT;
+    ALTER TABLE outbox ADD COLUMN committed_by VARCHAR;
+    ALTER TABLE outbox ADD COLUMN commit_ms DOUBLE;
+    ALTER TABLE stager_lease ADD COLUMN committing BOOLEAN;
+    """,
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 
@@ -337,7 +349,7 @@ _COLUMNS = (
     "query_id, pipeline, table_name, batch_id, status, intended_snapshot_id, committed_snapshot_id, "
     "offsets, files, metrics, created_at, committed_at, operation"
 )
-_LEASE_COLUMNS = "pipeline, holder, host, pid, acquired_at, expires_at, token, node"
+_LEASE_COLUMNS = "pipeline, holder, host, pid, acquired_at, expires_at, token, node, committing"
 _SKIP_COLUMNS = (
     "pipeline, query_id, topic, partition, from_offset, to_offset, reason, operator, created_at, applied_batch_id"
 )
@@ -743,13 +755,38 @@ class Ledger:
                     )
         return True
 
-    def mark_committed(self, entry: OutboxEntry, snapshot_id: int | None) -> None:
+    def mark_committed(
+        self,
+        entry: OutboxEntry,
+        snapshot_id: int | None,
+        committed_by: str | None = None,
+        commit_ms: float | None = None,
+    ) -> int | None:
+        """Mark a PENDING entry COMMITTED (``snapshot_id`` None: nothing published, or the snapshot expired).
+
+        The same transaction gives the commit the next ``commit_seq``, the order in which commits reached the
+        ledger (:meth:`commits_since` reads by it), and records ``committed_by`` (``krishiv run``, ``krishiv
+        commit``, ``dagster run <id>``) and ``commit_ms``, the catalog call's duration when this process made
+        it. Returns the commit's sequence number, or None if the entry was no longer PENDING (nothing changed).
+        """
         with self._transaction() as con:
-            con.execute(
-                "UPDATE outbox SET status = ?, committed_snapshot_id = ?, committed_at = ? "
-                "WHERE query_id = ? AND table_name = ? AND batch_id = ? AND status = ?",
-                [COMMITTED, snapshot_id, datetime.now(UTC), entry.query_id, entry.table, entry.batch_id, PENDING],
-            )
+            rows = con.execute(
+                "UPDATE outbox SET status = ?, committed_snapshot_id = ?, committed_at = ?, "
+                "commit_seq = nextval('outbox_commit_seq'), committed_by = ?, commit_ms = ? "
+                "WHERE query_id = ? AND table_name = ? AND batch_id = ? AND status = ? RETURNING commit_seq",
+                [
+                    COMMITTED,
+                    snapshot_id,
+                    datetime.now(UTC),
+                    committed_by,
+                    commit_ms,
+                    entry.query_id,
+                    entry.table,
+                    entry.batch_id,
+                    PENDING,
+                ],
+            ).fetchall()
+        return int(rows[0][0]) if rows else None
 
     def compact(
         self, retention_s: float = DEFAULT_RETENTION_S, now: datetime | None = None, chunk: int = COMPACT_CHUNK
@@ -1181,11 +1218,12 @@ class Ledger:
 
     # ------------------------------------------------------------------------------------ stager lease
 
-    def acquire_lease(self, pipeline: str, holder: str, ttl_s: float) -> StagerLease:
+    def acquire_lease(self, pipeline: str, holder: str, ttl_s: float, committing: bool = False) -> StagerLease:
         """Take the pipeline's stager lease, or raise :class:`StagerBusy` naming the live holder.
 
         A lease that expired, or whose process in this pid space is gone (a killed ``krishiv run``), is taken
-        over. This process taking its own lease again renews it.
+        over. This process taking its own lease again renews it. ``committing`` tells readers (the Dagster
+        outbox sensor) that the holder commits each batch it stages itself.
         """
         now = datetime.now(UTC)
         lease = StagerLease(
@@ -1197,6 +1235,7 @@ class Ledger:
             now + timedelta(seconds=ttl_s),
             process_token(),
             node_identity(),
+            committing,
         )
         with self._transaction() as con:
             row = con.execute(f"SELECT {_LEASE_COLUMNS} FROM stager_lease WHERE pipeline = ?", [pipeline]).fetchone()
@@ -1205,7 +1244,7 @@ class Ledger:
                 if current.alive(now) and not current.mine:
                     raise StagerBusy(f"pipeline {pipeline!r} is already being staged by {current.describe()}")
             con.execute(
-                f"INSERT OR REPLACE INTO stager_lease ({_LEASE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT OR REPLACE INTO stager_lease ({_LEASE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     lease.pipeline,
                     lease.holder,
@@ -1215,6 +1254,7 @@ class Ledger:
                     lease.expires_at,
                     lease.token,
                     lease.node,
+                    lease.committing,
                 ],
             )
         return lease

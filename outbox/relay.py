@@ -205,11 +205,16 @@ class CommitRelay:
     """Commits a ledger's pending entries for the tables of one catalog."""
 
     def __init__(
-        self, ledger: Ledger, catalog: Catalog | Callable[[], Catalog], catalog_address: str = "catalog"
+        self,
+        ledger: Ledger,
+        catalog: Catalog | Callable[[], Catalog],
+        catalog_address: str = "catalog",
+        committed_by: str = "krishiv commit",
     ) -> None:
         self.ledger = ledger
         self._catalog = catalog
         self.catalog_address = catalog_address
+        self.committed_by = committed_by  # recorded with each commit in the ledger (who committed it)
         self._skips: dict[str, list[OffsetSkip]] = {}
 
     @property
@@ -230,7 +235,7 @@ class CommitRelay:
         table: Table | None = None
         for entry in pending:
             if entry.changes_nothing:
-                self.ledger.mark_committed(entry, None)
+                self.ledger.mark_committed(entry, None, self.committed_by)
                 report.empty.append(entry.batch_id)
                 continue
             if table is None:
@@ -287,7 +292,7 @@ class CommitRelay:
         while True:
             found = find_committed(table, entry)
             if found is not None:
-                self.ledger.mark_committed(entry, None if found == _EXPIRED else found)
+                self.ledger.mark_committed(entry, None if found == _EXPIRED else found, self.committed_by)
                 report.recovered.append(entry.batch_id)
                 return table
             self._fail_closed(table, entry)
@@ -340,8 +345,9 @@ class CommitRelay:
                 time.sleep(_backoff(ambiguous))
                 table = self._load(entry.table)
                 continue
-            report.commit_latencies_ms.append((time.perf_counter() - started) * 1000)
-            self.ledger.mark_committed(entry, entry.intended_snapshot_id)
+            commit_ms = (time.perf_counter() - started) * 1000
+            report.commit_latencies_ms.append(commit_ms)
+            self.ledger.mark_committed(entry, entry.intended_snapshot_id, self.committed_by, commit_ms)
             report.committed.append(entry.batch_id)
             report.snapshot_ids.append(entry.intended_snapshot_id)
             report.records += entry.record_count

@@ -113,10 +113,10 @@ class DiesBeforeMarking(Ledger):
         super().__init__(path)
         self.victim = victim
 
-    def mark_committed(self, entry: OutboxEntry, snapshot_id: int | None) -> None:
+    def mark_committed(self, entry: OutboxEntry, snapshot_id: int | None, *who: object) -> int | None:
         if entry.batch_id == self.victim:
             raise KeyboardInterrupt(f"killed after committing batch {entry.batch_id}")
-        super().mark_committed(entry, snapshot_id)
+        return super().mark_committed(entry, snapshot_id, *who)  # type: ignore[arg-type]
 
 
 def test_a_commit_whose_snapshot_expired_behind_another_writers_is_found(catalog: Catalog, ledger: Ledger) -> None:
