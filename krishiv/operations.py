@@ -314,20 +314,26 @@ def _wait_for_source(running: RunningPipeline) -> None:
 
 
 def commit_pipelines(
-    spec: KrishivSpec, pipelines: list[PipelineSpec], *, catalog: Catalog | None = None, ledger: Ledger | None = None
+    spec: KrishivSpec,
+    pipelines: list[PipelineSpec],
+    *,
+    catalog: Catalog | None = None,
+    ledger: Ledger | None = None,
+    committed_by: str = "krishiv commit",
 ) -> list[TableCommitReport]:
     """Phase 2 for the pipelines' tables: promote their pending entries, in order; then keep the ledger small.
 
     ``catalog`` and ``ledger`` default to the spec's; the spec's catalog is loaded only if there is work.
+    ``committed_by`` is recorded in the ledger with each commit (a Dagster run names itself).
     """
     from krishiv_core.catalog import load_catalog, qualified, redact
     from outbox.relay import CommitRelay
 
     ledger = open_ledger(spec) if ledger is None else ledger
     if catalog is None:
-        relay = CommitRelay(ledger, lambda: load_catalog(spec), redact(spec.catalog_uri()))
+        relay = CommitRelay(ledger, lambda: load_catalog(spec), redact(spec.catalog_uri()), committed_by)
     else:
-        relay = CommitRelay(ledger, catalog, _catalog_address(catalog))
+        relay = CommitRelay(ledger, catalog, _catalog_address(catalog), committed_by)
     reports = relay.run([qualified(spec, t) for p in pipelines for t in p.all_tables])
     ledger.compact_if_due()  # committed entries past the retention fold into per-query totals, hourly at most
     return reports
