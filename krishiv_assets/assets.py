@@ -57,6 +57,10 @@ class PipelineKeys:
         return list(self.tables.values())[-1]
 
 
+#: How a Dagster commit run names itself in the ledger (``committed_by``); the outbox sensor reports the other commits.
+DAGSTER_COMMITTER = "dagster run"
+
+
 def table_key(spec: KrishivSpec, table: str) -> dg.AssetKey:
     return dg.AssetKey(["iceberg", spec.iceberg.namespace, table])
 
@@ -202,13 +206,18 @@ def pipeline_assets(spec: KrishivSpec, pipeline: PipelineSpec) -> list[dg.Assets
         pool=commit_pool(pipeline),
         description=f"Phase 2 of {pipeline.name}: the commit relay promotes pending outbox entries, in order.",
     )
-    def commit(iceberg: IcebergCatalogResource, ledger: LedgerResource) -> Iterator[dg.MaterializeResult]:
+    def commit(
+        context,  # unannotated, as above
+        iceberg: IcebergCatalogResource,
+        ledger: LedgerResource,
+    ) -> Iterator[dg.MaterializeResult]:
         from krishiv.operations import commit_pipelines
 
         names = {key: qualified(spec, name) for name, key in keys.tables.items()}
         try:
             catalog, book = iceberg.catalog(), ledger.ledger()
-            reports = commit_pipelines(spec, [pipeline], catalog=catalog, ledger=book)
+            by = f"{DAGSTER_COMMITTER} {context.run.run_id[:8]}"  # this run materializes what it commits
+            reports = commit_pipelines(spec, [pipeline], catalog=catalog, ledger=book, committed_by=by)
             pending = book.pending_batches(list(names.values()))
         except KrishivError as exc:
             raise _failure(exc) from exc
