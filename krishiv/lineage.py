@@ -1,4 +1,9 @@
-"""A table's snapshot lineage, oldest first, with the identity Krishiv stamps into each summary."""
+"""A table's snapshot lineage, oldest first, with the identity Krishiv stamps into each summary.
+
+Three kinds of snapshot appear: a batch's (its query, batch id, high-water batch id and Kafka offsets), Krishiv's
+own maintenance (a compaction: operation ``replace``, ``krishiv.maintenance``, no batch, as many rows added as
+deleted; see ``outbox/compaction.py``), and anything else, another writer's.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Operation, Snapshot
 
+from outbox.compaction import SUMMARY_MAINTENANCE
 from outbox.relay import SUMMARY_BATCH_ID, SUMMARY_HIGH_WATER, SUMMARY_OFFSETS, SUMMARY_QUERY_ID
 
 
@@ -23,6 +30,29 @@ class LineageRow:
     added_records: int
     offsets: dict | None
     summary: dict[str, str]
+    deleted_records: int = 0
+    maintenance: str | None = None  # Krishiv's maintenance (``compaction``) for one of its own maintenance snapshots
+
+    @property
+    def writer(self) -> str:
+        """Who made the snapshot: ``batch``, ``maintenance`` or ``other``."""
+        if self.query_id is not None:
+            return "batch"
+        return "maintenance" if self.maintenance is not None else "other"
+
+
+def maintenance_of(snapshot: Snapshot) -> str | None:
+    """The maintenance a snapshot is (``compaction``), if it is one of Krishiv's: a ``replace`` that names it,
+    carries no batch, and adds exactly the rows it deletes. Anything else is not trusted as maintenance."""
+    summary = snapshot.summary
+    if summary is None or summary.operation != Operation.REPLACE:
+        return None
+    kind = summary.get(SUMMARY_MAINTENANCE)
+    if kind is None or summary.get(SUMMARY_QUERY_ID) is not None or summary.get(SUMMARY_BATCH_ID) is not None:
+        return None
+    if int(summary.get("added-records") or 0) != int(summary.get("deleted-records") or 0):
+        return None
+    return kind
 
 
 def lineage(table: Table) -> list[LineageRow]:
@@ -42,6 +72,8 @@ def lineage(table: Table) -> list[LineageRow]:
                 added_records=int(summary.get("added-records", 0)),
                 offsets=json.loads(summary[SUMMARY_OFFSETS]) if SUMMARY_OFFSETS in summary else None,
                 summary=summary,
+                deleted_records=int(summary.get("deleted-records", 0)),
+                maintenance=maintenance_of(snap),
             )
         )
     return rows

@@ -6,10 +6,15 @@ Per table of ``pipeline.all_tables``:
   *group_by)``, an upsert table's ``key``, a raw events table's ``(_kafka_partition, _kafka_offset)`` when it
   has both metadata columns (each Kafka offset at most once); a rejects table has none. An events pipeline's
   offsets are also checked across its tables (routes and rejects): an event is in one table only;
-- lineage is linear: each snapshot's parent is the one before it, one snapshot per batch, batch ids rising;
+- lineage is linear: each snapshot's parent is the one before it, one snapshot per batch, batch ids rising; a
+  snapshot that says it is Krishiv's maintenance carries no batch and adds exactly the rows it deletes;
 - ledger and table agree: every COMMITTED entry's snapshot is in the table (or expired, at or below the
   query's high-water mark in the table's properties) and every Krishiv snapshot has a COMMITTED entry; for an
   append table the row counts match too (a merge replaces rows, so its counts are not the staged rows').
+
+Krishiv's own maintenance snapshots (a compaction, ``outbox/compaction.py``) are neither a batch nor another
+writer: they keep the totals comparable, and a duplicate found in a file a compaction wrote is traced back
+through it to the batches that added the rows.
 """
 
 from __future__ import annotations
@@ -22,12 +27,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from pyiceberg.manifest import DataFileContent, ManifestEntryStatus
 from pyiceberg.table import Table
 
-from krishiv.lineage import lineage
+from krishiv.lineage import lineage, maintenance_of
 from krishiv_core.entries import MERGE
 from krishiv_core.spec import EVENTS, KAFKA_METADATA_PREFIX, UPSERT, WINDOWED, PipelineSpec
 from krishiv_core.tables import WINDOW_END, WINDOW_START, OutputTable
+from outbox.compaction import SUMMARY_MAINTENANCE
 from outbox.ledger import Ledger
 from outbox.relay import high_water_marks
 
@@ -154,7 +161,9 @@ def repeated_offsets(tables: Mapping[str, Table], rejects: str | None = None) ->
 
 def duplicate_sources(table: Table, key: Sequence[str], duplicates: Sequence[Duplicate]) -> dict[str, list[int]]:
     """For each duplicated key (by :func:`describe_key`), the ids of the snapshots that added a data file
-    holding it: which writer put the second row there."""
+    holding it: which writer put the second row there. A file written by Krishiv's compaction is traced back
+    to the snapshots that added the rows it rewrote (while the compaction's parent is not expired; after that
+    the compaction is the oldest trace left and is named)."""
     if not duplicates:
         return {}
     wanted = {d.values: describe_key(key, d.values) for d in duplicates}
@@ -163,11 +172,47 @@ def duplicate_sources(table: Table, key: Sequence[str], duplicates: Sequence[Dup
         data_file = entry["data_file"]
         if entry["status"] == 2 or data_file["content"] != 0:  # deleted entries and delete files hold no rows
             continue
-        with table.io.new_input(data_file["file_path"]).open() as stream:
-            rows = pq.read_table(stream, columns=list(key))
-        for values in set(zip(*(rows.column(c).to_pylist() for c in key), strict=True)) & wanted.keys():
-            sources[wanted[values]].add(entry["snapshot_id"])
+        for values in _keys_in(table, data_file["file_path"], key) & wanted.keys():
+            sources[wanted[values]].update(_adders(table, entry["snapshot_id"], data_file["file_path"], key, values))
     return {label: sorted(ids) for label, ids in sources.items()}
+
+
+def _keys_in(table: Table, path: str, key: Sequence[str]) -> set[tuple[Any, ...]]:
+    with table.io.new_input(path).open() as stream:
+        rows = pq.read_table(stream, columns=list(key))
+    return set(zip(*(rows.column(c).to_pylist() for c in key), strict=True))
+
+
+def _adders(table: Table, snapshot_id: int, path: str, key: Sequence[str], values: tuple[Any, ...]) -> set[int]:
+    """The snapshots that added the rows with ``values`` of file ``path``, which ``snapshot_id`` added: itself,
+    unless it is Krishiv's compaction, whose rewritten files (in its parent) are followed instead."""
+    snapshot = table.metadata.snapshot_by_id(snapshot_id)
+    if snapshot is None or maintenance_of(snapshot) is None or snapshot.parent_snapshot_id is None:
+        return {snapshot_id}
+    parent = table.metadata.snapshot_by_id(snapshot.parent_snapshot_id)
+    if parent is None:  # expired: the compaction is the oldest trace left
+        return {snapshot_id}
+    removed = {
+        e.data_file.file_path
+        for m in snapshot.manifests(table.io)
+        if m.added_snapshot_id == snapshot_id
+        for e in m.fetch_manifest_entry(table.io, discard_deleted=False)
+        if e.status == ManifestEntryStatus.DELETED and e.snapshot_id == snapshot_id
+    }
+    found: set[int] = set()
+    for m in parent.manifests(table.io):
+        for e in m.fetch_manifest_entry(table.io, discard_deleted=True):
+            f = e.data_file
+            if f.content != DataFileContent.DATA or f.file_path not in removed or e.snapshot_id is None:
+                continue
+            try:
+                holds = values in _keys_in(table, f.file_path, key)
+            except FileNotFoundError:  # removed by hand: say where the trace ends
+                found.add(snapshot_id)
+                continue
+            if holds:
+                found |= _adders(table, e.snapshot_id, f.file_path, key, values)
+    return found or {snapshot_id}
 
 
 def _duplicate_violations(table: Table, key: Sequence[str], duplicates: Sequence[Duplicate]) -> list[str]:
@@ -225,6 +270,13 @@ def check_lineage(table: Table) -> list[str]:
                 )
             last_batch[row.query_id] = max(row.batch_id, last_batch.get(row.query_id, -1))
         previous = row
+        if row.maintenance is None and SUMMARY_MAINTENANCE in row.summary:
+            problems.append(
+                f"snapshot {row.snapshot_id} says it is Krishiv's {row.summary[SUMMARY_MAINTENANCE]} but is a "
+                f"{row.operation} adding {row.added_records} rows and deleting {row.deleted_records}"
+                + (f", with batch {row.batch_id}" if row.batch_id is not None else "")
+                + ": maintenance never carries a batch and adds exactly the rows it removes"
+            )
     current = table.current_snapshot()
     if rows and current is not None and current.snapshot_id != rows[-1].snapshot_id:
         problems.append(f"current snapshot {current.snapshot_id} is not the newest {rows[-1].snapshot_id}")
@@ -241,7 +293,8 @@ def check_ledger_agreement(table: Table, table_name: str, ledger: Ledger, *, mer
     """Every COMMITTED batch with rows is in ``table`` (a snapshot, or at or below the query's high-water mark)
     and every Krishiv snapshot is COMMITTED in the ledger. For an append table (``merge`` false) each snapshot
     added the rows its batch staged and, without foreign snapshots, the table holds the rows the ledger
-    committed; a merge replaces the rows of its keys, so its counts are not compared."""
+    committed (Krishiv's compactions move rows, they add none); a merge replaces the rows of its keys, so its
+    counts are not compared."""
     problems = []
     rows = lineage(table)
     by_batch = {(r.query_id, r.batch_id): r for r in rows if r.query_id is not None}
@@ -272,7 +325,7 @@ def check_ledger_agreement(table: Table, table_name: str, ledger: Ledger, *, mer
                 f"snapshot {row.snapshot_id} holds batch {batch_id} of query {query_id}, which the "
                 "ledger does not list as COMMITTED"
             )
-    if not merge and not any(r.query_id is None for r in rows):
+    if not merge and not any(r.writer == "other" for r in rows):
         total = table_rows(table)
         if total != committed.total_records:
             problems.append(f"{table_name} holds {total} rows but the ledger committed {committed.total_records}")

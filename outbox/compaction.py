@@ -321,7 +321,11 @@ def _commit(table: Table, rewrites: list[_Rewrite], run_id: str, report: Compact
             for f in r.written:
                 producer.append_data_file(f)
         producer.commit()  # writes the manifests and stages the snapshot; the catalog is not called yet
-        fault_point("maintenance.before_catalog_commit")
+        try:
+            fault_point("maintenance.before_catalog_commit")
+        except BaseException:
+            producer._clean_all_uncommitted()
+            raise
         try:
             tx.commit_transaction()
         except CommitFailedException as exc:

@@ -34,6 +34,11 @@ time. Copy-on-write rewrites every file holding a merged key: keys spread at ran
 of it each batch; a table whose merged keys are that spread out at gigabyte scale wants merge-on-read delete
 files, which pyiceberg cannot write yet.
 
+A table file the plan reads may be gone: a compaction replaced it after the relay loaded the table, and orphan
+removal then deleted it (or, with the head unchanged, someone removed it by hand). The first is a conflict like
+any other writer's (``CommitFailedException``: the relay reloads and re-plans); the second refuses the merge
+(:class:`TableFileMissing`), since rows of the table are lost and no merge can give the right result.
+
 The relay owns commit retries (``commit.retry.num-retries=0``): a retry by pyiceberg would commit a plan
 made against an older head, so a table with retries on is refused. ``CommitFailedException`` passes through
 unchanged after the files written for this attempt are removed (the commit certainly did not land); any
@@ -184,7 +189,9 @@ def plan_merge(table: Table, entry: OutboxEntry) -> MergePlan:
         projection = schema.select(*entry_columns, case_sensitive=True)
         reader = ArrowScan(table.metadata, table.io, projection, AlwaysTrue())
         for task in table.scan(row_filter=plan.conflict_filter).plan_files():
-            rows = _cast(reader.to_table([task]), entry_types).join(all_keys, key, join_type="left semi")
+            rows = _cast(_read_table_file(table, entry, reader, task), entry_types).join(
+                all_keys, key, join_type="left semi"
+            )
             if rows.num_rows:
                 tasks.append(task)
                 matched.append(rows.append_column(_FILE, pa.array([len(tasks) - 1] * rows.num_rows, pa.int64())))
@@ -209,7 +216,7 @@ def plan_merge(table: Table, entry: OutboxEntry) -> MergePlan:
             )
             reader = ArrowScan(table.metadata, table.io, schema, AlwaysTrue())
             for task in (tasks[i] for i in sorted(set(hits[_FILE].to_pylist()))):
-                rows = reader.to_table([task])
+                rows = _read_table_file(table, entry, reader, task)
                 kept = rows.take(_surviving(_cast(rows.select(key), key_types), deleted_keys, key))
                 plan.deleted.append(task.file)
                 rewritten = write_data_files(table, kept)
@@ -235,6 +242,33 @@ def plan_merge(table: Table, entry: OutboxEntry) -> MergePlan:
 
 
 # ------------------------------------------------------------------------------------------ helpers
+
+
+class TableFileMissing(MergeRefused):
+    """A data file of the table's current snapshot is gone while no commit moved the head: rows were lost."""
+
+
+def _read_table_file(table: Table, entry: OutboxEntry, reader: ArrowScan, task: FileScanTask) -> pa.Table:
+    """One of the table's files as the plan reads it; a file that is gone is a conflict if the head moved."""
+    try:
+        return reader.to_table([task])
+    except FileNotFoundError as exc:
+        path = task.file.file_path
+        try:
+            head = table.catalog.load_table(table.name()).metadata.current_snapshot_id
+        except Exception:  # the catalog is away: the relay's reload decides, as after any unknown outcome
+            raise exc from None
+        if head != table.metadata.current_snapshot_id:
+            raise CommitFailedException(
+                f"{entry.table} batch {entry.batch_id}: table file {path} of snapshot "
+                f"{table.metadata.current_snapshot_id} is gone and the head moved to {head} (a compaction replaced "
+                "it, and orphan removal deleted it); re-planning on the new head"
+            ) from exc
+        raise TableFileMissing(
+            f"{entry.table} batch {entry.batch_id}: data file {path} of the table's current snapshot {head} is "
+            "missing (removed outside Iceberg); merging would lose its rows, so nothing was committed. Restore "
+            "the file or the table"
+        ) from exc
 
 
 def _refuse_pyiceberg_retries(table: Table, entry: OutboxEntry) -> None:
