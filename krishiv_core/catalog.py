@@ -44,11 +44,29 @@ from krishiv_core.tables import output_tables
 
 #: Table properties Krishiv sets on the tables it creates. The relay owns commit retries (it re-checks
 #: the table before each attempt), so pyiceberg's own retry loop is switched off.
+#: Table properties that keep a table's metadata from growing with every commit: pyiceberg (0.12, in
+#: ``Table._do_commit``) deletes metadata files that fall off a log of at most ``previous-versions-max`` entries.
+#: Set on the tables Krishiv creates, and added to an existing table that lacks them (a user's own value stays).
+METADATA_PROPERTIES = {
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": "100",
+}
 TABLE_PROPERTIES = {
     "format-version": "2",
     "commit.retry.num-retries": "0",
     "write.parquet.compression-codec": "zstd",
+    **METADATA_PROPERTIES,
 }
+
+
+def _with_metadata_properties(table: Table) -> Table:
+    """``table`` with :data:`METADATA_PROPERTIES` it lacks set (one metadata commit), or as it is."""
+    missing = {k: v for k, v in METADATA_PROPERTIES.items() if k not in table.properties}
+    if not missing:
+        return table
+    with table.transaction() as tx:
+        tx.set_properties(missing)
+    return table
 
 
 #: How long one HTTP call to a REST catalog may take, in seconds, unless ``connection.timeout`` says otherwise.
@@ -329,10 +347,12 @@ def ensure_table(
     with catalog_call(catalog, f"update table {name}"):
         for _ in range(attempts - 1):
             try:
-                return evolve_partitioning(evolve_schema(table, schema, name), partition_by, name)
+                return _with_metadata_properties(
+                    evolve_partitioning(evolve_schema(table, schema, name), partition_by, name)
+                )
             except CommitFailedException:
                 table = catalog.load_table(identifier)
-        return evolve_partitioning(evolve_schema(table, schema, name), partition_by, name)
+        return _with_metadata_properties(evolve_partitioning(evolve_schema(table, schema, name), partition_by, name))
 
 
 def ensure_pipeline_tables(

@@ -11,11 +11,14 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
 
 from krishiv.verify import check_ledger_agreement
+from krishiv_core.catalog import METADATA_PROPERTIES, ensure_table
 from krishiv_core.entries import COMMITTED, PENDING
+from krishiv_core.spec import load_spec
+from krishiv_core.tables import aggregate_table_schema
 from outbox.expiry import expire_snapshots, protected_snapshot_ids, snapshots_to_expire
 from outbox.ledger import Ledger
 from outbox.relay import CommitRelay, find_committed
-from tests.outbox.test_relay import TABLE, DiesBeforeMarking, stage
+from tests.outbox.test_relay import ROOT, TABLE, DiesBeforeMarking, stage
 
 FAR_FUTURE_MS = int(time.time() * 1000) + 86_400_000  # every snapshot is older than any keep_younger_than below
 
@@ -130,3 +133,22 @@ def test_an_expiry_that_loses_a_race_reloads_and_keeps_the_winner(catalog: Catal
         and table.current_snapshot().snapshot_id == ledger.get("q1", TABLE, 4).committed_snapshot_id
     )
     assert table.scan().to_arrow().num_rows == 5
+
+
+def test_tables_krishiv_ensures_stop_keeping_every_metadata_file(catalog: Catalog, tmp_path: Path) -> None:
+    schema = aggregate_table_schema(load_spec(ROOT / "krishiv.toml", env={}).pipeline())
+    created = ensure_table(catalog, ("krishiv", "fresh"), schema)
+    assert {k: created.properties[k] for k in METADATA_PROPERTIES} == METADATA_PROPERTIES
+    # A table made before these properties (or by another tool) gets the missing ones; a user's own value stays.
+    catalog.create_table(("krishiv", "older"), schema, properties={"write.metadata.previous-versions-max": "3"})
+    table = ensure_table(catalog, ("krishiv", "older"), schema)
+    assert table.properties["write.metadata.delete-after-commit.enabled"] == "true"
+    assert table.properties["write.metadata.previous-versions-max"] == "3"
+    for _ in range(6):
+        table.append(table.scan().to_arrow().slice(0, 0))
+    table = catalog.load_table(("krishiv", "older"))
+    on_disk = sorted(p.name for p in Path(table.location().removeprefix("file://"), "metadata").glob("*.metadata.json"))
+    assert len(table.metadata.metadata_log) == 3 and len(on_disk) == 4, "the log and the current file, no more"
+    assert {Path(m.metadata_file).name for m in table.metadata.metadata_log} | {
+        Path(table.metadata_location).name
+    } == set(on_disk)
