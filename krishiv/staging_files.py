@@ -9,16 +9,14 @@ standard orphan-file removal does not look. Two things can still go wrong with t
   checkpoint to the first such batch and runs the query once: Spark replays the batches from the offsets
   the ledger recorded, and the stager writes the missing files again (same rows, same intended snapshot);
 - a stager that died between writing its files and recording them leaves files nothing refers to.
-  ``krishiv clean-staging`` deletes staged files that neither a ledger entry nor any snapshot of the table
-  refers to, and that are older than a grace period (a stager may be about to record them).
+  ``krishiv clean-staging`` deletes staged files that neither a PENDING ledger entry nor any retained snapshot
+  of the table refers to, and that are older than a grace period (a stager may be about to record them): the
+  orphan removal of ``outbox.orphans``, limited to the staging folders.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
-
-from pyiceberg.io import FileIO
 
 from krishiv_core.errors import KrishivError
 from krishiv_core.spec import KrishivSpec, PipelineSpec
@@ -95,71 +93,30 @@ def restage(spec: KrishivSpec, pipeline: PipelineSpec) -> Restaged:
     return result
 
 
-def _referenced_by_snapshots(table) -> set[str]:
-    paths: set[str] = set()
-    seen: set[str] = set()
-    for snapshot in table.snapshots():
-        for manifest in snapshot.manifests(table.io):
-            if manifest.manifest_path in seen:
-                continue
-            seen.add(manifest.manifest_path)
-            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
-                paths.add(entry.data_file.file_path)
-    return paths
-
-
-def _listing(io: FileIO, root: str) -> list[tuple[str, float, int]]:
-    """(path as the FileIO names it, modification time, size) of every file below ``root``.
-
-    Listed through the table's own FileIO (its endpoint, region and keys: an ``s3://`` root is listed where the
-    files were written, never at the public AWS host the default S3 filesystem would ask).
-    """
-    from pyarrow import fs
-    from pyiceberg.io.pyarrow import PyArrowFileIO
-
-    if not isinstance(io, PyArrowFileIO):
-        raise KrishivError(
-            f"clean-staging lists {root} through pyiceberg's PyArrowFileIO, but the table's FileIO is "
-            f"{type(io).__name__}; remove py-io-impl from [iceberg.properties] to clean staged files"
-        )
-    scheme, netloc, base = io.parse_location(root, io.properties)
-    filesystem = io.fs_by_scheme(scheme, netloc)
-    infos = filesystem.get_file_info(fs.FileSelector(base, recursive=True, allow_not_found=True))
-    prefix = root[: len(root) - len(base)] if root.endswith(base) else ""
-    return [
-        (prefix + info.path, info.mtime.timestamp() if info.mtime else 0.0, info.size or 0)
-        for info in infos
-        if info.type == fs.FileType.File
-    ]
-
-
 def clean_staging(
     spec: KrishivSpec, pipeline: PipelineSpec, grace_s: float = DEFAULT_GRACE_S, dry_run: bool = False
 ) -> list[Cleaned]:
-    """Delete the pipeline's staged files that no ledger entry and no snapshot refers to, older than ``grace_s``."""
+    """Delete the pipeline's staged files that neither a PENDING entry nor a retained snapshot refers to, older
+    than ``grace_s``: ``outbox.orphans`` limited to the staging folders (``krishiv remove-orphans`` does the
+    table locations too)."""
     from krishiv.operations import open_ledger
     from krishiv_core.catalog import load_catalog, qualified
-    from spark_jobs.staging import staging_root
+    from outbox.orphans import remove_orphans, staging_root
 
     catalog, ledger = load_catalog(spec), open_ledger(spec)
-    now = time.time()
     results = []
     for name in pipeline.all_tables:
         table_name = qualified(spec, name)
-        table = catalog.load_table(table_name)
-        cleaned = Cleaned(table_name)
-        listing = _listing(table.io, staging_root(table))
-        if listing:
-            referenced = ledger.staged_paths(table_name) | _referenced_by_snapshots(table)
-            for path, mtime, size in listing:
-                if path in referenced:
-                    cleaned.kept += 1
-                elif now - mtime < grace_s:
-                    cleaned.young += 1
-                else:
-                    if not dry_run:
-                        table.io.delete(path)
-                    cleaned.removed.append(path)
-                    cleaned.removed_bytes += size
-        results.append(cleaned)
+        root = staging_root(catalog.load_table(table_name))
+        if root is None:  # a table at a bucket's root: never staged for
+            results.append(Cleaned(table_name))
+            continue
+        report = remove_orphans(
+            lambda t=table_name: catalog.load_table(t),
+            lambda t=table_name: [f.path for e in ledger.pending(t) for f in e.files],
+            grace_s=grace_s,
+            roots=[root],
+            dry_run=dry_run,
+        )
+        results.append(Cleaned(table_name, report.referenced, report.young, report.removed, report.removed_bytes))
     return results
