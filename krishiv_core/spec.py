@@ -399,6 +399,10 @@ def _parse_maintenance(doc: Mapping[str, Any]) -> MaintenanceSettings:
         ),
         min_files=_positive_int(m.get("min_files", d.min_files), "maintenance.min_files"),
     )
+    if settings.min_files < 2:
+        raise ConfigError(
+            "maintenance.min_files", f"expected at least 2 (one file is not compacted), got {m['min_files']!r}"
+        )
     if settings.orphan_grace_ms < MIN_ORPHAN_GRACE_MS:
         raise ConfigError(
             "maintenance.orphan_grace",

@@ -1167,6 +1167,7 @@ def test_maintenance_section_read() -> None:
         ("orphan_grace", "5m", "expected at least 10m"),
         ("target_file_size", "big", "expected a size like '128MiB'"),
         ("min_files", "two", "expected"),
+        ("min_files", 1, "expected at least 2"),
         ("schedule", "hourly", "expected a cron string of five fields"),
         ("enabled", "yes", "expected true or false"),
         ("compact", True, "unknown keys ['compact']"),
