@@ -6,12 +6,18 @@
   only where an operator's recorded skip moved them: a re-created topic's records are checked against a copy
   of the old topic's);
 - lineage is linear with one snapshot per batch, and the ledger agrees with the table (``krishiv verify``);
-- nothing is left PENDING, and no staged file of a PENDING or COMMITTED entry was deleted.
+- nothing is left PENDING, and no staged file of a PENDING entry, nor one a retained snapshot reads, was deleted.
+
+Both stay right across table maintenance (``krishiv maintain``, or another tool): expiry removes the snapshots of
+old batches, compaction adds ``replace`` snapshots that name no batch, and orphan removal may then delete the
+staged files of COMMITTED entries no retained snapshot reads. So the surviving batch snapshots must be an ordered
+subsequence of the committed batches (none twice, none the ledger does not hold COMMITTED), and a committed batch
+without its snapshot must be at or below its query's high-water mark in the table's properties.
 
 A spec of the newer kinds (the kinds scenarios' three pipelines on one topic) is checked per kind instead
 (:func:`check_kinds_contract`), against ``chaos.kinds_oracle``: each table's rows, each rejects table, no row key
-twice, every offset staged once per pipeline, lineage linear with every committed batch in its table once, and
-``krishiv verify``'s ledger agreement.
+twice, every offset staged once per pipeline, lineage linear with every committed batch in its table once (or
+expired at or below the high-water mark), and ``krishiv verify``'s ledger agreement.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
+from urllib.parse import urlparse
 
 from chaos.kinds_oracle import (
     expected_events,
@@ -36,6 +43,7 @@ from krishiv_core.catalog import load_catalog, qualified
 from krishiv_core.entries import COMMITTED, PENDING, OffsetSkip, OutboxEntry
 from krishiv_core.spec import EVENTS, UPSERT, WINDOWED, KrishivSpec, PipelineSpec
 from outbox.ledger import Ledger
+from outbox.relay import high_water_marks
 from spark_jobs.checkpoint import Checkpoint
 
 
@@ -107,19 +115,42 @@ def _coverage(
     return problems
 
 
+def _local(path: str) -> str:
+    """A file's path as the local filesystem names it (a ``file:`` URI or a plain path alike)."""
+    return urlparse(path).path if path.startswith("file:") else path
+
+
+def live_files(table) -> set[str]:
+    """Every file a retained snapshot of ``table`` reads (live entries of its manifests: added or existing), local
+    paths: a staged file outside this set may be gone once its entry is COMMITTED (expired or compacted away, then
+    removed as an orphan)."""
+    out: set[str] = set()
+    for snapshot in table.snapshots():
+        for manifest in snapshot.manifests(table.io):
+            out |= {_local(e.data_file.file_path) for e in manifest.fetch_manifest_entry(table.io)}
+    return out
+
+
 def _ledger_leftovers(spec: KrishivSpec, ledger: Ledger) -> list[str]:
-    """Entries still PENDING, and staged files of any entry that are gone."""
+    """Entries still PENDING; staged files of PENDING entries that are gone; and staged files of COMMITTED entries
+    that are gone while a retained snapshot of their table still reads them."""
     entries = ledger.entries()
     pending = [e for e in entries if e.status == PENDING]
     shown = [(e.table, e.batch_id) for e in pending][:10]
     found = [f"{len(pending)} entries still PENDING: {shown}"] if pending else []
-    io = load_catalog(spec).load_table(qualified(spec, spec.pipeline().rejects_table)).io
+    catalog = load_catalog(spec)
+    io = catalog.load_table(qualified(spec, spec.pipeline().rejects_table)).io
+    read: dict[str, set[str]] = {}  # per table, the files its retained snapshots read (when one is needed)
     for e in entries:
-        found += [
-            f"staged file {f.path} of {e.table} batch {e.batch_id} ({e.status}) was deleted"
-            for f in e.files
-            if not io.new_input(f.path).exists()
-        ]
+        for f in e.files:
+            if io.new_input(f.path).exists():
+                continue
+            if e.status == COMMITTED:
+                if e.table not in read:
+                    read[e.table] = live_files(catalog.load_table(e.table))
+                if _local(f.path) not in read[e.table]:
+                    continue  # its snapshots expired or it was compacted away; then removed as an orphan
+            found.append(f"staged file {f.path} of {e.table} batch {e.batch_id} ({e.status}) was deleted")
     return found
 
 
@@ -220,16 +251,9 @@ def _compare_tables(spec: KrishivSpec, catalog, entries: list, expected: Expecte
 
     for verification in verify_pipelines(spec, [pipeline]):
         v += [f"{verification.table}: {problem}" for problem in verification.violations]
+    ledger = open_ledger(spec)
     for name in (pipeline.table, pipeline.rejects_table):
-        rows = lineage(catalog.load_table(qualified(spec, name)))
-        batches = [r.batch_id for r in rows if r.batch_id is not None]
-        if batches != sorted(set(batches)):
-            v.append(f"{name}: batches {batches} are not one snapshot each, in order")
-        v += [
-            f"{name}: snapshot {after.snapshot_id} has parent {after.parent_id}, not {before.snapshot_id}"
-            for before, after in itertools.pairwise(rows)
-            if after.parent_id != before.snapshot_id
-        ]
+        v += _batches_once(spec, catalog, ledger, name)
 
 
 # ------------------------------------------------------------------------------------------- the newer kinds
@@ -346,22 +370,46 @@ def _rejects_rows(spec: KrishivSpec, catalog, p: PipelineSpec, records: Records,
 
 
 def _batches_once(spec: KrishivSpec, catalog, ledger: Ledger, name: str) -> list[str]:
-    """Lineage linear, and every COMMITTED batch that publishes something is in the table once, in order (one
-    snapshot each); no snapshot of a batch the ledger does not hold as COMMITTED."""
+    """Lineage linear, each batch in at most one snapshot, in batch order, and only batches the ledger holds as
+    COMMITTED with something to publish; every such batch has its snapshot or, its snapshot expired, is at or
+    below its query's high-water mark in the table's properties (moved with each commit, so it survives expiry,
+    and compaction's ``replace`` snapshots, which name no batch, leave it as it was)."""
     qualified_name = qualified(spec, name)
-    rows = lineage(catalog.load_table(qualified_name))
+    table = catalog.load_table(qualified_name)
+    rows = lineage(table)
     v = [
         f"{name}: snapshot {after.snapshot_id} has parent {after.parent_id}, not {before.snapshot_id}"
         for before, after in itertools.pairwise(rows)
         if after.parent_id != before.snapshot_id
     ]
-    snapshots = [r.batch_id for r in rows if r.batch_id is not None]
-    committed = sorted(
-        e.batch_id for e in ledger.entries(table=qualified_name, status=COMMITTED) if not e.changes_nothing
-    )
-    if snapshots != committed:
+    snapshots: dict[tuple[str | None, int], list[int]] = {}
+    for r in rows:
+        if r.batch_id is not None:
+            snapshots.setdefault((r.query_id, r.batch_id), []).append(r.snapshot_id)
+    v += [
+        f"{name}: batch {batch} of query {query} is in {len(ids)} snapshots {ids}"
+        for (query, batch), ids in snapshots.items()
+        if len(ids) > 1
+    ]
+    order = [(r.query_id, r.batch_id) for r in rows if r.batch_id is not None]
+    for query in {q for q, _ in order}:
+        batches = [b for q, b in order if q == query]
+        if batches != sorted(set(batches)):
+            v.append(f"{name}: the snapshots of query {query} hold batches {batches}, not rising one snapshot each")
+    committed = {
+        (e.query_id, e.batch_id)
+        for e in ledger.entries(table=qualified_name, status=COMMITTED)
+        if not e.changes_nothing
+    }
+    foreign = sorted((b, str(q)) for q, b in snapshots if (q, b) not in committed)
+    if foreign:
+        v.append(f"{name}: snapshots of batches {foreign} (batch, query), which the ledger does not hold as COMMITTED")
+    marks = high_water_marks(table)
+    missing = sorted((b, q) for q, b in committed if (q, b) not in snapshots and b > marks.get(q, -1))
+    if missing:
         v.append(
-            f"{name}: snapshots of batches {snapshots}, but the ledger's committed batches with rows are {committed}"
+            f"{name}: committed batches {missing} (batch, query) have no snapshot and are above their query's "
+            f"high-water mark in the table's properties {marks}"
         )
     return v
 

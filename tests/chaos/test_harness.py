@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from chaos.__main__ import main
-from chaos.checks import _coverage, check_contract
+from chaos.checks import _coverage, _local, check_contract, live_files
 from chaos.oracle import expected_output
 from chaos.runner import FAULT_POINTS
 from chaos.scenarios import MATRIX
@@ -21,6 +21,7 @@ from krishiv.operations import open_ledger
 from krishiv_core.catalog import load_catalog, qualified
 from krishiv_core.entries import OutboxEntry
 from krishiv_core.spec import load_spec
+from outbox.relay import high_water_marks, high_water_property
 from spark_jobs.checkpoint import Checkpoint
 from spark_jobs.kafka_source import latest_offsets
 
@@ -45,11 +46,40 @@ def test_the_crash_point_matrix_keeps_exactly_once(tmp_path: Path, capsys):
 
 
 def test_the_contract_check_catches_a_duplicate_and_a_deleted_staged_file(tmp_path: Path, broker, topic):
+    """The check holds across maintenance (a rewrite at the head, every other snapshot expired, the staged files
+    no snapshot reads any more removed) and still names a batch lost above the high-water mark, a duplicate and
+    a deleted file a snapshot reads."""
     ws = Workspace(tmp_path / "ws", broker.bootstrap, topic)
     ws.produce(2_000, seed=3, late=5, malformed=4)
     assert ws.run("run", "--once") == 0
     assert "orders_per_minute batch 0: " in (ws.folder / "commands.log").read_text()  # krishiv run's progress
     assert ws.run("commit") == 0
+    assert check_contract(ws.spec, latest_offsets(ws.bootstrap, ws.topic)).violations == []
+
+    name = qualified(ws.spec, ws.spec.pipeline().table)
+    table = load_catalog(ws.spec).load_table(name)
+    rows = table.scan().to_arrow()
+    table.overwrite(rows.cast(pa.schema(list(rows.schema))))  # as a compaction would, at the head
+    current = table.current_snapshot()
+    assert current is not None
+    table.maintenance.expire_snapshots().by_ids(
+        [s.snapshot_id for s in table.snapshots() if s.snapshot_id != current.snapshot_id]
+    ).commit()
+    table = load_catalog(ws.spec).load_table(name)
+    gone = [f.path for e in ws.ledger().entries(table=name) for f in e.files]
+    assert gone and not {_local(p) for p in gone} & live_files(table)
+    for path in gone:  # as orphan removal may, once no retained snapshot reads them
+        table.io.delete(path)
+    assert check_contract(ws.spec, latest_offsets(ws.bootstrap, ws.topic)).violations == []
+
+    (query,) = high_water_marks(table)
+    mark = high_water_property(query)
+    with table.transaction() as tx:
+        tx.set_properties({mark: "-1"})  # the batches' snapshots expired, and the table no longer shows them
+    text = "\n".join(check_contract(ws.spec, latest_offsets(ws.bootstrap, ws.topic)).violations)
+    assert "have no snapshot and are above their query's high-water mark" in text
+    with table.transaction() as tx:
+        tx.set_properties({mark: str(max(e.batch_id for e in ws.ledger().entries(table=name)))})
     assert check_contract(ws.spec, latest_offsets(ws.bootstrap, ws.topic)).violations == []
 
     table = load_catalog(ws.spec).load_table(qualified(ws.spec, ws.spec.pipeline().table))
@@ -59,7 +89,8 @@ def test_the_contract_check_catches_a_duplicate_and_a_deleted_staged_file(tmp_pa
     assert "appears twice" in text
     assert "appears more than once" in text  # krishiv verify says so too
 
-    entry = next(e for e in ws.ledger().entries() if e.files)
+    rejects = qualified(ws.spec, ws.spec.pipeline().rejects_table)
+    entry = next(e for e in ws.ledger().entries(table=rejects) if e.files)  # its files are what the table reads
     Path(entry.files[0].path.removeprefix("file://")).unlink()
     text = "\n".join(check_contract(ws.spec, latest_offsets(ws.bootstrap, ws.topic)).violations)
     assert f"staged file {entry.files[0].path} of {entry.table} batch {entry.batch_id} (COMMITTED) was deleted" in text
