@@ -25,7 +25,8 @@ class PeakRss:
 class RssSampler:
     """``with RssSampler() as s: ...`` then ``s.peak``."""
 
-    def __init__(self, interval_s: float = 0.2) -> None:
+    #: Each sample lists the process tree from /proc: at 0.2 s that cost the driver about 5 % of a core.
+    def __init__(self, interval_s: float = 0.5) -> None:
         self.interval_s = interval_s
         self.peak = PeakRss()
         self._stop = threading.Event()

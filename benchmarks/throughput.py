@@ -20,10 +20,11 @@ from pyiceberg.table import Table
 from pyspark.sql import DataFrame, SparkSession
 
 from benchmarks.memory import PeakRss, RssSampler
-from krishiv_core.spec import KrishivSpec
+from krishiv_core.spec import EVENTS, KrishivSpec
 from krishiv_core.tables import WINDOW_START
 
 BASELINE_TABLE = "baseline_windows"
+EVENTS_TABLE = "orders_raw"
 
 
 @dataclass
@@ -51,6 +52,67 @@ def bench_spec(base: KrishivSpec, folder: Path, bootstrap: str, topic: str, batc
 
     pipeline = replace(base.pipeline(), topic=topic, max_records_per_batch=batch_records)
     return replace(embedded_spec(base, folder, bootstrap), pipelines=(pipeline,))
+
+
+def events_spec(spec: KrishivSpec) -> KrishivSpec:
+    """``spec`` (from :func:`bench_spec`) with its pipeline as the ``events`` kind: every valid order one row of
+    :data:`EVENTS_TABLE`, raw ingestion with the same source, batch size and fields."""
+    pipeline = replace(spec.pipeline(), name=EVENTS_TABLE, table=EVENTS_TABLE, kind=EVENTS, aggregations=())
+    return replace(spec, pipelines=(pipeline,))
+
+
+@dataclass
+class EventsRun:
+    """The ``events`` kind over one topic: every valid event a row of its table, staged then committed."""
+
+    events: int
+    seconds: float
+    rows_written: int  # rows the table holds afterwards (its snapshot summary's total-records)
+    rejects: int
+    batches: int
+    snapshots: int
+    peak_rss: PeakRss
+    commit_s: float = 0.0  # of ``seconds``, the relay's share
+
+    @property
+    def events_per_s(self) -> float:
+        return self.events / self.seconds
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows_written / self.seconds
+
+
+def run_events(spark: SparkSession, spec: KrishivSpec, events: int) -> EventsRun:
+    """Raw ingestion timed like :func:`run_krishiv`: ``krishiv run --once`` then ``krishiv commit`` until the last
+    snapshot is visible. ``spec`` is an :func:`events_spec`; its topic holds ``events`` records."""
+    from krishiv.operations import commit_pipelines, run_pipelines
+    from krishiv_core.catalog import load_catalog, qualified
+
+    pipeline = spec.pipeline()
+    with RssSampler() as rss:
+        started = time.perf_counter()
+        running = run_pipelines(spec, [pipeline], once=True, spark=spark, holder="krishiv bench")
+        staged = time.perf_counter()
+        reports = commit_pipelines(spec, [pipeline])
+        table = load_catalog(spec).load_table(qualified(spec, pipeline.table))
+        last = [sid for r in reports if r.table == qualified(spec, pipeline.table) for sid in r.snapshot_ids]
+        if last and table.current_snapshot().snapshot_id != last[-1]:
+            raise RuntimeError(f"the relay's last snapshot {last[-1]} is not visible in {pipeline.table}")
+        seconds = time.perf_counter() - started
+    snapshot = table.current_snapshot()
+    rows = int(snapshot.summary["total-records"]) if snapshot is not None and snapshot.summary else 0
+    history = running[0].stager.history
+    return EventsRun(
+        events,
+        seconds,
+        rows,
+        sum(b.rejects for b in history),
+        len(history),
+        sum(len(r.committed) for r in reports),
+        rss.peak,
+        seconds - (staged - started),
+    )
 
 
 def _table_totals(table: Table) -> tuple[int, int]:
