@@ -1,8 +1,9 @@
 """The asset factory: one pipeline spec, of any kind, becomes its topic, staging and table assets.
 
 - ``kafka/<topic>``: the topic, an external asset (Krishiv reads it, never writes it).
-- ``<pipeline>/staged_batches``: phase 1. Runs the Spark query once (``AvailableNow``) over what the topic
-  holds, writing staged Parquet files and outbox entries.
+- ``<pipeline>/staged_batches``: phase 1. Runs the Spark query over what the topic holds, writing staged Parquet
+  files and outbox entries: once (``AvailableNow``), or, when the Kafka sensor started the run, on while records
+  keep arriving, committing each batch as it goes (:mod:`krishiv_assets.staging_run`).
 - ``iceberg/<namespace>/<table>`` for each table of ``pipeline.all_tables`` (a windowed or upsert pipeline's
   table, an events pipeline's table or each of its routes', then the rejects table): phase 2. The commit relay
   promotes pending entries into snapshots, in batch order, and materializes every one of these tables.
@@ -26,6 +27,7 @@ from krishiv_assets.resources import (
     SparkResource,
     effective_spec,
 )
+from krishiv_assets.staging_run import SENSOR_TAG, IdleStop, StagingConfig, staging_plan
 from krishiv_core.catalog import qualified
 from krishiv_core.errors import KrishivError
 from krishiv_core.spec import UPSERT, WINDOWED, KrishivSpec, PipelineSpec
@@ -148,11 +150,13 @@ def pipeline_assets(spec: KrishivSpec, pipeline: PipelineSpec) -> list[dg.Assets
         pool=stage_pool(pipeline),
         description=(
             f"Phase 1 of {pipeline.name} ({pipeline.kind}): the Spark query stages each micro-batch as Parquet "
-            f"files plus an outbox entry per table in the DuckDB ledger ({shape_of(pipeline)})."
+            f"files plus an outbox entry per table in the DuckDB ledger ({shape_of(pipeline)}). A run the Kafka "
+            "sensor starts goes on while records arrive, committing each batch, until the topic is idle."
         ),
     )
     def staged_batches(
         context,  # Dagster rejects a string annotation here (PEP 563), so the context stays unannotated
+        config: StagingConfig,
         kafka: KafkaResource,
         iceberg: IcebergCatalogResource,
         ledger: LedgerResource,
@@ -161,24 +165,35 @@ def pipeline_assets(spec: KrishivSpec, pipeline: PipelineSpec) -> list[dg.Assets
         from krishiv.operations import run_pipelines
 
         try:
+            plan = staging_plan(
+                sensor_started=SENSOR_TAG in context.run.tags, linger_s=config.linger_s, max_run_s=config.max_run_s
+            )
+            stop = IdleStop(plan)
             catalog, book = iceberg.catalog(), ledger.ledger()  # a catalog that is down fails before Spark starts
+            context.log.info(f"staging {pipeline.name} {plan.describe()}")
             running = run_pipelines(
                 effective_spec(spec, kafka=kafka, spark=spark),
                 [pipeline],
-                once=True,
+                once=plan.once,
                 spark=spark.session(),
                 catalog=catalog,
                 ledger=book,
                 holder=f"dagster run {context.run.run_id}",
+                reporter=lambda _name: stop.on_batch,
+                progress=context.log.info,
+                stop_when=stop,
             )
             summary = book.table_summary(first, topic=pipeline.topic)
         except KrishivError as exc:
             raise _failure(exc) from exc
         history = running[0].stager.history
         staged = [b for b in history if b.recorded]
-        context.log.info("staged %d of %d batches", len(staged), len(history))
+        stopped = "caught up" if plan.once else (stop.reason or "stopped")
+        context.log.info("staged %d of %d batches; %s", len(staged), len(history), stopped)
         return dg.MaterializeResult(
             metadata={
+                "linger_s": plan.linger_s,
+                "stopped_because": stopped,
                 "batches_run": len(history),
                 "batches_staged": len(staged),
                 "records_read": sum(b.records_read for b in staged),

@@ -1,0 +1,143 @@
+"""How long a Dagster staging run stages: once over what the topic holds, or on while events keep arriving.
+
+A staging run pays for a Spark driver (20–30 s on two cores) before its first batch. When each run staged what the
+topic held and ended, every wave of events paid it again, plus the Kafka sensor's tick and a run's launch: the
+last event of a wave became visible 29–46 s after it was produced. A run the **Kafka sensor** starts therefore
+*lingers*: it runs the pipeline's query in continuous mode (its trigger interval) through
+:func:`krishiv.operations.run_pipelines`, with the committer beside it, so each batch is visible one commit after it
+is staged. It holds the pipeline's stager lease all along, so the sensor leaves the pipeline alone meanwhile, and
+the outbox sensor stays the safety net for anything left pending. It stops between batches once no batch has read
+a record for the linger, or once it has run for the maximum run time, so every Dagster run stays bounded and
+visible in the UI; the next records start a new run.
+
+A run started any other way (**Materialize all** in the UI, a test's ``materialize``) stages once and ends, as
+before: the commit step of the same run waits for it.
+
+Settings, until the spec holds them (``[dagster] staging_linger``, ``staging_max_run``): the staging asset's run
+config (``linger_s``, ``max_run_s``), else ``KRISHIV_STAGING_LINGER_S`` and ``KRISHIV_STAGING_MAX_RUN_S``, else
+:data:`DEFAULT_LINGER_S` and :data:`DEFAULT_MAX_RUN_S`. A linger of 0 is the one-shot run.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import dagster as dg
+
+from krishiv_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from spark_jobs.staging import StagedBatch
+
+#: How long a sensor-started staging run goes on after the last batch that read a record (seconds; 0: one shot).
+LINGER_ENV = "KRISHIV_STAGING_LINGER_S"
+#: The longest a sensor-started staging run stages before it stops between batches (seconds).
+MAX_RUN_ENV = "KRISHIV_STAGING_MAX_RUN_S"
+DEFAULT_LINGER_S = 60.0
+DEFAULT_MAX_RUN_S = 3600.0
+
+#: The tag Dagster puts on a run a sensor requested.
+SENSOR_TAG = "dagster/sensor_name"
+
+
+class StagingConfig(dg.Config):
+    """The staging asset's run config: both unset by default (the environment's or the defaults apply)."""
+
+    linger_s: float | None = None
+    max_run_s: float | None = None
+
+
+@dataclass(frozen=True)
+class StagingPlan:
+    """How one staging run stages: ``linger_s`` 0 is once (``AvailableNow``); otherwise continuous, until idle for
+    ``linger_s`` or ``max_run_s`` after the start."""
+
+    linger_s: float
+    max_run_s: float
+
+    @property
+    def once(self) -> bool:
+        return self.linger_s == 0
+
+    def describe(self) -> str:
+        if self.once:
+            return "once over what the topic holds"
+        return f"continuously until idle for {self.linger_s:g}s (at most {self.max_run_s:g}s)"
+
+
+def _seconds(value: float | str, where: str, *, zero: bool) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(where, f"expected a number of seconds, got {value!r}") from None
+    if not (seconds >= 0 if zero else seconds > 0) or seconds == float("inf"):
+        wanted = "0 or more seconds" if zero else "a positive number of seconds"
+        raise ConfigError(where, f"expected {wanted}, got {value!r}")
+    return seconds
+
+
+def staging_plan(
+    *,
+    sensor_started: bool,
+    linger_s: float | None = None,
+    max_run_s: float | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> StagingPlan:
+    """The plan of a staging run: the run config's values, else the environment's, else the defaults; a run no
+    sensor started stages once unless its config says otherwise. Raises :class:`ConfigError` naming the setting."""
+    env = os.environ if environ is None else environ
+    if linger_s is not None:
+        linger = _seconds(linger_s, "staged_batches config linger_s", zero=True)
+    elif not sensor_started:
+        linger = 0.0
+    elif env.get(LINGER_ENV):
+        linger = _seconds(env[LINGER_ENV], LINGER_ENV, zero=True)
+    else:
+        linger = DEFAULT_LINGER_S
+    if max_run_s is not None:
+        longest = _seconds(max_run_s, "staged_batches config max_run_s", zero=False)
+    elif env.get(MAX_RUN_ENV):
+        longest = _seconds(env[MAX_RUN_ENV], MAX_RUN_ENV, zero=False)
+    else:
+        longest = DEFAULT_MAX_RUN_S
+    return StagingPlan(linger, longest)
+
+
+class IdleStop:
+    """The stop condition of a lingering run (``run_pipelines(stop_when=...)``), fed every staged batch.
+
+    True once no batch has read a record for ``plan.linger_s`` (counted from the first question, asked once the
+    queries have started, until a batch reads one), or ``plan.max_run_s`` after it was made (the run's start);
+    :attr:`reason` then says which.
+    """
+
+    def __init__(self, plan: StagingPlan, clock: Callable[[], float] = time.monotonic) -> None:
+        self.plan = plan
+        self._clock = clock
+        self.started = clock()
+        self._first_asked: float | None = None
+        self._last_records = float("-inf")
+        self._lock = threading.Lock()  # batches arrive on Spark's thread, the question on the driver's
+        self.reason: str | None = None
+
+    def on_batch(self, batch: StagedBatch) -> None:
+        if batch.records_read:
+            with self._lock:
+                self._last_records = self._clock()
+
+    def __call__(self) -> bool:
+        now = self._clock()
+        if self._first_asked is None:
+            self._first_asked = now  # Spark's start is not idleness
+        with self._lock:
+            idle = now - max(self._last_records, self._first_asked)
+        if now - self.started >= self.plan.max_run_s:
+            self.reason = f"ran for its maximum of {self.plan.max_run_s:g}s"
+        elif idle >= self.plan.linger_s:
+            self.reason = f"no new records for {self.plan.linger_s:g}s"
+        return self.reason is not None
