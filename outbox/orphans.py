@@ -15,8 +15,8 @@ what makes it safe beside a running stager, relay and compaction:
 1. list the files (each with its modification time);
 2. read the PENDING entries' staged files from the ledger;
 3. reload the table and read every reference: the current metadata file, the metadata log, statistics files,
-   and for every retained snapshot its manifest list, manifests and their data and delete files (deleted
-   entries included).
+   and for every retained snapshot its manifest list, manifests and their live data and delete files (a file a
+   snapshot deleted is live in its parent's manifests, if the parent is retained).
 
 A file listed in 1 that a commit references by 3 is kept. A PENDING entry read in 2 is kept; an entry committed
 after 2 was committed to the table before 3 (the relay commits the table before it marks the ledger), so its
@@ -105,7 +105,7 @@ def list_files(io: FileIO, root: str) -> list[ListedFile]:
 
 def referenced_files(table: Table) -> set[str]:
     """Every file the table's metadata refers to: the current metadata file and its log, statistics files, and for
-    every retained snapshot its manifest list, manifests and their data and delete files (deleted entries too)."""
+    every retained snapshot its manifest list, manifests and their live data and delete files."""
     metadata = table.metadata
     paths = {table.metadata_location, *(m.metadata_file for m in metadata.metadata_log)}
     paths.update(s.statistics_path for s in metadata.statistics)
@@ -118,7 +118,8 @@ def referenced_files(table: Table) -> set[str]:
                 continue
             seen.add(manifest.manifest_path)
             paths.add(manifest.manifest_path)
-            paths.update(e.data_file.file_path for e in manifest.fetch_manifest_entry(table.io, discard_deleted=False))
+            # A deleted entry names a file its snapshot removed: a retained parent holds it live in its own manifests.
+            paths.update(e.data_file.file_path for e in manifest.fetch_manifest_entry(table.io, discard_deleted=True))
     return paths
 
 
