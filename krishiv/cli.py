@@ -1,6 +1,7 @@
 """krishiv: exactly-once Kafka -> Spark -> Iceberg through a DuckDB outbox ledger.
 broker, produce, run, commit, status, lineage, verify, demo, and the operator's
-tools (ledger-compact, skip-offsets, restage, clean-staging)."""
+tools (ledger-compact, skip-offsets, restage, clean-staging) and table maintenance
+(compact, expire-snapshots, remove-orphans, maintain)."""
 
 from __future__ import annotations
 
@@ -268,6 +269,81 @@ def cmd_clean_staging(args: argparse.Namespace, spec: KrishivSpec) -> int:
     return 0
 
 
+def _maintain(args: argparse.Namespace, spec: KrishivSpec, *, expire: bool, compact: bool, orphans: bool) -> int:
+    """Run the asked maintenance steps with the spec's ``[maintenance]``, the command's options overriding it."""
+    from dataclasses import replace
+
+    from krishiv.maintenance import describe, maintain_pipelines
+
+    settings = spec.maintenance
+    overrides = {
+        "keep_last": getattr(args, "keep_last", None),
+        "keep_younger_than_ms": None
+        if getattr(args, "keep_younger_than", None) is None
+        else int(args.keep_younger_than * 1000),
+        "orphan_grace_ms": None if getattr(args, "grace", None) is None else int(args.grace * 1000),
+        "target_file_size": getattr(args, "target_file_size", None),
+        "min_files": getattr(args, "min_files", None),
+    }
+    settings = replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+    results = maintain_pipelines(
+        spec,
+        _pipelines(spec, args.pipeline),
+        expire=expire,
+        compact=compact,
+        orphans=orphans,
+        dry_run=args.dry_run,
+        settings=settings,
+        force=getattr(args, "force", False),
+    )
+    grace = _format_duration(settings.orphan_grace_ms / 1000)
+    for result in results:
+        for line in describe(result, grace):
+            console.print(escape(line))
+    return 0
+
+
+def cmd_expire_snapshots(args: argparse.Namespace, spec: KrishivSpec) -> int:
+    return _maintain(args, spec, expire=True, compact=False, orphans=False)
+
+
+def cmd_remove_orphans(args: argparse.Namespace, spec: KrishivSpec) -> int:
+    return _maintain(args, spec, expire=False, compact=False, orphans=True)
+
+
+def cmd_compact(args: argparse.Namespace, spec: KrishivSpec) -> int:
+    return _maintain(args, spec, expire=False, compact=True, orphans=False)
+
+
+def cmd_maintain(args: argparse.Namespace, spec: KrishivSpec) -> int:
+    return _maintain(args, spec, expire=True, compact=True, orphans=True)
+
+
+def _size(text: str) -> int:
+    from krishiv_core.spec import parse_size_bytes
+
+    try:
+        return parse_size_bytes(int(text) if text.strip().isdigit() else text, "size")
+    except ConfigError:
+        raise argparse.ArgumentTypeError(f"expected a size such as 128MiB, 512KiB or 1GB, got {text!r}") from None
+
+
+def _positive(text: str) -> int:
+    count = _count(text)
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return count
+
+
+def _min_files(text: str) -> int:
+    count = _count(text)
+    if count < 2:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number of at least 2 (one file is not compacted), got {text!r}"
+        )
+    return count
+
+
 def cmd_lineage(args: argparse.Namespace, spec: KrishivSpec) -> int:
     from krishiv.inputs import load_table
     from krishiv.lineage import lineage
@@ -513,6 +589,45 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cs.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
 
+    m = "[maintenance]"  # the spec's section, which the options override
+    es = _command(
+        sub, "expire-snapshots", "expire old snapshots of the pipelines' tables (keeps files; see remove-orphans)"
+    )
+    es.add_argument(
+        "--keep-last", type=_positive, metavar="N", help=f"always keep the newest N snapshots (default: {m}, 100)"
+    )
+    es.add_argument(
+        "--keep-younger-than",
+        type=_duration,
+        metavar="D",
+        help=f"also keep snapshots younger than this, e.g. 15m, 7d (default: {m}, 15m)",
+    )
+    es.add_argument("--dry-run", action="store_true", help="list what would be expired, expire nothing")
+
+    ro = _command(
+        sub, "remove-orphans", "remove files no retained snapshot, metadata or pending ledger entry refers to"
+    )
+    ro.add_argument(
+        "--grace", type=_duration, metavar="D", help=f"keep files younger than this (default: {m}, 24h; at least 10m)"
+    )
+    ro.add_argument("--force", action="store_true", help="allow a grace below 10m (nothing may be writing the tables)")
+    ro.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
+
+    co = _command(sub, "compact", "rewrite small data files into files of a target size, one replace snapshot")
+    co.add_argument(
+        "--target-file-size", type=_size, metavar="SIZE", help=f"size of the rewritten files (default: {m}, 128MiB)"
+    )
+    co.add_argument(
+        "--min-files",
+        type=_min_files,
+        metavar="N",
+        help=f"compact a partition with this many small files (default: {m}, 5)",
+    )
+    co.add_argument("--dry-run", action="store_true", help="list what would be rewritten, write nothing")
+
+    mt = _command(sub, "maintain", "compact, expire snapshots and remove orphans with the spec's [maintenance]")
+    mt.add_argument("--dry-run", action="store_true", help="list what each step would do, change nothing")
+
     d = _command(sub, "demo", "broker + produce + run + commit + show, on embedded defaults", pipeline=None)
     d.add_argument("--records", type=_count, default=20_000, help="how many orders")
     d.add_argument("--late", type=_count, default=25, help="how many events arrive ten minutes late")
@@ -536,6 +651,10 @@ COMMANDS = {
     "skip-offsets": cmd_skip_offsets,
     "restage": cmd_restage,
     "clean-staging": cmd_clean_staging,
+    "expire-snapshots": cmd_expire_snapshots,
+    "remove-orphans": cmd_remove_orphans,
+    "compact": cmd_compact,
+    "maintain": cmd_maintain,
     "lineage": cmd_lineage,
     "verify": cmd_verify,
     "demo": cmd_demo,
