@@ -91,7 +91,7 @@ def lineage_table(title: str, rows: Iterable[LineageRow], wide: bool = False) ->
             short_id(row.snapshot_id, wide),
             short_id(row.parent_id, wide),
             when(row.committed_at, wide),
-            "-" if row.batch_id is None else str(row.batch_id),
+            row.maintenance or ("-" if row.batch_id is None else str(row.batch_id)),  # a compaction is named
             str(row.added_records),
             offsets_text(row.offsets, wide),
         ]

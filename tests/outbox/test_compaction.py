@@ -23,9 +23,11 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType
+from rich.console import Console
 
 from krishiv.lineage import lineage
 from krishiv.verify import check_ledger_agreement, check_lineage, duplicate_rows, duplicate_sources
+from krishiv.views import lineage_table
 from krishiv_core import faults
 from krishiv_core.catalog import TABLE_PROPERTIES
 from krishiv_core.entries import (
@@ -103,41 +105,44 @@ def assert_checks_clean(table: Table, ledger: Ledger, merge: bool = False) -> No
 
 
 def test_compaction_of_relay_batches_keeps_rows_checks_and_the_relays_marks(catalog: Catalog, ledger: Ledger):
-    for b in range(12):
+    for b in range(8):
         stage(catalog, ledger, b, b)
-    assert CommitRelay(ledger, catalog).commit_table(TABLE).committed == list(range(12))
+    assert CommitRelay(ledger, catalog).commit_table(TABLE).committed == list(range(8))
     table = catalog.load_table(TABLE)
     before, marks, properties = rows_of(table), high_water_marks(table), dict(table.properties)
     manifests_before = len(table.current_snapshot().manifests(table.io))
-    assert len(live_data_files(table)) == 12 and manifests_before == 12
+    assert len(live_data_files(table)) == 8 and manifests_before == 8
 
     planned = compact_table(table, target_file_size=MB, min_files=4, dry_run=True)
-    assert (planned.files_rewritten, planned.files_written, planned.snapshot_id) == (12, 0, None)
+    assert (planned.files_rewritten, planned.files_written, planned.snapshot_id) == (8, 0, None)
     assert catalog.load_table(TABLE).current_snapshot().snapshot_id == table.current_snapshot().snapshot_id
 
     report = compact_table(table, target_file_size=MB, min_files=4, run_id="run-1")
-    assert (report.groups, report.files_rewritten, report.files_written, report.rows) == (1, 12, 1, 12)
+    assert (report.groups, report.files_rewritten, report.files_written, report.rows) == (1, 8, 1, 8)
     table = catalog.load_table(TABLE)
     head = table.current_snapshot()
     assert head.snapshot_id == report.snapshot_id and head.summary.operation == Operation.REPLACE
     summary = head.summary.additional_properties
     assert summary[SUMMARY_MAINTENANCE] == COMPACTION and summary[SUMMARY_MAINTENANCE_RUN] == "run-1"
-    assert summary[SUMMARY_REWRITTEN_FILES] == "12"
-    assert summary["added-records"] == summary["deleted-records"] == "12"
+    assert summary[SUMMARY_REWRITTEN_FILES] == "8"
+    assert summary["added-records"] == summary["deleted-records"] == "8"
     assert not {SUMMARY_QUERY_ID, SUMMARY_BATCH_ID, SUMMARY_HIGH_WATER} & summary.keys()
     assert dict(table.properties) == properties and high_water_marks(table) == marks, "no property moves"
     assert rows_of(table) == before
     assert len(live_data_files(table)) == 1 and len(head.manifests(table.io)) < manifests_before
     assert [r.writer for r in lineage(table)][-1] == "maintenance"
+    console = Console(width=120, record=True)
+    console.print(lineage_table("lineage", lineage(table)))
+    assert COMPACTION in console.export_text().splitlines()[-1].split(), "krishiv lineage names the compaction"
     assert_checks_clean(table, ledger)
 
     # The relay after a compaction: nothing committed twice, the next batches on top, every check clean.
     assert CommitRelay(ledger, catalog).commit_table(TABLE).committed == []
-    for b in range(12, 14):
+    for b in range(8, 10):
         stage(catalog, ledger, b, b)
-    assert CommitRelay(ledger, catalog).commit_table(TABLE).committed == [12, 13]
+    assert CommitRelay(ledger, catalog).commit_table(TABLE).committed == [8, 9]
     table = catalog.load_table(TABLE)
-    assert len(rows_of(table)) == 14
+    assert len(rows_of(table)) == 10
     assert_checks_clean(table, ledger)
     assert compact_table(table, target_file_size=MB, min_files=4).snapshot_id is None, "3 files: below min_files"
 
