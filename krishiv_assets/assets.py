@@ -27,7 +27,7 @@ from krishiv_assets.resources import (
     SparkResource,
     effective_spec,
 )
-from krishiv_assets.staging_run import SENSOR_TAG, IdleStop, StagingConfig, staging_plan
+from krishiv_assets.staging_run import SENSOR_TAG, STAGING_CONFIG_SCHEMA, IdleStop, staging_plan
 from krishiv_core.catalog import qualified
 from krishiv_core.errors import KrishivError
 from krishiv_core.spec import UPSERT, WINDOWED, KrishivSpec, PipelineSpec
@@ -148,6 +148,7 @@ def pipeline_assets(spec: KrishivSpec, pipeline: PipelineSpec) -> list[dg.Assets
         group_name=group,
         kinds={"spark", "duckdb"},
         pool=stage_pool(pipeline),
+        config_schema=STAGING_CONFIG_SCHEMA,
         description=(
             f"Phase 1 of {pipeline.name} ({pipeline.kind}): the Spark query stages each micro-batch as Parquet "
             f"files plus an outbox entry per table in the DuckDB ledger ({shape_of(pipeline)}). A run the Kafka "
@@ -156,7 +157,6 @@ def pipeline_assets(spec: KrishivSpec, pipeline: PipelineSpec) -> list[dg.Assets
     )
     def staged_batches(
         context,  # Dagster rejects a string annotation here (PEP 563), so the context stays unannotated
-        config: StagingConfig,
         kafka: KafkaResource,
         iceberg: IcebergCatalogResource,
         ledger: LedgerResource,
@@ -166,7 +166,9 @@ def pipeline_assets(spec: KrishivSpec, pipeline: PipelineSpec) -> list[dg.Assets
 
         try:
             plan = staging_plan(
-                sensor_started=SENSOR_TAG in context.run.tags, linger_s=config.linger_s, max_run_s=config.max_run_s
+                sensor_started=SENSOR_TAG in context.run.tags,
+                linger_s=context.op_config.get("linger_s"),
+                max_run_s=context.op_config.get("max_run_s"),
             )
             stop = IdleStop(plan)
             catalog, book = iceberg.catalog(), ledger.ledger()  # a catalog that is down fails before Spark starts

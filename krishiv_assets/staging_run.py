@@ -45,11 +45,12 @@ DEFAULT_MAX_RUN_S = 3600.0
 SENSOR_TAG = "dagster/sensor_name"
 
 
-class StagingConfig(dg.Config):
-    """The staging asset's run config: both unset by default (the environment's or the defaults apply)."""
-
-    linger_s: float | None = None
-    max_run_s: float | None = None
+#: The staging asset's run config (a schema, not a ``dg.Config`` class: the asset module's annotations are strings,
+#: which Dagster does not resolve). Both unset by default: the environment's values or the defaults apply.
+STAGING_CONFIG_SCHEMA = {
+    "linger_s": dg.Field(float, is_required=False, description="seconds of no new records before it stops; 0: once"),
+    "max_run_s": dg.Field(float, is_required=False, description="the longest it stages, in seconds"),
+}
 
 
 @dataclass(frozen=True)
