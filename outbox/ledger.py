@@ -45,6 +45,7 @@ from krishiv_core.entries import (
     COMMITTED,
     PENDING,
     CommitOperation,
+    OffsetRanges,
     OffsetSkip,
     OutboxEntry,
     StagedFile,
@@ -128,6 +129,34 @@ class PendingBatch:
     table: str
     batch_id: int
     created_at: datetime
+
+
+@dataclass(frozen=True)
+class CommitRecord:
+    """One commit as the ledger recorded it, for reporting (the Dagster outbox sensor): no files, no metrics.
+
+    ``commit_seq`` orders commits as they reached the ledger; ``committed_snapshot_id`` is None when the batch
+    published nothing (or its snapshot had expired when it was found committed); ``commit_ms`` is the catalog
+    call's duration when the committing process made it (None when it found the batch already committed).
+    """
+
+    commit_seq: int
+    table: str
+    pipeline: str
+    query_id: str
+    batch_id: int
+    committed_snapshot_id: int | None
+    record_count: int
+    offsets: OffsetRanges
+    created_at: datetime
+    committed_at: datetime
+    committed_by: str | None
+    commit_ms: float | None
+
+    @property
+    def staged_to_committed_s(self) -> float:
+        """Seconds from the batch's staging (its entry recorded) to its commit."""
+        return (self.committed_at - self.created_at).total_seconds()
 
 
 @dataclass(frozen=True)
@@ -965,6 +994,46 @@ class Ledger:
             [PENDING, *params],
         )
         return [PendingBatch(*r) for r in rows]
+
+    def commits_since(
+        self, commit_seq: int, tables: Sequence[str] | None = None, limit: int = 50
+    ) -> list[CommitRecord]:
+        """The commits after ``commit_seq`` (of ``tables``, or all), oldest first, at most ``limit``.
+
+        A cursor over the ledger's commits: pass the last record's ``commit_seq`` to read on. Only entries still
+        in the ledger are read: commits that :meth:`compact` folded into the archive before a reader reached them
+        are skipped (they are older than the retention), and commits recorded before schema version 8 have no
+        sequence number and are never listed.
+        """
+        clause, params = "", [commit_seq]
+        if tables is not None:
+            if not tables:
+                return []
+            clause = f" AND table_name IN ({', '.join('?' * len(tables))})"
+            params += list(tables)
+        rows = self._read(
+            "SELECT commit_seq, table_name, pipeline, query_id, batch_id, committed_snapshot_id, record_count, "
+            "offsets, created_at, committed_at, committed_by, commit_ms FROM outbox "
+            f"WHERE commit_seq > ?{clause} ORDER BY commit_seq LIMIT ?",
+            [*params, limit],
+        )
+        return [
+            CommitRecord(
+                int(seq), table, pipeline, query, int(batch), snapshot, int(records), json.loads(offsets), *rest
+            )
+            for seq, table, pipeline, query, batch, snapshot, records, offsets, *rest in rows
+        ]
+
+    def last_commit_seq(self) -> int:
+        """The highest ``commit_seq`` given so far, 0 if none (a reader starting now reads on from it).
+
+        From the sequence itself, so a commit compaction already folded away still counts.
+        """
+        rows = self._read(
+            "SELECT greatest((SELECT max(commit_seq) FROM outbox), (SELECT last_value FROM duckdb_sequences() "
+            "WHERE sequence_name = 'outbox_commit_seq'))"
+        )
+        return int(rows[0][0]) if rows and rows[0][0] is not None else 0
 
     def end_offsets(
         self, table: str, topic: str, status: str | None = None, pipeline: str | None = None

@@ -304,3 +304,15 @@ def test_this_process_may_take_its_own_lease_again(ledger: Ledger) -> None:
     again = ledger.acquire_lease("orders_per_minute", "krishiv run", 30)
     assert first.token == again.token == process_token()
     assert ledger.lease_held(again) and ledger.lease_held(first)
+
+
+def test_a_lease_says_whether_its_process_commits_its_own_batches(ledger: Ledger) -> None:
+    with stager_lease(ledger, "orders_per_minute", "krishiv run", committing=True) as held:
+        assert held.committing
+        seen = ledger.live_lease("orders_per_minute")
+        assert seen is not None and seen.committing
+        assert "krishiv run (pid" in seen.describe() and "committing its own batches" in seen.describe()
+    with stager_lease(ledger, "orders_per_minute", "dagster run 1a2b3c4d") as held:
+        assert not held.committing
+        seen = ledger.live_lease("orders_per_minute")
+        assert seen is not None and not seen.committing and "committing" not in seen.describe()

@@ -768,6 +768,102 @@ def test_a_schema_2_ledger_is_back_filled_by_its_first_read(ledger_path: Path) -
     assert ledger.acquire_lease("orders_per_minute", "krishiv run", 30).mine
 
 
+def test_commits_since_lists_each_commit_once_in_the_order_it_reached_the_ledger(ledger: Ledger) -> None:
+    for b in range(3):
+        ledger.record_batch([_entry("q1", b), _entry("q1", b, REJECTS)])
+    assert ledger.last_commit_seq() == 0 and ledger.commits_since(0) == []
+
+    seqs = [
+        ledger.mark_committed(_entry("q1", 0), 7_000, "krishiv run", 12.5),
+        ledger.mark_committed(_entry("q1", 0, REJECTS), None, "krishiv run"),
+        ledger.mark_committed(_entry("q1", 1), 7_001, "dagster run 1a2b3c4d", 30.0),
+    ]
+    assert seqs == [1, 2, 3]
+    assert ledger.mark_committed(_entry("q1", 1), 9_999, "krishiv commit") is None  # not pending: nothing changes
+
+    first, empty, by_dagster = ledger.commits_since(0)
+    assert (first.commit_seq, first.table, first.batch_id, first.committed_snapshot_id) == (1, TABLE, 0, 7_000)
+    assert (first.committed_by, first.commit_ms, first.record_count, first.pipeline) == (
+        "krishiv run",
+        12.5,
+        5,
+        "orders_per_minute",
+    )
+    assert first.offsets == _offsets(0) and first.query_id == "q1"
+    assert first.committed_at >= first.created_at and first.staged_to_committed_s >= 0
+    assert (empty.table, empty.committed_snapshot_id, empty.commit_ms) == (REJECTS, None, None)
+    assert (by_dagster.batch_id, by_dagster.committed_by) == (1, "dagster run 1a2b3c4d")
+
+    # A cursor: read on from the last record; filter by table; at most ``limit``.
+    assert [c.commit_seq for c in ledger.commits_since(1)] == [2, 3]
+    assert [c.commit_seq for c in ledger.commits_since(0, [TABLE])] == [1, 3]
+    assert [c.commit_seq for c in ledger.commits_since(0, limit=2)] == [1, 2]
+    assert ledger.commits_since(0, []) == [] and ledger.commits_since(3) == []
+    assert ledger.last_commit_seq() == 3
+
+    # Compaction folds old commits away, the latest one too (batch 2 of the rejects is pending, so it is the
+    # newest entry compaction keeps); the sequence goes on from where it was.
+    ledger.mark_committed(_entry("q1", 2), 7_002)
+    ledger.mark_committed(_entry("q1", 1, REJECTS), None)
+    assert ledger.compact(0, now=datetime.now(UTC) + timedelta(seconds=1)).entries_archived == 4
+    assert [c.commit_seq for c in ledger.commits_since(0)] == [4]
+    assert ledger.last_commit_seq() == 5
+    assert ledger.mark_committed(_entry("q1", 2, REJECTS), None, "krishiv run") == 6
+    assert [(c.table, c.batch_id) for c in ledger.commits_since(5)] == [(REJECTS, 2)]
+
+
+def _schema_7_ledger(path: Path) -> None:
+    """A ledger as the Krishiv before commit sequence numbers wrote it: one batch committed, one pending, a lease."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    con = duckdb.connect(str(path))
+    try:
+        con.execute("CREATE TABLE ledger_meta (key VARCHAR PRIMARY KEY, value VARCHAR)")
+        for migration in _MIGRATIONS[:7]:
+            con.execute(migration)
+        con.execute("INSERT INTO ledger_meta VALUES ('schema_version', '7')")
+        for e, status in ((_entry("q1", 0), COMMITTED), (_entry("q1", 1), PENDING)):
+            con.execute(
+                "INSERT INTO outbox (query_id, pipeline, table_name, batch_id, status, intended_snapshot_id, "
+                "committed_snapshot_id, offsets, files, record_count, metrics, created_at, committed_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, now(), ?)",
+                [
+                    e.query_id,
+                    e.pipeline,
+                    e.table,
+                    e.batch_id,
+                    status,
+                    e.intended_snapshot_id,
+                    e.intended_snapshot_id if status == COMMITTED else None,
+                    json.dumps(e.offsets),
+                    json.dumps([f.to_json() for f in e.files]),
+                    e.record_count,
+                    json.dumps(e.metrics),
+                    datetime.now(UTC) if status == COMMITTED else None,
+                ],
+            )
+        con.execute(
+            "INSERT INTO stager_lease VALUES ('orders_per_minute', 'krishiv run', 'elsewhere', 1, now(), "
+            "now() + INTERVAL 1 HOUR, 'token-of-another-process', NULL)"
+        )
+    finally:
+        con.close()
+
+
+def test_a_schema_7_ledger_upgrades_and_numbers_only_the_commits_after(ledger_path: Path) -> None:
+    _schema_7_ledger(ledger_path)
+    ledger = Ledger(ledger_path, lock_timeout_s=10.0)
+
+    assert ledger.commits_since(0) == [] and ledger.last_commit_seq() == 0  # the old commit has no number
+    assert ledger.schema_version() == SCHEMA_VERSION
+    lease = ledger.live_lease("orders_per_minute")
+    assert lease is not None and not lease.committing and "committing" not in lease.describe()
+    assert [e.batch_id for e in ledger.entries(status=COMMITTED)] == [0]
+
+    assert ledger.mark_committed(_entry("q1", 1), 1_000_001, "krishiv commit", 8.0) == 1
+    (commit,) = ledger.commits_since(0)
+    assert (commit.batch_id, commit.committed_by, commit.commit_ms) == (1, "krishiv commit", 8.0)
+
+
 # ------------------------------------------------------------------------------------------- compaction
 
 
