@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 
 from krishiv_assets.assets import PipelineKeys, pipeline_assets
 from krishiv_assets.checks import DEFAULT_THRESHOLDS, CheckThresholds, pipeline_checks
+from krishiv_assets.maintenance import maintenance_asset, maintenance_job, maintenance_schedule
 from krishiv_assets.resources import (
     IcebergCatalogResource,
     KafkaResource,
@@ -39,6 +40,7 @@ class PipelineDefinitions:
     checks: list[dg.AssetChecksDefinition]
     jobs: list[dg.UnresolvedAssetJobDefinition]
     sensors: list[dg.SensorDefinition]
+    schedules: list[dg.ScheduleDefinition] = field(default_factory=list)
 
 
 def stage_job_name(pipeline: PipelineSpec) -> str:
@@ -69,11 +71,13 @@ def pipeline_definitions(
         executor_def=dg.in_process_executor,
         description=f"Phase 2 of {pipeline.name}: commit pending batches, then check (the outbox sensor starts it).",
     )
+    maintain = maintenance_job(pipeline)
     return PipelineDefinitions(
-        assets=pipeline_assets(spec, pipeline),
+        assets=[*pipeline_assets(spec, pipeline), maintenance_asset(spec, pipeline)],
         checks=pipeline_checks(spec, pipeline, thresholds),
-        jobs=[stage, commit],
+        jobs=[stage, commit, maintain],
         sensors=[outbox_sensor(spec, pipeline, commit), kafka_sensor(spec, pipeline, stage)],
+        schedules=[maintenance_schedule(spec, pipeline, maintain)],
     )
 
 
@@ -117,6 +121,7 @@ def build_definitions(
         asset_checks=[c for p in parts for c in p.checks],
         jobs=[j for p in parts for j in p.jobs],
         sensors=[s for p in parts for s in p.sensors],
+        schedules=[s for p in parts for s in p.schedules],
         resources=build_resources(spec, env_overrides),
     )
 
