@@ -25,9 +25,8 @@ from krishiv_assets.resources import (
     KafkaResource,
     LedgerResource,
     SparkResource,
-    effective_spec,
 )
-from krishiv_assets.staging_run import SENSOR_TAG, STAGING_CONFIG_SCHEMA, IdleStop, staging_plan
+from krishiv_assets.staging_run import SENSOR_TAG, STAGING_CONFIG_SCHEMA, IdleStop, run_spec, staging_plan
 from krishiv_core.catalog import qualified
 from krishiv_core.errors import KrishivError
 from krishiv_core.spec import UPSERT, WINDOWED, KrishivSpec, PipelineSpec
@@ -174,7 +173,7 @@ def pipeline_assets(spec: KrishivSpec, pipeline: PipelineSpec) -> list[dg.Assets
             catalog, book = iceberg.catalog(), ledger.ledger()  # a catalog that is down fails before Spark starts
             context.log.info(f"staging {pipeline.name} {plan.describe()}")
             running = run_pipelines(
-                effective_spec(spec, kafka=kafka, spark=spark),
+                run_spec(spec, kafka=kafka, spark=spark, iceberg=iceberg),
                 [pipeline],
                 once=plan.once,
                 spark=spark.session(),

@@ -32,6 +32,8 @@ import dagster as dg
 from krishiv_core.errors import ConfigError
 
 if TYPE_CHECKING:
+    from krishiv_assets.resources import IcebergCatalogResource, KafkaResource, SparkResource
+    from krishiv_core.spec import KrishivSpec
     from spark_jobs.staging import StagedBatch
 
 #: How long a sensor-started staging run goes on after the last batch that read a record (seconds; 0: one shot).
@@ -142,3 +144,21 @@ class IdleStop:
         elif idle >= self.plan.linger_s:
             self.reason = f"no new records for {self.plan.linger_s:g}s"
         return self.reason is not None
+
+
+def run_spec(
+    spec: KrishivSpec, *, kafka: KafkaResource, spark: SparkResource, iceberg: IcebergCatalogResource
+) -> KrishivSpec:
+    """The spec a staging run hands ``run_pipelines``: the resources' broker, checkpoints and catalog.
+
+    The catalog matters in continuous mode: the committer loads a catalog of its own from the spec (its thread's),
+    so it must be the resource's (an address the environment overrides), not the spec file's.
+    """
+    from dataclasses import replace
+
+    from krishiv_assets.resources import effective_spec
+
+    return replace(
+        effective_spec(spec, kafka=kafka, spark=spark),
+        iceberg=iceberg._catalog_spec().iceberg,  # the real URI and warehouse behind the resource's shown ones
+    )
