@@ -3,6 +3,7 @@ with batches staged directly (no Spark): what is kept, and that the relay's chec
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -152,3 +153,37 @@ def test_tables_krishiv_ensures_stop_keeping_every_metadata_file(catalog: Catalo
     assert {Path(m.metadata_file).name for m in table.metadata.metadata_log} | {
         Path(table.metadata_location).name
     } == set(on_disk)
+
+
+def test_expiry_beside_a_committing_relay_loses_and_duplicates_nothing(tmp_path: Path, postgres_uri: str) -> None:
+    def catalog() -> SqlCatalog:  # one per thread, as two processes would have
+        return SqlCatalog("t", uri=postgres_uri, warehouse=tmp_path.as_uri())
+
+    ledger = Ledger(tmp_path / "ledger.duckdb")
+    batches = range(8)
+    for b in batches:
+        stage(catalog(), ledger, b, b)
+    done = threading.Event()
+    expired: list[int] = []
+
+    def expire_until_done() -> None:
+        expiring = catalog()
+        while not done.is_set():
+            report = expire_snapshots(lambda: expiring.load_table(TABLE), keep_last=2, keep_younger_than_ms=0)
+            expired.extend(report.expired)
+
+    expirer = threading.Thread(target=expire_until_done)
+    expirer.start()
+    try:
+        report = CommitRelay(ledger, catalog()).commit_table(TABLE)
+    finally:
+        done.set()
+        expirer.join(timeout=60)
+    assert not expirer.is_alive()
+    assert sorted(report.committed + report.recovered) == list(batches)
+    expire_snapshots(lambda: catalog().load_table(TABLE), keep_last=2, keep_younger_than_ms=0)
+    table = catalog().load_table(TABLE)
+    assert expired and len(table.snapshots()) == 2, "expiry ran between the commits"
+    assert table.scan().to_arrow().num_rows == len(batches), "every batch once"
+    assert all(e.status == COMMITTED for e in ledger.entries(TABLE))
+    assert check_ledger_agreement(table, TABLE, ledger) == []
