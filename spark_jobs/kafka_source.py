@@ -4,7 +4,11 @@ Offsets are ``{partition: next offset}`` (partition numbers as strings, since of
 task reads exactly ``[start, end)`` of one partition, whatever else the broker returns, so a batch id always
 means the same records on replay. Large ranges are split into several tasks. ``maxRecordsPerBatch`` becomes
 Spark's default read limit and is shared between partitions in proportion to their backlog;
-``Trigger.AvailableNow`` pins the end to the offsets seen when the query starts.
+``Trigger.AvailableNow`` pins the end to the offsets seen when the query starts. While the backlog is larger than
+one batch (a first run over a full topic, a restart after an outage), a batch may span up to
+``catchUpRecordsPerBatch`` (:func:`batch_rows`): every batch has a fixed cost, so a pipeline catches up sooner in
+fewer, larger batches, and returns to small ones once it has caught up. Only batches Spark plans afresh are sized
+so; a batch the ledger already recorded is planned with its recorded ends.
 
 Offsets only move forward, checked when the driver plans a batch (``latestOffset``): a high watermark below the
 batch's start (topic re-created, a fail-over to a mirror) raises :class:`OffsetsMovedBackwards`, a start below the
@@ -18,7 +22,8 @@ its end and reads nothing from it; the next batch reads from there.
 
 Options: ``bootstrap.servers`` and ``topic`` (required), ``startingOffsets`` (JSON of partition -> offset;
 partitions it leaves out start at their earliest offset), ``maxRecordsPerBatch``, ``recordsPerSplit``,
-``readTimeoutSeconds``, ``expectedIdentity`` (JSON of :meth:`KafkaAdmin.identity`, checked at the first batch
+``catchUpRecordsPerBatch`` (0, the default: never more than ``maxRecordsPerBatch``), ``readTimeoutSeconds``,
+``expectedIdentity`` (JSON of :meth:`KafkaAdmin.identity`, checked at the first batch
 planned), ``checkpointPath`` and ``recorded`` (the query's checkpoint, and the batch ends and skips the ledger
 holds for it) and ``kafka.<librdkafka setting>`` for anything else the consumer needs, except the settings in
 :data:`FORCED_CONSUMER_SETTINGS`, which Krishiv sets itself.
@@ -243,6 +248,20 @@ def latest_offsets(bootstrap: str, topic: str, extra: Mapping[str, str] | None =
         return admin.latest()
 
 
+def batch_rows(backlog: int, max_rows: int, catch_up_rows: int) -> int:
+    """The most offsets the next batch spans: ``max_rows``, or ``catch_up_rows`` (when larger) while the ``backlog``
+    is more than ``max_rows``.
+
+    Each batch pays a fixed cost whatever its size (planning, a Python worker per task, the sink's Spark jobs, a
+    ledger transaction, a snapshot): about a second on two cores, against about two seconds of work per 200,000
+    records. A pipeline behind by many batches catches up in fewer, larger ones; a pipeline that keeps up reads
+    at most ``max_rows`` per batch, as before.
+    """
+    if catch_up_rows <= max_rows or backlog <= max_rows:
+        return max_rows
+    return catch_up_rows
+
+
 def cap_offsets(start: Offsets, latest: Offsets, max_rows: int) -> Offsets:
     """End offsets spanning at most ``max_rows`` offsets, shared in proportion to each partition's backlog.
 
@@ -378,6 +397,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.expected_identity = self._identity_option(options.get("expectedIdentity"))
         self._identity_checked = False
         self.max_records = int(options.get("maxRecordsPerBatch", "0"))
+        self.catch_up_records = int(options.get("catchUpRecordsPerBatch", "0"))
         self.records_per_split = max(1, int(options.get("recordsPerSplit", "250000")))
         self.timeout_s = float(options.get("readTimeoutSeconds", "120"))
         self.starting: Offsets = {str(k): int(v) for k, v in json.loads(options.get("startingOffsets", "{}")).items()}
@@ -520,7 +540,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # A partition the start does not know is new: it starts at its low watermark, and nothing of it is read now.
         latest = {p: latest[p] if p in begin else marks[p][0] for p in marks}
         if isinstance(limit, ReadMaxRows):
-            return cap_offsets(begin, latest, limit.max_rows)
+            backlog = sum(max(0, end - begin[p]) for p, end in latest.items() if p in begin)
+            return cap_offsets(begin, latest, batch_rows(backlog, limit.max_rows, self.catch_up_records))
         return latest
 
     def reportLatestOffset(self) -> dict | None:

@@ -36,6 +36,7 @@ from spark_jobs.kafka_source import (
     KafkaClients,
     KafkaRange,
     KafkaStreamReader,
+    batch_rows,
     cap_offsets,
     consumer_config,
     read_range,
@@ -305,6 +306,45 @@ def test_latest_offset_reads_up_to_the_high_watermark() -> None:
     assert source.latestOffset({"0": 10, "1": 3}, ReadAllAvailable()) == {"0": 50, "1": 80}
     # Shares of 20: 40/117 and 77/117 of it, 6.84 and 13.16, rounded to 7 and 13.
     assert source.latestOffset({"0": 10, "1": 3}, ReadMaxRows(20)) == {"0": 17, "1": 16}
+
+
+def test_batch_rows_grow_to_the_catch_up_size_only_while_more_than_a_batch_is_behind() -> None:
+    assert batch_rows(backlog=5_000, max_rows=100, catch_up_rows=500) == 500
+    assert batch_rows(backlog=101, max_rows=100, catch_up_rows=500) == 500  # cap_offsets then takes the 101
+    assert batch_rows(backlog=100, max_rows=100, catch_up_rows=500) == 100
+    assert batch_rows(backlog=5_000, max_rows=100, catch_up_rows=0) == 100  # off
+    assert batch_rows(backlog=5_000, max_rows=100, catch_up_rows=50) == 100  # never below the batch size
+
+
+def test_a_pipeline_behind_catches_up_in_larger_batches_then_reads_small_ones() -> None:
+    consumer = ScriptedConsumer(watermarks={0: [(0, 1_000)], 1: [(0, 600)]})
+    source = reader(consumer, maxRecordsPerBatch="100", catchUpRecordsPerBatch="400")
+    limit = source.getDefaultReadLimit()
+    assert isinstance(limit, ReadMaxRows) and limit.max_rows == 100
+    # 1,600 behind: 400 offsets, shared in proportion to each partition's backlog (1,000 : 600).
+    assert source.latestOffset({"0": 0, "1": 0}, limit) == {"0": 250, "1": 150}
+    # 150 behind, more than one batch: all of it in one.
+    assert source.latestOffset({"0": 900, "1": 550}, limit) == {"0": 1_000, "1": 600}
+    # Without the option, batches stay at maxRecordsPerBatch.
+    plain = reader(ScriptedConsumer(watermarks={0: [(0, 1_000)], 1: [(0, 600)]}), maxRecordsPerBatch="100")
+    assert plain.latestOffset({"0": 0, "1": 0}, plain.getDefaultReadLimit()) == {"0": 63, "1": 37}
+
+
+def test_a_batch_the_ledger_recorded_keeps_its_ends_while_catching_up(tmp_path) -> None:
+    offsets = tmp_path / "offsets"
+    offsets.mkdir()
+    (offsets / "0").write_text('v1\n{}\n{"0": 100}\n')  # Spark's offset log: batch 0 ended at 100
+    recorded = json.dumps({"ends": {"1": {"0": 200}}, "skips": []})  # batch 1 was staged as [100, 200)
+    source = reader(
+        ScriptedConsumer(watermarks={0: [(0, 5_000)]}),
+        maxRecordsPerBatch="100",
+        catchUpRecordsPerBatch="1000",
+        checkpointPath=str(tmp_path),
+        recorded=recorded,
+    )
+    assert source.latestOffset({"0": 100}, source.getDefaultReadLimit()) == {"0": 200}
+    (offsets / "1").write_text('v1\n{}\n{"0": 200}\n')  # batch 2 was never staged: planned afresh
+    assert source.latestOffset({"0": 200}, source.getDefaultReadLimit()) == {"0": 1_200}
 
 
 def test_a_high_watermark_below_the_start_stops_the_query() -> None:
