@@ -206,8 +206,8 @@ def summarize_stacks(path: Path, rate: int = SAMPLE_RATE_HZ, top: int = 20) -> l
         for name in {_frame(f) for f in frames}:
             inclusive[kind][name] += count
     lines = ["py-spy samples of running threads (seconds = samples / rate; waiting in the daemon loop left out):"]
-    for kind, n in per_kind.most_common():
-        lines.append(f"  {kind:<44} {n / rate:8.2f} s   (+{idle[kind] / rate:.2f} s waiting)")
+    for kind in sorted(set(per_kind) | set(idle), key=lambda k: (-per_kind[k], -idle[k])):
+        lines.append(f"  {kind:<44} {per_kind[kind] / rate:8.2f} s   (+{idle[kind] / rate:.2f} s waiting)")
     for kind, n in per_kind.most_common():
         if n / rate < 0.5:
             continue
