@@ -11,7 +11,11 @@ On each row table, by the pipeline's kind (blocking: a row counted twice stops w
 
 On every table, rejects included:
 
-- ``lineage_linear``: each snapshot's parent is the previous one, one snapshot per batch, in batch order.
+- ``lineage_linear``: each snapshot's parent is the previous one, one snapshot per batch, in batch order; Krishiv's
+  maintenance snapshots (compactions) are counted apart, carry no batch and add exactly the rows they remove.
+
+Every check stays right across maintenance: a compaction moves rows without adding any, so the row counts still
+agree with the ledger, and a duplicate found in a compacted file names the snapshots that added its rows.
 - ``ledger_agreement``: every COMMITTED entry is in the table, every Krishiv snapshot is COMMITTED in the
   ledger, row counts match (append tables; a merge replaces rows), and no entry has been PENDING longer than
   the threshold.
@@ -198,9 +202,14 @@ def _lineage_check(asset: dg.AssetKey, table_name: str) -> dg.AssetChecksDefinit
             metadata={
                 "snapshots": len(rows),
                 "krishiv_snapshots": sum(1 for r in rows if r.batch_id is not None),
+                "maintenance_snapshots": sum(1 for r in rows if r.writer == "maintenance"),
+                "other_snapshots": sum(1 for r in rows if r.writer == "other"),
                 "problems": dg.MetadataValue.json(problems),
                 "lineage": dg.MetadataValue.json(
-                    [{"snapshot": r.snapshot_id, "parent": r.parent_id, "batch": r.batch_id} for r in rows[-50:]]
+                    [
+                        {"snapshot": r.snapshot_id, "parent": r.parent_id, "batch": r.batch_id, "writer": r.writer}
+                        for r in rows[-50:]
+                    ]
                 ),
             },
         )
