@@ -138,11 +138,17 @@ def compact_table(
     """Rewrite the small data files of ``table`` (a pyiceberg table loaded from its catalog) into files of about
     ``target_file_size`` bytes, in partitions holding at least ``min_files`` small files, as one ``replace``
     snapshot; ``dry_run`` plans and reports without writing. Returns what was (or would be) rewritten."""
-    if target_file_size <= 0:
-        raise ValueError(f"target_file_size must be positive, not {target_file_size}")
-    if min_files < 2:
-        raise ValueError(f"min_files must be at least 2 (one file is not compacted), not {min_files}")
     name = ".".join(table.name())
+    if target_file_size <= 0:
+        raise CompactionError(
+            f"compaction of {name}: target_file_size must be a positive number of bytes, not {target_file_size}"
+        )
+    if min_files < 2:
+        raise CompactionError(
+            f"compaction of {name}: min_files must be at least 2 (one file is not compacted), not {min_files}"
+        )
+    if not 0 < small_file_ratio <= 1:
+        raise CompactionError(f"compaction of {name}: small_file_ratio must be in (0, 1], not {small_file_ratio}")
     report = CompactionReport(name, dry_run=dry_run)
     bins = plan_bins(table, target_file_size, min_files, small_file_ratio, report.skipped)
     if not bins:

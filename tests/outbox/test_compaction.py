@@ -46,6 +46,7 @@ from outbox.compaction import (
     SUMMARY_MAINTENANCE,
     SUMMARY_MAINTENANCE_RUN,
     SUMMARY_REWRITTEN_FILES,
+    CompactionError,
     compact_table,
     live_data_files,
 )
@@ -344,3 +345,14 @@ def test_a_duplicate_in_a_compacted_file_is_traced_to_the_batches_that_added_it(
     assert len(duplicates) == 1 and duplicates[0].rows == 2
     (sources,) = duplicate_sources(table, key, duplicates).values()
     assert sources == sorted([batch_snapshots[1], backfill]), "the batch and the second writer, not the compaction"
+
+
+def test_a_wrong_setting_is_one_line_naming_it(sqlite: Catalog, ledger: Ledger):
+    stage(sqlite, ledger, 0, 0)
+    table = sqlite.load_table(TABLE)
+    with pytest.raises(CompactionError, match="target_file_size must be a positive number of bytes, not 0"):
+        compact_table(table, target_file_size=0, min_files=2)
+    with pytest.raises(CompactionError, match="min_files must be at least 2"):
+        compact_table(table, target_file_size=MB, min_files=1)
+    report = compact_table(table, target_file_size=MB, min_files=2)
+    assert (report.snapshot_id, report.skipped) == (None, ["the table has no snapshot"])
