@@ -10,6 +10,10 @@ spec file that carries a password or a secret query parameter is held in its red
 The catalog and ledger resources also depend on the spec itself (a nested resource with no config, which the
 UI names but never shows): it gives the catalog's name, the folder relative paths start from, and, inside the
 run process that read the spec file, the real value a redacted one stands for (:func:`resolve_displayed`).
+
+Nothing here imports PySpark until a staging run asks for its session (:meth:`SparkResource.session`): the code
+location, the sensors and the commit runs load this module too, and a commit run should start in about a second,
+not spend several loading Spark it never uses (``tests/krishiv_assets/test_commit_run_imports.py``).
 """
 
 # No `from __future__ import annotations`: Dagster recognizes a ResourceDependency field by its evaluated annotation.
@@ -18,7 +22,6 @@ from dataclasses import replace
 from typing import Any
 
 import dagster as dg
-from dagster_pyspark import LazyPySparkResource
 from pydantic import Field, PrivateAttr
 from pyiceberg.catalog import Catalog
 
@@ -126,11 +129,33 @@ def shown_spark_conf(spec: KrishivSpec) -> dict[str, str]:
     return {k: v for k, v in spark_conf(spec, DAGSTER_SPARK_APP).items() if not is_secret(k)}
 
 
+class LazySparkSession(dg.ConfigurableResource):
+    """The Spark settings the UI shows, and the session built from them on first use.
+
+    dagster-pyspark's ``LazyPySparkResource`` does the same but imports PySpark when its module loads, in every
+    process that loads the code location; this one imports it in :attr:`spark_session`, in a staging run only.
+    """
+
+    spark_config: dict[str, Any]
+    _spark_session: Any = PrivateAttr(default=None)
+
+    @property
+    def spark_session(self) -> Any:
+        if self._spark_session is None:
+            from pyspark.sql import SparkSession
+
+            builder = SparkSession.builder
+            for key, value in self.spark_config.items():
+                builder = builder.config(key, value)
+            self._spark_session = builder.getOrCreate()
+        return self._spark_session
+
+
 class SparkResource(dg.ConfigurableResource):
-    """The Spark session, built by dagster-pyspark on first use, plus where the query checkpoints live."""
+    """The Spark session, built on first use (:class:`LazySparkSession`), plus where the query checkpoints live."""
 
     spec: dg.ResourceDependency[KrishivSpec] = Field(repr=False, exclude=True, description=_SPEC_DESCRIPTION)
-    pyspark: LazyPySparkResource
+    pyspark: LazySparkSession
     checkpoint_location: str
     _owns_session: bool = PrivateAttr(default=False)
 
@@ -150,8 +175,8 @@ class SparkResource(dg.ConfigurableResource):
             self._owns_session = True
             require_master(master)
             if conf.keys() - self.pyspark.spark_config.keys():
-                # The secrets the UI was not shown: the session is built here with them, and dagster-pyspark's
-                # getOrCreate below returns it.
+                # The secrets the UI was not shown: the session is built here with them, and the lazy
+                # session's getOrCreate below returns it.
                 builder = SparkSession.builder
                 for key, value in conf.items():
                     builder = builder.config(key, value)

@@ -1,4 +1,9 @@
-"""Building the SparkSession Krishiv runs in, after checking Java is there."""
+"""Building the SparkSession Krishiv runs in, after checking Java is there.
+
+PySpark is imported only by the functions that build or prepare a session: :func:`spark_conf` and the checks are
+read by processes that never start Spark (the Dagster code location shows the configuration; a commit run must
+start in a second, not load Spark).
+"""
 
 from __future__ import annotations
 
@@ -10,12 +15,13 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-
-from pyspark.sql import SparkSession
+from typing import TYPE_CHECKING
 
 from krishiv_core.errors import ConfigError, EnvironmentProblem
 from krishiv_core.spec import KrishivSpec
-from spark_jobs.kafka_source import KafkaDataSource
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 REQUIRED_JAVA = 17
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -147,6 +153,8 @@ def prepare_environment(conf: Mapping[str, str] | None = None) -> None:
 
 def prepare_session(spark: SparkSession) -> SparkSession:
     """Quiet logs and register Krishiv's Kafka source on a session, however it was built."""
+    from spark_jobs.kafka_source import KafkaDataSource
+
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(KafkaDataSource)
     return spark
@@ -173,6 +181,8 @@ def launch_detached_gateway(conf: Mapping[str, str]) -> None:
 
 
 def build_session(spec: KrishivSpec, app_name: str = "krishiv") -> SparkSession:
+    from pyspark.sql import SparkSession
+
     conf = spark_conf(spec, app_name)
     prepare_environment(conf)
     require_master(spec.spark.master)

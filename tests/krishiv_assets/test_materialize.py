@@ -275,14 +275,14 @@ def _boom(_self):
 
 @pytest.mark.parametrize("cause", ["no java", "gateway exited"])
 def test_spark_that_cannot_start_fails_the_staging_run_in_one_line(make_spec, monkeypatch, cause):
-    from dagster_pyspark import LazyPySparkResource
+    from krishiv_assets.resources import LazySparkSession
 
     spec = make_spec()
     if cause == "no java":
         monkeypatch.setenv("JAVA_HOME", str(spec.base_dir / "no-java-here"))
         expected = "EnvironmentProblem: Spark needs Java 17 or newer and none was found on PATH or in JAVA_HOME"
     else:
-        monkeypatch.setattr(LazyPySparkResource, "spark_session", property(_boom))
+        monkeypatch.setattr(LazySparkSession, "spark_session", property(_boom))
         expected = "EnvironmentProblem: Spark did not start (master local[2]): [JAVA_GATEWAY_EXITED] Java gateway"
     keys = PipelineKeys.of(spec, spec.pipeline())
     result = _materialize(spec, dg.AssetSelection.assets(keys.staged))
