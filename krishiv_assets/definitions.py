@@ -17,7 +17,6 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import dagster as dg
-from dagster_pyspark import LazyPySparkResource
 
 from krishiv_assets.assets import PipelineKeys, pipeline_assets
 from krishiv_assets.checks import DEFAULT_THRESHOLDS, CheckThresholds, pipeline_checks
@@ -25,6 +24,7 @@ from krishiv_assets.maintenance import maintenance_asset, maintenance_job, maint
 from krishiv_assets.resources import (
     IcebergCatalogResource,
     KafkaResource,
+    LazySparkSession,
     LedgerResource,
     SparkResource,
     displayed,
@@ -102,7 +102,7 @@ def build_resources(spec: KrishivSpec, env_overrides: Collection[str] = ()) -> d
         "spark": SparkResource(
             spec=spec,
             # Resource config is what the UI shows: a secret of [spark.conf] is added by the run (session()).
-            pyspark=LazyPySparkResource(spark_config=shown_spark_conf(spec)),
+            pyspark=LazySparkSession(spark_config=shown_spark_conf(spec)),  # imports no Spark until a run stages
             checkpoint_location=value("KRISHIV_CHECKPOINT_LOCATION", spec.storage.checkpoint_location),
         ),
     }
