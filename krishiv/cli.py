@@ -274,6 +274,7 @@ def _maintain(args: argparse.Namespace, spec: KrishivSpec, *, expire: bool, comp
     from dataclasses import replace
 
     from krishiv.maintenance import describe, maintain_pipelines
+    from krishiv.views import table_name
 
     settings = spec.maintenance
     overrides = {
@@ -298,7 +299,7 @@ def _maintain(args: argparse.Namespace, spec: KrishivSpec, *, expire: bool, comp
     )
     grace = _format_duration(settings.orphan_grace_ms / 1000)
     for result in results:
-        for line in describe(result, grace):
+        for line in describe(result, grace, table_name(spec, result.table)):
             console.print(escape(line))
     return 0
 

@@ -84,7 +84,7 @@ def maintain_pipelines(
         try:
             catalog.load_table(name)
         except (NoSuchTableError, NoSuchNamespaceError):
-            result.skipped = "not in the catalog yet (krishiv run creates it)"
+            result.skipped = "no such table yet (krishiv run makes it)"
             continue
         steps = dict(expire=expire, compact=compact, orphans=orphans)
         if dry_run:
@@ -153,32 +153,32 @@ def size_text(size: int) -> str:
     return f"{size} B"
 
 
-def describe(result: TableMaintenance, grace: str) -> list[str]:
-    """One short line per step (each within 80 columns for a table name of up to ~30 characters)."""
+def describe(result: TableMaintenance, grace: str, name: str | None = None) -> list[str]:
+    """One short line per step, for the table shown as ``name`` (default: its qualified name); with the short
+    name (``krishiv.views.table_name``) a line fits 80 columns for tables of up to ~25 characters."""
+    name = name or result.table
     if result.skipped:
-        return [f"{result.table}: skipped, {result.skipped}"]
+        return [f"{name}: skipped: {result.skipped}"]
     would = result.dry_run
     lines = []
     if (c := result.compaction) is not None:
         if c.files_rewritten and would:
             lines.append(
-                f"{result.table}: would rewrite {c.files_rewritten} files ({size_text(c.bytes_rewritten)}) "
+                f"{name}: would rewrite {c.files_rewritten} files ({size_text(c.bytes_rewritten)}) "
                 f"in {c.groups} partitions"
             )
         elif c.files_rewritten:
             lines.append(
-                f"{result.table}: rewrote {c.files_rewritten} files ({size_text(c.bytes_rewritten)}) -> "
+                f"{name}: rewrote {c.files_rewritten} files ({size_text(c.bytes_rewritten)}) -> "
                 f"{c.files_written} ({size_text(c.bytes_written)})"
             )
         else:
-            lines.append(f"{result.table}: no partition with enough small files to compact")
+            lines.append(f"{name}: nothing to compact")
     if (e := result.expiry) is not None:
-        lines.append(
-            f"{result.table}: {'would expire' if would else 'expired'} {len(e.expired)} snapshots, kept {e.kept}"
-        )
+        lines.append(f"{name}: {'would expire' if would else 'expired'} {len(e.expired)} snapshots, kept {e.kept}")
     if (o := result.orphans) is not None:
         lines.append(
-            f"{result.table}: {'would remove' if would else 'removed'} {len(o.removed)} orphan files "
-            f"({size_text(o.removed_bytes)}); kept {o.referenced} referenced, {o.young} younger than {grace}"
+            f"{name}: {'would remove' if would else 'removed'} {len(o.removed)} orphans "
+            f"({size_text(o.removed_bytes)}); {o.referenced} in use, {o.young} < {grace}"
         )
     return lines

@@ -72,7 +72,7 @@ def maintenance_asset(spec: KrishivSpec, pipeline: PipelineSpec) -> dg.AssetsDef
         done = [r for r in results if not r.skipped]
         for r in results:
             if r.skipped:
-                context.log.info(f"{r.table}: skipped, {r.skipped}")
+                context.log.info(f"{r.table}: skipped: {r.skipped}")
         return dg.MaterializeResult(
             metadata={
                 "tables_maintained": len(done),
