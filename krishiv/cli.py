@@ -22,6 +22,7 @@ from krishiv.inputs import read_spec
 from krishiv.operations import (
     LEDGER_LOCK_TIMEOUT_ENV,
     STAGER_LEASE_TTL_ENV,
+    CommitsStopped,
     RunInterrupted,
     commit_pipelines,
     open_existing_ledger,
@@ -35,6 +36,7 @@ from krishiv_core.spec import ENV_OVERRIDES, SPEC_FILE_ENV, KrishivSpec, Pipelin
 if TYPE_CHECKING:
     from krishiv.metrics import Metrics
     from outbox.ledger import Ledger
+    from outbox.relay import TableCommitReport
 
 console = Console(highlight=False, soft_wrap=True)  # a line per message, whatever the width
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -129,28 +131,70 @@ def _metrics(spec: KrishivSpec, ledger: Ledger, pipelines: list[PipelineSpec], p
     return metrics
 
 
+def _batches(ids: list[int]) -> str:
+    return f"batch {ids[0]}" if len(ids) == 1 else f"batches {ids[0]}-{ids[-1]}"
+
+
+def _commit_line(spec: KrishivSpec, report: TableCommitReport) -> str:
+    """``orders_per_minute: committed batch 5 (3 rows) as snapshot 1234567… in 84 ms``: within 80 columns."""
+    from krishiv.views import short_id, table_name
+
+    parts = []
+    if report.committed:
+        last = "as snapshot" if len(report.committed) == 1 else "last as snapshot"
+        parts.append(
+            f"committed {_batches(report.committed)} ({report.records} rows) {last} "
+            f"{short_id(report.snapshot_ids[-1])} in {sum(report.commit_latencies_ms):.0f} ms"
+        )
+    if report.recovered:
+        parts.append(f"{_batches(report.recovered)} already in the table")
+    return f"{table_name(spec, report.table)}: {'; '.join(parts)}"
+
+
 def cmd_run(args: argparse.Namespace, spec: KrishivSpec) -> int:
     pipelines, ledger = _pipelines(spec, args.pipeline), open_writable_ledger(spec)
+    committed: dict[str, set[int]] = {}  # table -> the batches this run's committer committed to it
+
+    def on_commit(report: TableCommitReport) -> None:
+        committed.setdefault(report.table, set()).update(report.committed)
+        metrics.record_commits([report])
+        console.print(escape(_commit_line(spec, report)))
+
+    failure = None
     try:
         with _metrics(spec, ledger, pipelines, args.metrics_port) as metrics:
-            running = run_pipelines(
-                spec,
-                pipelines,
-                once=args.once,
-                ledger=ledger,
-                reporter=metrics.chain(_print_batch),
-                progress=_say,
-                stop_on_signals=True,
-            )
+            try:
+                running = run_pipelines(
+                    spec,
+                    pipelines,
+                    once=args.once,
+                    ledger=ledger,
+                    reporter=metrics.chain(_print_batch),
+                    progress=_say,
+                    stop_on_signals=True,
+                    commit=not args.no_commit,
+                    on_commit=on_commit,
+                )
+            except CommitsStopped as exc:
+                running, failure = exc.running, str(exc)
     except RunInterrupted as exc:
         err_console.print(f"krishiv run: {escape(str(exc))}")
         return 130 if exc.signal_name == "Ctrl-C" else 143
-    for r in running:
+    from krishiv_core.catalog import qualified
+
+    for r, p in zip(running, pipelines, strict=False):
         staged = [b for b in r.stager.history if b.recorded]
-        console.print(
+        line = (
             f"{escape(r.query.name)}: {len(r.stager.history)} batches, {len(staged)} staged, "
             f"{sum(b.records_read for b in r.stager.history)} records read"
         )
+        if not (args.once or args.no_commit):
+            batches = set().union(*(committed.get(qualified(spec, t), set()) for t in p.all_tables))
+            line += f", {len(batches)} committed"
+        console.print(line)
+    if failure is not None:
+        _fail("run", f"stopped committing {failure}")
+        return 1
     return 0
 
 
@@ -540,8 +584,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--late", type=_count, default=0, help="how many events arrive ten minutes late")
     p.add_argument("--malformed", type=_count, default=0, help="how many events are malformed")
 
-    r = _command(sub, "run", "run the Spark streaming job (phase 1: stage batches); Ctrl-C stops it between batches")
-    r.add_argument("--once", action="store_true", help="process what is in the topic now, then stop (default: run on)")
+    r = _command(
+        sub,
+        "run",
+        "run the Spark streaming job: stage each batch and commit it as soon as it is staged (with --once or "
+        "--no-commit, stage only); Ctrl-C stops it between batches",
+    )
+    r.add_argument(
+        "--once", action="store_true", help="process what is in the topic now, stage it, then stop (default: run on)"
+    )
+    r.add_argument(
+        "--no-commit",
+        action="store_true",
+        help="stage only; leave phase 2 to krishiv commit or Dagster (a run with --once never commits)",
+    )
     _metrics_port(r)
 
     c = _command(sub, "commit", "commit pending batches to Iceberg (phase 2)")

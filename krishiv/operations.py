@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # Spark and pyiceberg load only when an operation runs, keepi
     from pyspark.sql.streaming import StreamingQuery
 
     from krishiv.verify import Verification
+    from outbox.committer import Committer
     from outbox.relay import TableCommitReport
     from spark_jobs.job import RunningPipeline
     from spark_jobs.staging import StagedBatch
@@ -36,6 +37,12 @@ BatchReporter = Callable[[str], Callable[["StagedBatch"], None]]
 
 #: Takes one line of progress (Spark starting, a query started, a stop requested) for the person watching.
 Progress = Callable[[str], None]
+
+#: Takes the report of each table a continuous run's committer committed to (or found its batches in).
+CommitReporter = Callable[["TableCommitReport"], None]
+
+#: Who a continuous run's commits are recorded as in the ledger.
+RUN_COMMITTER = "krishiv run"
 
 
 class RunInterrupted(KrishivError):
@@ -47,6 +54,19 @@ class RunInterrupted(KrishivError):
             "goes on from there"
         )
         self.signal_name = signal_name
+
+
+class CommitsStopped(KrishivError):
+    """A continuous run staged to the end, but stopped committing some tables (a refusal, an unexpected error):
+    their batches are staged and pending, waiting for what the message names to be put right."""
+
+    def __init__(self, running: list[RunningPipeline], failures: dict[str, str]) -> None:
+        super().__init__(
+            "; ".join(f"{table}: {why}" for table, why in failures.items())
+            + "; the batches are staged and pending: put that right, then run krishiv commit"
+        )
+        self.running = running
+        self.failures = failures
 
 
 #: How long a command waits for a ledger another process holds (seconds; default 30).
@@ -130,6 +150,8 @@ def run_pipelines(
     progress: Progress | None = None,
     stop_on_signals: bool = False,
     stop_when: Callable[[], bool] | None = None,
+    commit: bool = True,
+    on_commit: CommitReporter | None = None,
 ) -> list[RunningPipeline]:
     """Run the pipelines' streaming queries, each under its stager lease.
 
@@ -141,6 +163,12 @@ def run_pipelines(
     once. Signals are only handled in the main thread, and a continuous run always stops on them.
     ``stop_when`` (continuous mode): asked every half second; once it returns True the queries stop between
     batches, as on SIGTERM, and the run returns (a Dagster staging run that lingers while events arrive).
+
+    A continuous run with ``commit`` (the default) commits too: a :class:`~outbox.committer.Committer` with a
+    catalog of its own (the spec's) commits every table of the pipelines as soon as a batch is staged, and once
+    more after the queries stop; ``on_commit`` gets its reports, ``progress`` a line per outage or refusal. A table
+    it stopped committing is :class:`CommitsStopped` at the end. A one-shot run only stages (``krishiv commit``
+    and the Dagster commit step publish).
     """
     from krishiv.preflight import check_broker, check_catalog
 
@@ -160,12 +188,19 @@ def run_pipelines(
     from spark_jobs.job import start_pipeline, stop_between_batches
     from spark_jobs.session import build_session
 
+    committing = commit and not once
     with ExitStack() as stack:
         ttl_s = _seconds_from_env(STAGER_LEASE_TTL_ENV, LEASE_TTL_S)
-        leases = {p.name: stack.enter_context(stager_lease(ledger, p.name, holder, ttl_s)) for p in pipelines}
+        leases = {
+            p.name: stack.enter_context(stager_lease(ledger, p.name, holder, ttl_s, committing=committing))
+            for p in pipelines
+        }
         catalog = load_catalog(spec) if catalog is None else catalog
         for p in pipelines:  # a table the spec cannot evolve is refused before Spark's JVM starts
             ensure_pipeline_tables(catalog, spec, p, pending=lambda t: len(ledger.pending_batches([t])))
+        committer = _start_committer(spec, pipelines, ledger, on_commit, say) if committing else None
+        if committer is not None:  # a final pass once the queries have stopped (callbacks run last in, first out)
+            stack.callback(committer.stop)
         if spark is None:
             say(f"starting Spark (master {spec.spark.master})")
             spark = build_session(spec)
@@ -186,7 +221,7 @@ def run_pipelines(
                             catalog,
                             ledger,
                             once=once,
-                            on_batch=reporter(p.name) if reporter else None,
+                            on_batch=_waking(committer, reporter(p.name) if reporter else None),
                             lease=leases[p.name],
                         )
                     )
@@ -220,7 +255,51 @@ def run_pipelines(
         for r in running:
             if r.query.exception() is not None:
                 raise KrishivError(f"query {r.query.name} failed: {_root_cause(r.query.exception())}")
+    if committer is not None and (committer.failures or committer.error):
+        failures = dict(committer.failures)
+        if committer.error:
+            failures["every table"] = committer.error
+        raise CommitsStopped(running, failures)
     return running
+
+
+def _start_committer(
+    spec: KrishivSpec,
+    pipelines: list[PipelineSpec],
+    ledger: Ledger,
+    on_commit: CommitReporter | None,
+    say: Progress,
+) -> Committer:
+    """A committer for every table of ``pipelines``, started: its first pass commits what an earlier run left.
+
+    Its catalog is its own, built from the spec in its thread: the queries' catalog is used by Spark's
+    ``foreachBatch`` thread, and a REST catalog's HTTP session is not safe to share between threads."""
+    from krishiv_core.catalog import load_catalog, qualified, redact
+    from outbox.committer import Committer
+    from outbox.relay import CommitRelay
+
+    relay = CommitRelay(ledger, lambda: load_catalog(spec), redact(spec.catalog_uri()), committed_by=RUN_COMMITTER)
+    committer = Committer(
+        relay, [qualified(spec, t) for p in pipelines for t in p.all_tables], on_report=on_commit, progress=say
+    )
+    committer.start()
+    return committer
+
+
+def _waking(
+    committer: Committer | None, report: Callable[[StagedBatch], None] | None
+) -> Callable[[StagedBatch], None] | None:
+    """The per-batch callback: wake the committer first (its pass runs while the line is printed), then report."""
+    if committer is None:
+        return report
+
+    def staged(batch: StagedBatch) -> None:
+        if batch.recorded:
+            committer.wake()
+        if report is not None:
+            report(batch)
+
+    return staged
 
 
 def _stop_after_the_batch_in_flight(query: StreamingQuery, timeout_s: float = 120.0) -> None:
