@@ -34,6 +34,11 @@ FAULT_POINTS = (
     "stage.after_ledger",
     "relay.before_catalog_commit",
     "relay.after_catalog_commit",
+    "maintenance.after_rewrite",
+    "maintenance.before_catalog_commit",
+    "maintenance.after_catalog_commit",
+    "expiry.before_commit",
+    "orphans.before_delete",
 )
 
 

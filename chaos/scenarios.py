@@ -36,12 +36,15 @@ from pyiceberg.table import Table
 from chaos.oracle import Records, read_topic
 from chaos.workspace import Workspace
 from krishiv.broker import LocalBroker
+from krishiv.lineage import LineageRow, lineage
 from krishiv.operations import LEDGER_LOCK_TIMEOUT_ENV, STAGER_LEASE_TTL_ENV
 from krishiv_core.catalog import load_catalog, qualified
-from krishiv_core.entries import PENDING
+from krishiv_core.entries import COMMITTED, PENDING
 from krishiv_core.spec import PipelineSpec
+from outbox.compaction import COMPACTION
 from outbox.errors import LedgerBusyError
 from outbox.ledger import Ledger
+from outbox.orphans import list_files
 from outbox.relay import SUMMARY_SKIPPED
 from spark_jobs.checkpoint import Checkpoint
 from spark_jobs.kafka_source import latest_offsets
@@ -905,6 +908,251 @@ def kinds_relay_killed(ctx: Context) -> None:
     ctx.finish()
 
 
+# ------------------------------------------------------------ maintenance and the committer beside the query
+
+#: Each maintenance command's options in the scenarios: compact any two small files, expire every snapshot but the
+#: newest (whatever its age), remove orphans at once. A grace below the 10-minute floor is forced: the harness knows
+#: nothing writes the tables unrecorded then (a paused relay has written nothing before its catalog commit; a
+#: stager's files are recorded PENDING before they could be listed as orphans). ``krishiv maintain`` takes the
+#: same settings from the spec's ``[maintenance]`` (:meth:`chaos.workspace.Workspace.write_maintenance`), whose
+#: orphan grace cannot go below the floor: its orphan removal leaves the files of seconds ago alone.
+MAINTENANCE_OPTIONS: dict[str, tuple[str, ...]] = {
+    "compact": ("--min-files", "2"),
+    "expire-snapshots": ("--keep-last", "1", "--keep-younger-than", "0s"),
+    "remove-orphans": ("--grace", "0s", "--force"),
+    "maintain": (),
+}
+#: Orders of the maintenance scenarios (times the size's scale): at least four batches with rows at either size.
+MAINTENANCE_ORDERS = 5_000
+
+
+def maintenance(ctx: Context, command: str, faults: str | None = None, expect: int | None = 0) -> int:
+    """``krishiv <command>`` (``compact``, ``expire-snapshots``, ``remove-orphans`` or ``maintain``) with the
+    scenarios' options (:data:`MAINTENANCE_OPTIONS`)."""
+    return ctx._step((command, *MAINTENANCE_OPTIONS[command]), faults, expect, None)
+
+
+def start_maintenance(ctx: Context, command: str, faults: str) -> subprocess.Popen:
+    return ctx.ws.start(command, *MAINTENANCE_OPTIONS[command], faults=faults)
+
+
+def _files(table: Table) -> set[str]:
+    """Every file under the table's location and its staging folder, as local paths."""
+    return {_local(f.path) for root in (table.location(), staging_root(table)) for f in list_files(table.io, root)}
+
+
+def _all_files(ctx: Context) -> set[str]:
+    return set().union(*(_files(t) for t in _tables(ctx)))
+
+
+def _tables(ctx: Context) -> list[Table]:
+    catalog, pipeline = load_catalog(ctx.ws.spec), ctx.ws.spec.pipeline()
+    return [catalog.load_table(qualified(ctx.ws.spec, name)) for name in (pipeline.table, pipeline.rejects_table)]
+
+
+def _staged(ctx: Context, status: str) -> set[str]:
+    return {_local(f.path) for e in ctx.ws.ledger().entries(status=status) for f in e.files}
+
+
+def _compactions(table: Table) -> list[LineageRow]:
+    return [r for r in lineage(table) if r.maintenance == COMPACTION]
+
+
+def maintenance_beside_the_relay(ctx: Context) -> None:
+    """``krishiv maintain`` (compaction, expiry of all but the newest snapshot) and orphan removal at once
+    (``krishiv remove-orphans --grace 0s --force``) run to the end while the relay is paused between its check and
+    its catalog commit of a batch: released, the relay loses its race to the compaction, reloads, re-checks and
+    commits; no staged file of a PENDING entry is removed, the committed batches' files the compaction replaced
+    are. The relay is SIGKILLed before the last batch's commit; then a compaction paused before its own catalog
+    commit while ``krishiv commit`` commits that batch: released, it rebases on the append and commits. Everything
+    completes."""
+    ctx.ws.write_maintenance()
+    ctx.produce(MAINTENANCE_ORDERS)
+    ctx.stage()
+    main = ctx.ws.spec.pipeline().table
+    batches, point = ctx.batches_with_rows(main), "relay.before_catalog_commit"
+    if len(batches) < 4:
+        raise ScenarioError(f"expected at least 4 batches with rows, staged {batches}")
+    paused, last = batches[2], batches[-1]
+    relay = ctx.ws.start("commit", faults=f"{point}@{paused}:pause,{point}@{last}")
+    try:
+        ctx.wait_reached(point, paused, relay)
+        pending, committed = _staged(ctx, PENDING), _staged(ctx, COMMITTED)
+        maintenance(ctx, "maintain")
+        maintenance(ctx, "remove-orphans")
+    finally:
+        ctx.release(point, paused)
+    if ctx.wait(relay, "the relay paused during maintenance") != KILLED:
+        raise ScenarioError(f"the relay exited {relay.returncode}, expected the kill before batch {last}")
+    ctx.external_faults.append(f"maintain and remove-orphans ran while the relay was paused before committing {paused}")
+    left = _all_files(ctx)
+    if pending - left:
+        raise ScenarioError(f"maintenance removed staged files of PENDING entries: {sorted(pending - left)}")
+    if not committed - left:
+        raise ScenarioError("orphan removal removed no staged file of a compacted batch (was it compacted?)")
+    if not _compactions(ctx.main_table()):
+        raise ScenarioError(f"krishiv maintain made no compaction snapshot in {main}")
+
+    point = "maintenance.before_catalog_commit"
+    compaction = start_maintenance(ctx, "compact", f"{point}:pause")
+    try:
+        ctx.wait_reached(point, None, compaction)
+        ctx.commit()
+        ctx.external_faults.append(f"batch {last} committed while a compaction was paused before its catalog commit")
+    finally:
+        ctx.release(point, None)
+    if ctx.wait(compaction, "the compaction paused during krishiv commit") != 0:
+        raise ScenarioError(f"the compaction that lost its race exited {compaction.returncode}, expected 0")
+    # Everything is staged and committed now (the contract checks that nothing is left pending).
+    rows = lineage(ctx.main_table())
+    position = next((i for i, r in enumerate(rows) if r.batch_id == last), None)
+    if position is None or not any(r.maintenance == COMPACTION for r in rows[position + 1 :]):
+        raise ScenarioError(
+            f"no compaction of {main} after the snapshot of batch {last}: it did not rebase on the relay's append "
+            f"(lineage {[(r.batch_id, r.maintenance) for r in rows]})"
+        )
+
+
+def maintenance_killed(ctx: Context) -> None:
+    """``krishiv compact`` SIGKILLed after writing its files (``maintenance.after_rewrite``), then after its catalog
+    commit (``maintenance.after_catalog_commit``), with the relay killed before the last two batches' commits. Then
+    ``krishiv expire-snapshots`` paused before its commit while the relay commits one more batch (expiry loses the
+    race, reloads and expires); ``krishiv maintain`` runs; and orphan removal at once, paused before its first
+    delete while the relay commits the last batch, PENDING when the removal read the ledger: the files the first
+    killed compaction wrote are removed, no staged file of the batch is, and everything completes."""
+    ctx.ws.write_maintenance()
+    ctx.produce(MAINTENANCE_ORDERS)
+    ctx.stage()
+    main = ctx.ws.spec.pipeline().table
+    batches = ctx.batches_with_rows(main)
+    if len(batches) < 4:
+        raise ScenarioError(f"expected at least 4 batches with rows, staged {batches}")
+    before_last, last = batches[-2:]
+    relay = "relay.before_catalog_commit"
+    ctx.commit(faults=f"{relay}@{before_last}", expect=KILLED)
+    before = _all_files(ctx)
+    maintenance(ctx, "compact", faults="maintenance.after_rewrite", expect=KILLED)
+    written = _all_files(ctx) - before
+    if not written:
+        raise ScenarioError("the compaction killed after its rewrite wrote no file")
+    maintenance(ctx, "compact", faults="maintenance.after_catalog_commit", expect=KILLED)
+    if not _compactions(ctx.main_table()):
+        raise ScenarioError(f"the compaction killed after its catalog commit left no compaction snapshot in {main}")
+    ctx.external_faults.append(f"krishiv compact SIGKILLed after writing {len(written)} files, then after its commit")
+
+    point = "expiry.before_commit"
+    expiry = start_maintenance(ctx, "expire-snapshots", f"{point}:pause")
+    try:
+        ctx.wait_reached(point, None, expiry)
+        ctx.commit(faults=f"{relay}@{last}", expect=KILLED)
+        ctx.external_faults.append(f"batch {before_last} committed while expiry was paused before its commit")
+    finally:
+        ctx.release(point, None)
+    if ctx.wait(expiry, "the expiry paused during krishiv commit") != 0:
+        raise ScenarioError(f"the expiry that lost its race exited {expiry.returncode}, expected 0")
+    maintenance(ctx, "maintain")
+
+    point = "orphans.before_delete"
+    pending = _staged(ctx, PENDING)
+    removal = start_maintenance(ctx, "remove-orphans", f"{point}:pause")
+    try:
+        ctx.wait_reached(point, None, removal)
+        ctx.commit()
+        ctx.external_faults.append(f"batch {last} committed while orphan removal was paused before its first delete")
+    finally:
+        ctx.release(point, None)
+    if ctx.wait(removal, "the orphan removal paused during krishiv commit") != 0:
+        raise ScenarioError(f"the orphan removal exited {removal.returncode}, expected 0")
+    left = _all_files(ctx)
+    if written & left:
+        raise ScenarioError(f"the killed compaction's files were not removed as orphans: {sorted(written & left)}")
+    if pending - left:
+        raise ScenarioError(f"orphan removal removed staged files of batch {last}: {sorted(pending - left)}")
+    # Everything is staged and committed now (the contract checks that nothing is left pending).
+
+
+#: How long a continuous ``krishiv run`` may take to stage and commit everything before the harness gives up.
+CONTINUOUS_TIMEOUT_S = 300.0
+
+
+def _everything_committed(ctx: Context) -> bool:
+    return ctx.staged_to_the_end() and not ctx.ws.ledger().entries(status=PENDING)
+
+
+def _continuous_run(ctx: Context, faults: str | None, what: str) -> int:
+    """A continuous ``krishiv run`` (its committer beside the query) until it exits (a fault point killed it) or
+    everything is staged and committed, then SIGTERM; its exit code. After a kill, its JVM is waited for (it ends
+    when the driver's end of its pipe closes), so its last words do not land in the next step's part of the log."""
+    import psutil
+
+    run = ctx.ws.start("run", faults=faults)
+    deadline = time.monotonic() + CONTINUOUS_TIMEOUT_S
+    jvm: list[psutil.Process] = []
+    try:
+        while run.poll() is None:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                jvm = psutil.Process(run.pid).children(recursive=True) or jvm
+            if _everything_committed(ctx):
+                run.send_signal(signal.SIGTERM)
+                break
+            if time.monotonic() > deadline:
+                raise ScenarioError(f"{what} neither stopped nor committed everything in {CONTINUOUS_TIMEOUT_S:.0f}s")
+            time.sleep(0.5)
+    except BaseException:
+        _kill_driver(run)
+        raise
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        run.wait(timeout=STEP_TIMEOUT_S)
+    _gone, alive = psutil.wait_procs(jvm, timeout=60)
+    for child in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
+    return ctx.wait(run, what)
+
+
+def _batch_snapshots(ctx: Context, batch: int) -> list[str]:
+    """The tables that still hold a snapshot of ``batch``."""
+    return [".".join(t.name()) for t in _tables(ctx) if any(r.batch_id == batch for r in lineage(t))]
+
+
+def committer_killed_mid_commit(ctx: Context) -> None:
+    """A continuous ``krishiv run`` (its committer commits each batch right after staging it) SIGKILLed before the
+    catalog commit of an early batch; restarted, SIGKILLed again after the catalog commit of a later one N, before
+    the ledger update. Compaction and expiry of all but the newest snapshot then remove N's snapshot; a third
+    continuous run (more orders in the meantime) must find N by the table's high-water property, commit nothing
+    twice, and stage and commit the rest."""
+    ctx.produce(MAINTENANCE_ORDERS)
+    point = "relay.before_catalog_commit"
+    first = _continuous_run(ctx, ",".join(f"{point}@{b}" for b in (1, 2, 3)), "the continuous run killed mid-commit")
+    if first != KILLED:
+        raise ScenarioError(f"the continuous run exited {first}, expected the kill before a catalog commit")
+    (killed,) = [f["batch"] for f in fired(ctx.ws) if f["point"] == point]
+    main = ctx.ws.spec.pipeline().table
+    later = [b for b in ctx.batches_with_rows(main) if b > killed]
+    if not later:
+        ctx.produce(1_500)  # the first run was killed before staging more: the second stages these
+        target = f"relay.after_catalog_commit@{killed + 1},relay.after_catalog_commit@{killed + 2}"
+    else:
+        target = f"relay.after_catalog_commit@{later[-1]}"
+    second = _continuous_run(ctx, target, "the continuous run killed after a catalog commit")
+    if second != KILLED:
+        raise ScenarioError(f"the second continuous run exited {second}, expected the kill after a catalog commit")
+    (n,) = [f["batch"] for f in fired(ctx.ws) if f["point"] == "relay.after_catalog_commit"]
+    ctx.external_faults.append(
+        f"continuous krishiv run SIGKILLed before the commit of {killed}, then after that of {n}"
+    )
+    maintenance(ctx, "compact")
+    maintenance(ctx, "expire-snapshots")
+    still = _batch_snapshots(ctx, n)
+    if still:
+        raise ScenarioError(f"the snapshot of batch {n} survived compaction and expiry in {still}")
+    ctx.external_faults.append(f"compaction and expiry removed the snapshot of batch {n}, still pending in the ledger")
+    ctx.produce(1_000)
+    if _continuous_run(ctx, None, "the continuous run after maintenance") != 0:
+        raise ScenarioError("the continuous run after maintenance did not stop cleanly on SIGTERM")
+    # It is stopped only once everything is staged and committed: no krishiv commit is needed to finish.
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -955,6 +1203,27 @@ MATRIX: tuple[Scenario, ...] = (
     Scenario("stager-lost-its-lease", stager_lost_its_lease, ("stage.after_files",), exclusive=True),
     Scenario("kinds-driver-killed", kinds_driver_killed, KINDS_STAGE_POINTS, weight=2),
     Scenario("kinds-relay-killed", kinds_relay_killed, KINDS_RELAY_POINTS, weight=2),
+    Scenario(
+        "maintenance-beside-the-relay",
+        maintenance_beside_the_relay,
+        ("relay.before_catalog_commit", "maintenance.before_catalog_commit"),
+    ),
+    Scenario(
+        "maintenance-killed",
+        maintenance_killed,
+        (
+            "relay.before_catalog_commit",
+            "maintenance.after_rewrite",
+            "maintenance.after_catalog_commit",
+            "orphans.before_delete",
+        ),
+    ),
+    Scenario(
+        "committer-killed-mid-commit",
+        committer_killed_mid_commit,
+        ("relay.before_catalog_commit", "relay.after_catalog_commit"),
+        weight=2,
+    ),
 )
 
 

@@ -156,6 +156,16 @@ field = "amount"
 )
 
 
+MAINTENANCE_TEMPLATE = """
+[maintenance]
+keep_last = {keep_last}
+keep_younger_than = "{keep_younger_than}"
+min_files = {min_files}
+orphan_grace = "{orphan_grace}"
+"""
+"""``krishiv maintain``'s settings in the maintenance scenarios (:meth:`Workspace.write_maintenance`)."""
+
+
 class HarnessStopping(RuntimeError):
     """The harness is being stopped: no step starts any more."""
 
@@ -232,6 +242,18 @@ class Workspace:
             self.max_records = max_records
         text = ", ".join(f'"{customer}" = "{table}"' for customer, table in (routes or KINDS_ROUTES).items())
         self._write_spec(KINDS_SPEC_TEMPLATE, routes=text, fields=ORDER_FIELDS)
+
+    def write_maintenance(
+        self, *, keep_last: int = 1, keep_younger_than: str = "1ms", min_files: int = 2, orphan_grace: str = "10m"
+    ) -> None:
+        """Add a ``[maintenance]`` section to the spec: by default ``krishiv maintain`` compacts any two small files
+        and expires every snapshot but the newest, whatever its age; orphan removal keeps the spec's floor (only
+        ``krishiv remove-orphans --force`` goes below it)."""
+        section = MAINTENANCE_TEMPLATE.format(
+            keep_last=keep_last, keep_younger_than=keep_younger_than, min_files=min_files, orphan_grace=orphan_grace
+        )
+        self.spec_file.write_text(self.spec_file.read_text() + section)
+        self.spec = load_spec(self.spec_file, env={})
 
     def ledger(self) -> Ledger:
         return open_ledger(self.spec)
