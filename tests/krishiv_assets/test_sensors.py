@@ -10,16 +10,20 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import dagster as dg
+import duckdb
 import pytest
 
 from krishiv.operations import open_ledger
+from krishiv_assets.assets import PipelineKeys
 from krishiv_assets.definitions import build_definitions
 from krishiv_assets.resources import KafkaResource, LedgerResource
-from krishiv_assets.sensors import RETRY_AFTER_S, SensorCursor
-from krishiv_core.catalog import qualified
+from krishiv_assets.sensors import COMMITTER_GRACE_S, RETRY_AFTER_S, SensorCursor
+from krishiv_core.catalog import load_catalog, qualified
 from krishiv_core.entries import OutboxEntry
 from krishiv_core.spec import KrishivSpec
+from outbox.relay import CommitRelay
 from tests.krishiv.test_verify import kinds_spec, produce_kinds
+from tests.outbox.test_relay import stage
 from tests.spark_jobs.pipeline_helpers import produce_orders
 
 QUERY = "0f0e0d0c-0000-4000-8000-000000000001"
@@ -224,3 +228,93 @@ def test_kafka_sensor_counts_compacted_batches_as_staged(make_spec, broker, inst
 
     done = _tick(spec, name, None, instance)
     assert not done.run_requests and "nothing beyond the staged offsets" in done.skip_message
+
+
+def test_outbox_sensor_reports_each_commit_made_outside_dagster_once(make_spec, instance):
+    """``krishiv run``'s committer commits two batches, a Dagster commit run a third: the next tick reports the two
+    as materializations of the table's asset (the run materialized its own), and the tick after reports nothing."""
+    spec = make_spec()
+    pipeline, name = spec.pipeline(), "orders_per_minute_outbox_sensor"
+    table, key = qualified(spec, pipeline.table), PipelineKeys.of(spec, pipeline).table
+    first = _tick(spec, name, None, instance)  # no ledger yet: reading starts at its first commit
+    assert SensorCursor.parse(first.cursor).commit_seq == 0 and not first.asset_events
+
+    catalog, ledger = load_catalog(spec), open_ledger(spec)
+    entries = [stage(catalog, ledger, b, b, pipeline=pipeline, namespace=spec.iceberg.namespace) for b in range(3)]
+    assert CommitRelay(ledger, catalog, committed_by="krishiv run").commit_table(table).committed == [0, 1, 2]
+    # Batch 2 as if a Dagster commit run had made it: the same relay run, under the run's label.
+    with duckdb.connect(ledger.path) as con:
+        con.execute("UPDATE outbox SET committed_by = 'dagster run 1a2b3c4d' WHERE batch_id = 2")
+
+    tick = _tick(spec, name, first.cursor, instance)
+    assert not tick.run_requests and "reported 2 commits made outside Dagster" in tick.skip_message
+    assert [e.asset_key for e in tick.asset_events] == [key, key]
+    for event, entry in zip(tick.asset_events, entries[:2], strict=True):
+        shown = {k: v.value for k, v in event.metadata.items()}
+        assert shown["batch_id"] == entry.batch_id and shown["snapshot_id"] == entry.intended_snapshot_id
+        assert shown["rows_committed"] == entry.record_count == 1 and shown["snapshots_committed"] == 1
+        assert shown["committed_by"] == "krishiv run" and shown["query_id"] == "q1"
+        assert shown["kafka_offsets"] == f"orders 0:[{entry.batch_id},{entry.batch_id + 1})"
+        assert shown["commit_latency_ms"] > 0 and shown["staged_to_committed_s"] >= 0
+        assert shown["pending_entries"] == 0
+    assert SensorCursor.parse(tick.cursor).commit_seq == 3  # past the Dagster run's commit too
+
+    # What the daemon does with a tick's events: they become the asset's materializations, outside any run.
+    for event in tick.asset_events:
+        instance.report_runless_asset_event(event)
+    stored = instance.fetch_materializations(key, limit=10).records
+    assert sorted(r.asset_materialization.metadata["batch_id"].value for r in stored) == [0, 1]
+    assert all(r.run_id == "" for r in stored)
+
+    again = _tick(spec, name, tick.cursor, instance)
+    assert not again.asset_events and not again.run_requests and again.cursor in (None, tick.cursor)
+
+
+def _age(spec: KrishivSpec, seconds: float) -> None:
+    """Make every pending entry ``seconds`` older, as if its batch had been staged that long ago."""
+    with duckdb.connect(str(spec.resolve(spec.storage.ledger_path))) as con:
+        con.execute(f"UPDATE outbox SET created_at = created_at - INTERVAL {seconds} SECOND WHERE status = 'PENDING'")
+
+
+def test_outbox_sensor_leaves_fresh_batches_to_a_process_that_commits_its_own(make_spec, instance):
+    spec = make_spec()
+    name = "orders_per_minute_outbox_sensor"
+    ledger = open_ledger(spec)
+    lease = ledger.acquire_lease("orders_per_minute", "krishiv run", 60, committing=True)
+    _record(spec, 0, {"0": 10})
+
+    fresh = _tick(spec, name, None, instance)
+    assert not fresh.run_requests
+    assert "2 of 2 pending entries are left to krishiv run (pid" in fresh.skip_message  # both tables' entries
+    assert "committing its own batches" in fresh.skip_message
+
+    # Pending past the grace: the committer is down or stuck, and the safety net takes the batch.
+    _age(spec, COMMITTER_GRACE_S + 5)
+    stale = _tick(spec, name, fresh.cursor, instance)
+    (request,) = stale.run_requests
+    assert request.run_key == f"orders_per_minute:commit:{QUERY[:8]}:0-0"
+
+    # A fresh batch beside it is still the committer's.
+    _record(spec, 1, {"0": 20})
+    later = _tick(spec, name, stale.cursor, instance)
+    assert not later.run_requests and "already requested" in later.skip_message
+
+    # A stager that does not commit (a Dagster staging run, krishiv run --once): a run for every pending batch.
+    ledger.release_lease(lease)
+    ledger.acquire_lease("orders_per_minute", "dagster run 1a2b3c4d", 60)
+    plain = _tick(spec, name, stale.cursor, instance)
+    (request,) = plain.run_requests
+    assert request.run_key == f"orders_per_minute:commit:{QUERY[:8]}:1-1"
+
+
+def test_an_old_cursor_reads_on_from_the_latest_commit(make_spec, instance):
+    """A cursor written before commits were reported has no commit_seq: reporting starts now, not from history."""
+    spec = make_spec()
+    _record(spec, 0, {"0": 10})
+    ledger = open_ledger(spec)
+    for e in ledger.entries():
+        ledger.mark_committed(e, 7, "krishiv run")
+    old = json.dumps({"requested": {QUERY: 0}, "requested_at": time.time(), "retries": 0})
+    tick = _tick(spec, "orders_per_minute_outbox_sensor", old, instance)
+    assert not tick.asset_events and not tick.run_requests
+    assert SensorCursor.parse(tick.cursor) == SensorCursor({QUERY: 0}, json.loads(old)["requested_at"], 0, 2)
