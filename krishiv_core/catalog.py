@@ -219,6 +219,8 @@ def load_catalog(spec: KrishivSpec) -> Catalog:
     ``http(s):`` ones; a catalog that does not answer is one :class:`CatalogUnavailable` line."""
     from pyiceberg.catalog import load_catalog as pyiceberg_load_catalog
 
+    from krishiv_core.sql_catalog import with_metadata_cache
+
     properties = catalog_properties(spec)
     uri = properties["uri"]
     warehouse = properties["warehouse"]
@@ -231,7 +233,7 @@ def load_catalog(spec: KrishivSpec) -> Catalog:
     if not rest:
         properties.setdefault("type", "sql")
     try:
-        catalog = pyiceberg_load_catalog(spec.iceberg.catalog_name, **properties)
+        catalog = with_metadata_cache(pyiceberg_load_catalog(spec.iceberg.catalog_name, **properties))
     except Exception as exc:  # connection errors differ by driver: name the address whatever they are
         message = masked(failure_reason(exc), properties, uri)
         raise CatalogUnavailable(f"Iceberg catalog at {redact(uri)} is unreachable: {message}") from exc
