@@ -1,0 +1,86 @@
+"""The safety net overlapping the committer: a Dagster commit run started for batches a continuous ``krishiv run``
+is still committing races it on the same table and ledger. Each batch must still be one snapshot and one commit in
+the ledger, and the outbox sensor must report exactly the committer's commits (the run materialized its own)."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from pathlib import Path
+
+import dagster as dg
+
+from krishiv.operations import open_ledger
+from krishiv_core.catalog import ensure_pipeline_tables, load_catalog, qualified
+from krishiv_core.entries import COMMITTED
+from krishiv_core.spec import load_spec
+from outbox.ledger import Ledger
+from outbox.relay import SUMMARY_BATCH_ID, CommitRelay, TableCommitReport
+from tests.krishiv_assets.test_sensors import _tick
+from tests.outbox.test_relay import stage
+
+BATCHES = 12
+RACE_TIMEOUT_S = 240.0
+COMMITTERS = ("krishiv run", "dagster run 1a2b3c4d")
+
+
+def test_a_safety_net_run_racing_the_committer_commits_each_batch_once(tmp_path: Path, postgres_uri: str) -> None:
+    from chaos.workspace import SPEC_TEMPLATE
+
+    path = tmp_path / "krishiv.toml"
+    path.write_text(
+        SPEC_TEMPLATE.format(
+            bootstrap="127.0.0.1:9",  # never contacted
+            partitions=1,
+            catalog_uri=postgres_uri,
+            warehouse="warehouse",
+            topic="orders",
+            max_records=100,
+        )
+    )
+    spec = load_spec(path, env={})
+    pipeline = spec.pipeline()
+    table = qualified(spec, pipeline.table)
+    catalog, ledger = load_catalog(spec), open_ledger(spec)
+    ensure_pipeline_tables(catalog, spec, pipeline)
+    for b in range(BATCHES):
+        stage(catalog, ledger, b, b, pipeline=pipeline, namespace=spec.iceberg.namespace)
+
+    # Two relays, each with its own catalog client and ledger handle, as in two processes, started together.
+    start = threading.Barrier(len(COMMITTERS))
+    reports: dict[str, TableCommitReport] = {}
+    failures: list[BaseException] = []
+
+    def commit(by: str) -> None:
+        try:
+            relay = CommitRelay(Ledger(ledger.path), load_catalog(spec), committed_by=by)
+            start.wait(timeout=RACE_TIMEOUT_S)
+            reports[by] = relay.commit_table(table)
+        except BaseException as exc:  # handed to the test thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=commit, args=(by,), name=by) for by in COMMITTERS]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(RACE_TIMEOUT_S)
+    assert not failures, failures
+    assert not any(thread.is_alive() for thread in threads)
+
+    assert all(e.status == COMMITTED for e in ledger.entries(table))
+    iceberg = load_catalog(spec).load_table(table)
+    batches = Counter(s.summary.get(SUMMARY_BATCH_ID) for s in iceberg.snapshots() if s.summary is not None)
+    assert batches == Counter(str(b) for b in range(BATCHES)), "a batch committed twice or not at all"
+    assert iceberg.scan().to_arrow().num_rows == BATCHES
+    made = sorted(b for report in reports.values() for b in report.committed)
+    assert made == list(range(BATCHES)), {by: r.committed for by, r in reports.items()}
+
+    commits = ledger.commits_since(0, limit=10 * BATCHES)
+    assert sorted(c.batch_id for c in commits) == list(range(BATCHES))  # one commit (one commit_seq) per batch
+    by_committer = {by: sorted(c.batch_id for c in commits if c.committed_by == by) for by in COMMITTERS}
+    assert sorted(by_committer[COMMITTERS[0]] + by_committer[COMMITTERS[1]]) == list(range(BATCHES))
+
+    with dg.DagsterInstance.ephemeral() as instance:
+        tick = _tick(spec, f"{pipeline.name}_outbox_sensor", '{"commit_seq": 0}', instance)
+    assert sorted(e.metadata["batch_id"].value for e in tick.asset_events) == by_committer["krishiv run"]
+    assert not tick.run_requests
