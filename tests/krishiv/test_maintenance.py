@@ -5,11 +5,14 @@ and the rows across all three), and once on tables Spark wrote from the real bro
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from krishiv.cli import main
+from krishiv.maintenance import maintenance_lease_name
 from krishiv.operations import commit_pipelines, open_ledger, run_pipelines
 from krishiv.verify import check_ledger_agreement
 from krishiv_core.catalog import load_catalog, qualified
@@ -104,3 +107,31 @@ def test_maintenance_of_tables_spark_wrote_keeps_them_equal_to_the_oracle(make_s
     assert "expired" in krishiv("expire-snapshots", "--keep-last", "1", "--keep-younger-than", "0")
     assert "removed" in krishiv("remove-orphans", "--grace", "0", "--force")
     assert_exactly_once(spec)  # the tables against the oracle, lineage and the ledger
+
+
+def test_a_table_another_maintenance_run_holds_is_skipped(spec: KrishivSpec, capsys) -> None:
+    catalog, ledger = load_catalog(spec), open_ledger(spec)
+    stage(catalog, ledger, 0, 0, pipeline=spec.pipeline())
+    table_name = qualified(spec, spec.pipeline().table)
+    holder = subprocess.Popen(  # another process holds the table's maintenance lease until its stdin closes
+        [
+            sys.executable,
+            "-c",
+            "import sys; from outbox.ledger import Ledger; "
+            f"Ledger({str(ledger.path)!r}).acquire_lease({maintenance_lease_name(table_name)!r}, 'other', 300); "
+            "print('held', flush=True); sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert main(["--spec", str(spec.base_dir / "krishiv.toml"), "expire-snapshots"]) == 0
+        out = capsys.readouterr().out
+        assert f"{spec.pipeline().table}: skipped: another maintenance run holds it" in out
+    finally:
+        holder.communicate("", timeout=30)
+    assert main(["--spec", str(spec.base_dir / "krishiv.toml"), "expire-snapshots"]) == 0
+    assert f"{spec.pipeline().table}: expired 0 snapshots, kept 0" in capsys.readouterr().out
