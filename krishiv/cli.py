@@ -141,7 +141,7 @@ def _commit_line(spec: KrishivSpec, report: TableCommitReport) -> str:
 
     parts = []
     if report.committed:
-        last = "as snapshot" if len(report.committed) == 1 else "last as snapshot"
+        last = "as snapshot" if len(report.committed) == 1 else "up to snapshot"
         parts.append(
             f"committed {_batches(report.committed)} ({report.records} rows) {last} "
             f"{short_id(report.snapshot_ids[-1])} in {sum(report.commit_latencies_ms):.0f} ms"

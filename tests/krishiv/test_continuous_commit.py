@@ -95,3 +95,29 @@ def test_a_continuous_run_commits_each_batch_without_krishiv_commit(make_spec, b
         by = con.execute("SELECT DISTINCT committed_by FROM outbox WHERE committed_snapshot_id IS NOT NULL").fetchall()
     assert by == [(RUN_COMMITTER,)], "the ledger names the run as the committer"
     assert not any("commits" in line for line in lines), f"no outage or refusal was said: {lines}"
+
+
+def test_the_line_per_commit_names_table_batches_rows_snapshot_and_time() -> None:
+    from pathlib import Path
+
+    from krishiv.cli import _commit_line
+    from krishiv_core.spec import load_spec
+
+    spec = load_spec(Path(__file__).resolve().parents[2] / "krishiv.toml", env={})
+    one = TableCommitReport(
+        "krishiv.orders_per_minute", [5], snapshot_ids=[6339934183285000154], commit_latencies_ms=[84.2], records=3
+    )
+    assert _commit_line(spec, one) == "orders_per_minute: committed batch 5 (3 rows) as snapshot 6339934… in 84 ms"
+    many = TableCommitReport(
+        "krishiv.orders_per_minute_rejects",
+        [123_456, 123_457],
+        snapshot_ids=[1, 7806912183285000154],
+        commit_latencies_ms=[1_234.5, 1_000.0],
+        records=999_999,
+    )
+    assert _commit_line(spec, many) == (
+        "orders_per_minute_rejects: committed batches 123456-123457 (999999 rows) up to snapshot 7806912… in 2234 ms"
+    )
+    found = TableCommitReport("krishiv.orders_per_minute", recovered=[7, 8])
+    assert _commit_line(spec, found) == "orders_per_minute: batches 7-8 already in the table"
+    assert len(_commit_line(spec, one)) <= 80, "a batch's line fits the terminal"
