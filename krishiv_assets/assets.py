@@ -26,7 +26,14 @@ from krishiv_assets.resources import (
     LedgerResource,
     SparkResource,
 )
-from krishiv_assets.staging_run import SENSOR_TAG, STAGING_CONFIG_SCHEMA, IdleStop, run_spec, staging_plan
+from krishiv_assets.staging_run import (
+    SENSOR_TAG,
+    STAGING_CONFIG_SCHEMA,
+    IdleStop,
+    run_spec,
+    staging_plan,
+    unstaged_records,
+)
 from krishiv_core.catalog import qualified
 from krishiv_core.errors import KrishivError
 from krishiv_core.spec import UPSERT, WINDOWED, KrishivSpec, PipelineSpec
@@ -164,13 +171,14 @@ def pipeline_assets(spec: KrishivSpec, pipeline: PipelineSpec) -> list[dg.Assets
         from krishiv.operations import run_pipelines
 
         try:
+            given = context.op_execution_context.op_config or {}
             plan = staging_plan(
                 sensor_started=SENSOR_TAG in context.run.tags,
-                linger_s=context.op_config.get("linger_s"),
-                max_run_s=context.op_config.get("max_run_s"),
+                linger_s=given.get("linger_s"),
+                max_run_s=given.get("max_run_s"),
             )
-            stop = IdleStop(plan)
             catalog, book = iceberg.catalog(), ledger.ledger()  # a catalog that is down fails before Spark starts
+            stop = IdleStop(plan, unstaged_records(spec, pipeline, book, kafka))
             context.log.info(f"staging {pipeline.name} {plan.describe()}")
             running = run_pipelines(
                 run_spec(spec, kafka=kafka, spark=spark, iceberg=iceberg),

@@ -29,11 +29,12 @@ from typing import TYPE_CHECKING
 
 import dagster as dg
 
-from krishiv_core.errors import ConfigError
+from krishiv_core.errors import ConfigError, KrishivError
 
 if TYPE_CHECKING:
     from krishiv_assets.resources import IcebergCatalogResource, KafkaResource, SparkResource
-    from krishiv_core.spec import KrishivSpec
+    from krishiv_core.spec import KrishivSpec, PipelineSpec
+    from outbox.ledger import Ledger
     from spark_jobs.staging import StagedBatch
 
 #: How long a sensor-started staging run goes on after the last batch that read a record (seconds; 0: one shot).
@@ -115,35 +116,65 @@ class IdleStop:
     """The stop condition of a lingering run (``run_pipelines(stop_when=...)``), fed every staged batch.
 
     True once no batch has read a record for ``plan.linger_s`` (counted from the first question, asked once the
-    queries have started, until a batch reads one), or ``plan.max_run_s`` after it was made (the run's start);
-    :attr:`reason` then says which.
+    queries have started) and ``unstaged`` then says the topic holds nothing the ledger has not staged (a first
+    batch still planning on a loaded machine is not idleness: the clock starts again), or ``plan.max_run_s`` after it
+    was made (the run's start). :attr:`reason` then says which.
     """
 
-    def __init__(self, plan: StagingPlan, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        plan: StagingPlan,
+        unstaged: Callable[[], bool] = lambda: False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.plan = plan
+        self._unstaged = unstaged
         self._clock = clock
         self.started = clock()
-        self._first_asked: float | None = None
-        self._last_records = float("-inf")
+        self._quiet_since: float | None = None
         self._lock = threading.Lock()  # batches arrive on Spark's thread, the question on the driver's
         self.reason: str | None = None
 
     def on_batch(self, batch: StagedBatch) -> None:
         if batch.records_read:
             with self._lock:
-                self._last_records = self._clock()
+                self._quiet_since = self._clock()
 
     def __call__(self) -> bool:
         now = self._clock()
-        if self._first_asked is None:
-            self._first_asked = now  # Spark's start is not idleness
         with self._lock:
-            idle = now - max(self._last_records, self._first_asked)
+            if self._quiet_since is None:
+                self._quiet_since = now  # Spark's start is not idleness
+            quiet = now - self._quiet_since
         if now - self.started >= self.plan.max_run_s:
             self.reason = f"ran for its maximum of {self.plan.max_run_s:g}s"
-        elif idle >= self.plan.linger_s:
-            self.reason = f"no new records for {self.plan.linger_s:g}s"
+        elif quiet >= self.plan.linger_s:
+            if self._unstaged():
+                with self._lock:
+                    self._quiet_since = self._clock()
+            else:
+                self.reason = f"no new records for {self.plan.linger_s:g}s"
         return self.reason is not None
+
+
+def unstaged_records(
+    spec: KrishivSpec, pipeline: PipelineSpec, ledger: Ledger, kafka: KafkaResource
+) -> Callable[[], bool]:
+    """Whether the topic holds records beyond the offsets the ledger has staged (the Kafka sensor's question);
+    False when the broker or the ledger does not answer (the run stops; the sensor asks again later)."""
+    from krishiv_core.catalog import qualified
+
+    table = qualified(spec, pipeline.tables[0])
+
+    def ask() -> bool:
+        try:
+            staged = ledger.end_offsets(table, pipeline.topic)
+            latest = kafka.latest_offsets(pipeline.topic, spec.kafka.consumer_settings())
+        except KrishivError:
+            return False
+        return any(end > staged.get(p, 0) for p, end in latest.items())
+
+    return ask
 
 
 def run_spec(

@@ -1,0 +1,165 @@
+"""A staging run that lingers: it stages and commits what arrives while it runs, then stops once the topic is idle.
+
+The plan's settings are checked on their own; the run itself is the real staging asset executed in process on the
+shared broker and SparkSession, with a producer thread that sends a second wave only once the first is committed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import dagster as dg
+import pytest
+
+from krishiv.operations import open_ledger
+from krishiv.produce import DEFAULT_SPACING_MS, DEFAULT_START_MS
+from krishiv.status import end_offsets
+from krishiv_assets.assets import PipelineKeys
+from krishiv_assets.definitions import build_resources, pipeline_definitions
+from krishiv_assets.staging_run import (
+    DEFAULT_LINGER_S,
+    DEFAULT_MAX_RUN_S,
+    LINGER_ENV,
+    MAX_RUN_ENV,
+    IdleStop,
+    StagingPlan,
+    staging_plan,
+)
+from krishiv_core.catalog import qualified
+from krishiv_core.entries import COMMITTED
+from krishiv_core.errors import ConfigError
+from spark_jobs.kafka_source import latest_offsets
+from spark_jobs.staging import StagedBatch
+from tests.spark_jobs.pipeline_helpers import assert_exactly_once, produce_orders
+
+WAVE_TIMEOUT_S = 180.0  # a bound for a loaded machine, not a speed target
+
+
+def test_a_sensor_started_run_lingers_and_a_manual_one_stages_once():
+    assert staging_plan(sensor_started=True, environ={}) == StagingPlan(DEFAULT_LINGER_S, DEFAULT_MAX_RUN_S)
+    assert staging_plan(sensor_started=False, environ={LINGER_ENV: "30"}).once
+    assert staging_plan(sensor_started=True, environ={LINGER_ENV: "0"}).once
+    assert staging_plan(sensor_started=True, environ={LINGER_ENV: "30", MAX_RUN_ENV: "600"}) == StagingPlan(30, 600)
+    assert staging_plan(sensor_started=False, linger_s=5, max_run_s=20, environ={LINGER_ENV: "30"}) == StagingPlan(
+        5, 20
+    )
+
+
+@pytest.mark.parametrize(
+    ("environ", "config", "named"),
+    [
+        ({LINGER_ENV: "a minute"}, {}, LINGER_ENV),
+        ({LINGER_ENV: "-1"}, {}, LINGER_ENV),
+        ({MAX_RUN_ENV: "0"}, {}, MAX_RUN_ENV),
+        ({}, {"linger_s": float("inf")}, "linger_s"),
+    ],
+)
+def test_a_wrong_setting_is_one_error_naming_it(environ, config, named):
+    with pytest.raises(ConfigError, match=named):
+        staging_plan(sensor_started=True, environ=environ, **config)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _batch(records: int) -> StagedBatch:
+    return StagedBatch(batch_id=0, records_read=records, rows=records, rejects=0, late_events=0, recorded=True)
+
+
+def test_idle_stop_counts_from_the_last_batch_with_records_and_caps_the_run():
+    clock = _Clock()
+    unstaged = [True]  # what the topic holds beyond the staged offsets, when asked
+    stop = IdleStop(StagingPlan(10, 60), lambda: unstaged[0], clock)
+    clock.now += 30  # Spark's start: not idleness
+    assert not stop()
+    clock.now += 9
+    stop.on_batch(_batch(5))
+    clock.now += 9
+    stop.on_batch(_batch(0))  # a batch that read nothing does not count
+    assert not stop()
+    clock.now += 1
+    assert not stop()  # quiet for 10 s, but the topic holds records not staged yet (a slow batch): on
+    clock.now += 9
+    assert not stop()
+    unstaged[0] = False
+    clock.now += 1
+    assert stop() and stop.reason == "no new records for 10s"
+
+    capped = IdleStop(StagingPlan(10, 60), clock=clock)
+    for _ in range(12):
+        clock.now += 5
+        capped.on_batch(_batch(1))
+        if capped():
+            break
+    assert capped.reason == "ran for its maximum of 60s"
+
+
+def _wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAVE_TIMEOUT_S
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {WAVE_TIMEOUT_S:.0f}s waiting for {what}")
+        time.sleep(0.2)
+
+
+def test_a_lingering_run_commits_what_arrives_while_it_runs_then_stops_when_idle(make_spec, broker, spark):
+    spec = make_spec(max_records=1_000)
+    pipeline = spec.pipeline()
+    table = qualified(spec, pipeline.table)
+
+    def committed_through_the_topic() -> bool:
+        ends = latest_offsets(spec.kafka.bootstrap_servers, pipeline.topic)
+        entries = open_ledger(spec).entries(table=table)
+        done = end_offsets([e for e in entries if e.status == COMMITTED], pipeline.topic)
+        return all(done.get(p, 0) >= end for p, end in ends.items())
+
+    produce_orders(spec, 1_500, late=5, malformed=4)
+    waves: list[str] = []
+    problems: list[BaseException] = []
+
+    def second_wave() -> None:
+        try:
+            _wait_until(committed_through_the_topic, "the first wave to be committed by the running staging run")
+            waves.append("first committed while running")
+            # Later events, so the first wave's windows close too.
+            start = DEFAULT_START_MS + 1_500 * DEFAULT_SPACING_MS + 120_000
+            produce_orders(spec, 1_000, malformed=3, seed=11, start_ms=start)
+            _wait_until(committed_through_the_topic, "the second wave to be committed by the running staging run")
+            waves.append("second committed while running")
+        except BaseException as exc:  # the run then stops when idle, and the test names what did not happen
+            problems.append(exc)
+
+    producer = threading.Thread(target=second_wave, name="second-wave", daemon=True)
+    producer.start()
+    parts = pipeline_definitions(spec, pipeline)
+    keys = PipelineKeys.of(spec, pipeline)
+    op = f"{pipeline.name}__staged_batches"
+    result = dg.materialize(
+        parts.assets,
+        resources=build_resources(spec),
+        selection=dg.AssetSelection.assets(keys.staged),
+        run_config={"ops": {op: {"config": {"linger_s": 10.0}}}},
+        raise_on_error=False,
+    )
+    producer.join(WAVE_TIMEOUT_S)
+    assert result.success
+    assert not problems, problems
+    assert waves == ["first committed while running", "second committed while running"]
+
+    (event,) = [e for e in result.get_asset_materialization_events() if e.asset_key == keys.staged]
+    metadata = {k: v.value for k, v in event.materialization.metadata.items()}
+    assert metadata["stopped_because"] == "no new records for 10s"
+    assert metadata["records_read"] == 2_500
+    assert metadata["pending_entries"] == 0
+    assert open_ledger(spec).live_lease(pipeline.name) is None  # released: the Kafka sensor may start the next run
+
+    assert not open_ledger(spec).pending_batches(), "the run left batches pending"
+    assert committed_through_the_topic()
+    assert_exactly_once(spec)  # the tables equal the topic's oracle, one snapshot per batch, a linear lineage
