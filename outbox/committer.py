@@ -141,9 +141,10 @@ class Committer:
 
     def _run(self) -> None:
         try:
+            woken = False
             while not self._stopping.is_set():
-                self._pass()
-                self._woken.wait(self._wait_s())
+                self._pass(staged=woken)
+                woken = self._woken.wait(self._wait_s())
                 self._woken.clear()
             if self._backing_off():
                 self._say(f"commits: not retried before stopping ({self._outage}); pending entries stay pending")
@@ -162,21 +163,24 @@ class Committer:
     def _backing_off(self) -> bool:
         return time.monotonic() < self._retry_at
 
-    def _pass(self) -> None:
-        """Commit every table with pending entries, unless backing off; one ledger read when there is nothing."""
+    def _pass(self, staged: bool = False) -> None:
+        """Commit every table with pending entries, unless backing off. Woken by a staged batch (``staged``), every
+        table of its pipeline has one; otherwise one ledger read finds which, if any."""
         if self._backing_off():
             return
         tables = [t for t in self.tables if t not in self.failures]
         if not tables:
             return
-        try:
-            pending = {b.table for b in self.relay.ledger.pending_batches(tables)}
-        except LedgerCorrupt:
-            raise
-        except LedgerBusyError as exc:
-            self._back_off(f"ledger busy: {_first_line(exc)}")
-            return
-        for table in (t for t in tables if t in pending):
+        if not staged:
+            try:
+                pending = {b.table for b in self.relay.ledger.pending_batches(tables)}
+            except LedgerCorrupt:
+                raise
+            except LedgerBusyError as exc:
+                self._back_off(f"ledger busy: {_first_line(exc)}")
+                return
+            tables = [t for t in tables if t in pending]
+        for table in tables:
             if not self._commit(table):
                 return  # the catalog or the ledger is away: every table waits for the back-off
         self._resumed()
