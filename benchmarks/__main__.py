@@ -16,12 +16,13 @@ from rich.console import Console
 
 from benchmarks import DEFAULT_POSTGRES_URI
 from benchmarks.report import print_tables, to_json, write_chart, write_json
-from benchmarks.runner import BenchOptions, run_bench
+from benchmarks.runner import REPO, BenchOptions, run_bench
 from krishiv.state_folder import BENCH_MARKER, check_folder
 from krishiv_core.errors import ConfigError, KrishivError
 from krishiv_core.spec import KrishivSpec, load_spec
 
 console = Console(highlight=False, soft_wrap=True)
+LATEST = REPO / "benchmarks" / "results" / "latest.json"  # committed; the README's table is rendered from it
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -50,6 +51,9 @@ def run(args: argparse.Namespace, spec: KrishivSpec) -> int:
         scaling=args.scaling,
         relay_snapshots=args.relay_snapshots,
         relay_depths=args.relay_depths,
+        relay_maintained_batches=args.relay_maintained_batches,
+        maintenance_every_s=args.maintenance_every,
+        maintenance_keep_last=args.maintenance_keep_last,
         postgres_uri=args.postgres_uri or None,
         freshness_seconds=args.freshness_seconds,
         rate=args.rate,
@@ -61,7 +65,14 @@ def run(args: argparse.Namespace, spec: KrishivSpec) -> int:
     write_json(doc, out / "bench.json")
     write_chart(doc, out / "bench.png")
     print_tables(doc, console)
-    console.print(f"written: {out / 'bench.json'}, {out / 'bench.png'}")
+    written = [out / "bench.json", out / "bench.png"]
+    if args.results:
+        Path(args.results).parent.mkdir(parents=True, exist_ok=True)
+        write_json(doc, Path(args.results))
+        written.append(Path(args.results))
+    console.print(f"written: {', '.join(map(str, written))}")
+    if args.results:
+        console.print("the README's table: python -m benchmarks.readme_table (from the results just written)")
     return 0 if doc["results_agree"] else 1
 
 
@@ -78,6 +89,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--relay-depths", type=_int_list, default=(100, 1_000), help="table sizes to report commit time at"
     )
     parser.add_argument(
+        "--relay-maintained-batches",
+        type=int,
+        default=2_000,
+        help="batches the relay commits with maintenance beside it (0 skips)",
+    )
+    parser.add_argument(
+        "--maintenance-every", type=float, default=5.0, help="seconds between maintenance runs (expiry, compaction)"
+    )
+    parser.add_argument("--maintenance-keep-last", type=int, default=100, help="snapshots expiry keeps")
+    parser.add_argument(
         "--postgres-uri", default=DEFAULT_POSTGRES_URI, help="PostgreSQL catalog for the relay ('' skips)"
     )
     parser.add_argument("--freshness-seconds", type=float, default=60.0)
@@ -86,6 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--sensor-interval", type=float, default=5.0, help="seconds between relay runs (Dagster's sensor)"
     )
     parser.add_argument("--warmup-events", type=int, default=20_000)
+    parser.add_argument(
+        "--results",
+        default=str(LATEST),
+        help="also write the JSON here (default: the committed benchmarks/results/latest.json; '' skips)",
+    )
     parser.add_argument(
         "--out",
         default="state/bench",

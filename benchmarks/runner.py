@@ -1,12 +1,13 @@
-"""Runs the seven measurements in one process, on one broker and one warm SparkSession, in order."""
+"""Runs the measurements in one process, on one broker and one warm SparkSession, in order."""
 
 from __future__ import annotations
 
 import os
 import platform
+import subprocess
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,17 @@ from rich.console import Console
 from benchmarks import DEFAULT_POSTGRES_URI
 from benchmarks.freshness import FreshnessResult, measure_freshness
 from benchmarks.raw_consume import RawConsumeResult, raw_consume
-from benchmarks.relay_latency import RelayResult, bench_relay
-from benchmarks.throughput import PipelineRun, bench_spec, run_baseline, run_krishiv, run_scan_only
+from benchmarks.relay_latency import Maintenance, RelayResult, bench_relay
+from benchmarks.throughput import (
+    EventsRun,
+    PipelineRun,
+    bench_spec,
+    events_spec,
+    run_baseline,
+    run_events,
+    run_krishiv,
+    run_scan_only,
+)
 from benchmarks.workload import produce_orders
 from krishiv.state_folder import BENCH_MARKER, reset_folder
 from krishiv_core.spec import KrishivSpec
@@ -31,6 +41,9 @@ class BenchOptions:
     scaling: tuple[int, ...] = (1, 2, 4)
     relay_snapshots: int = 1_010
     relay_depths: tuple[int, ...] = (100, 1_000)
+    relay_maintained_batches: int = 2_000  # 0 skips the relay with maintenance beside it
+    maintenance_every_s: float = 5.0
+    maintenance_keep_last: int = 100
     postgres_uri: str | None = DEFAULT_POSTGRES_URI
     freshness_seconds: float = 60.0
     rate: float = 1_000.0
@@ -51,10 +64,13 @@ class BenchResults:
     relay: list[RelayResult]
     freshness: FreshnessResult
     seconds: float
+    events: EventsRun | None = None
+    relay_maintained: list[RelayResult] = field(default_factory=list)
 
 
 def machine() -> dict[str, Any]:
     import psutil
+    import pyiceberg
     import pyspark
 
     return {
@@ -63,8 +79,27 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "pyspark": pyspark.__version__,
+        "pyiceberg": pyiceberg.__version__,
         "broker": "Tansu (memory storage)",
+        "load_average": [round(v, 2) for v in os.getloadavg()],  # other work on the machine when it was written
     }
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def checkout(repo: Path = REPO) -> dict[str, Any]:
+    """The git commit the bench ran from, and whether the work tree had uncommitted changes (None: not a checkout)."""
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=30, check=True)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip()
+
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": git("rev-parse", "HEAD"), "dirty": None if status is None else bool(status)}
 
 
 def run_bench(spec: KrishivSpec, options: BenchOptions, folder: Path, console: Console) -> BenchResults:
@@ -106,6 +141,9 @@ def run_bench(spec: KrishivSpec, options: BenchOptions, folder: Path, console: C
         step("2/7 Krishiv exactly-once: staging + ledger, then the relay until drained")
         krishiv = run_krishiv(spark, spec_for("krishiv-1x", "orders-1x"), options.events)
 
+        step("the events kind: raw ingestion of the same orders, one row each")
+        events_run = run_events(spark, events_spec(spec_for("events-1x", "orders-1x")), options.events)
+
         scaling = [(1, krishiv)]
         for factor in (f for f in options.scaling if f != 1):
             events = options.events * factor
@@ -117,14 +155,22 @@ def run_bench(spec: KrishivSpec, options: BenchOptions, folder: Path, console: C
         step(f"4/7 the commit relay: {options.relay_snapshots} snapshots on SQLite and PostgreSQL")
         relay = [bench_relay(spec_for("relay-sqlite", "relay"), "sqlite", options.relay_snapshots, folder)]
         if options.postgres_uri:
-            pg = spec_for("relay-postgresql", "relay")
-            pg = replace(
-                pg,
-                iceberg=replace(
-                    pg.iceberg, catalog_uri=options.postgres_uri, catalog_name=f"krishiv_bench_{uuid.uuid4().hex[:8]}"
-                ),
-            )
+            pg = _on_postgres(spec_for("relay-postgresql", "relay"), options.postgres_uri)
             relay.append(bench_relay(pg, "postgresql", options.relay_snapshots, folder))
+
+        maintained: list[RelayResult] = []
+        if options.relay_maintained_batches:
+            maintenance = Maintenance(every_s=options.maintenance_every_s, keep_last=options.maintenance_keep_last)
+            step(
+                f"4/7 the commit relay with maintenance beside it: {options.relay_maintained_batches} batches, expiry "
+                f"(keep {maintenance.keep_last}) and compaction every {maintenance.every_s:.0f}s"
+            )
+            for label, relay_spec in [("sqlite", spec_for("relay-sqlite-maintained", "relay"))] + (
+                [("postgresql", _on_postgres(spec_for("relay-postgresql-maintained", "relay"), options.postgres_uri))]
+                if options.postgres_uri
+                else []
+            ):
+                maintained.append(bench_relay(relay_spec, label, options.relay_maintained_batches, folder, maintenance))
 
         step(
             f"5/7 freshness: {options.rate:.0f} orders/s for {options.freshness_seconds:.0f}s, "
@@ -146,4 +192,12 @@ def run_bench(spec: KrishivSpec, options: BenchOptions, folder: Path, console: C
         relay,
         freshness,
         time.perf_counter() - started,
+        events_run,
+        maintained,
     )
+
+
+def _on_postgres(spec: KrishivSpec, uri: str) -> KrishivSpec:
+    """``spec`` with the PostgreSQL catalog at ``uri``, under a catalog name of its own (nothing shared)."""
+    name = f"krishiv_bench_{uuid.uuid4().hex[:8]}"
+    return replace(spec, iceberg=replace(spec.iceberg, catalog_uri=uri, catalog_name=name))

@@ -1,5 +1,5 @@
 """A tiny run of ``python -m benchmarks`` (``make bench``) as its own process: all seven measurements, the
-ratios, JSON and a PNG.
+ratios, JSON and a PNG; and the README's table rendered from a results JSON (``benchmarks/readme_table.py``).
 
 The figures of a run this small mean nothing (Spark's per-batch cost dominates); the test proves the
 harness works end to end on the real broker, Spark and both catalogs, and that Krishiv's table equals the
@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import readme_table
+
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
 
@@ -28,6 +30,8 @@ def test_a_tiny_benchmark_prints_all_seven_measurements(tmp_path: Path, postgres
         *(sys.executable, "-m", "benchmarks", "--spec", str(REPO / "krishiv.toml")),
         *("--events", "6000", "--batch-records", "2000", "--scaling", "1,2", "--warmup-events", "2000"),
         *("--relay-snapshots", "30", "--relay-depths", "5,20", "--postgres-uri", postgres_uri),
+        *("--relay-maintained-batches", "30", "--maintenance-every", "0.5", "--maintenance-keep-last", "5"),
+        *("--results", str(tmp_path / "results" / "latest.json")),
         *("--freshness-seconds", "10", "--rate", "200", "--sensor-interval", "2", "--out", str(out)),
     ]
     done = subprocess.run(
@@ -43,6 +47,9 @@ def test_a_tiny_benchmark_prints_all_seven_measurements(tmp_path: Path, postgres
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
     doc = json.loads((out / "bench.json").read_text())
+    assert json.loads((tmp_path / "results" / "latest.json").read_text()) == doc
+    assert doc["date"].endswith("+00:00") and len(doc["checkout"]["commit"]) == 40
+    assert {"cpus", "memory_gib", "pyiceberg", "pyspark", "load_average"} <= set(doc["machine"])
     assert doc["results_agree"] is True
     assert doc["krishiv"]["orders_counted"] == doc["baseline"]["orders_counted"] > 0
     assert doc["krishiv"]["batches"] == 3 and doc["krishiv"]["snapshots"] >= 2  # batch 0 closes no window yet
@@ -57,6 +64,16 @@ def test_a_tiny_benchmark_prints_all_seven_measurements(tmp_path: Path, postgres
         assert r["error"] is None and r["snapshots"] == 30, r
         assert 0 < r["p50_ms"] <= r["p99_ms"]
         assert all(v is not None and v > 0 for v in r["p50_ms_at_depth"].values()), r
+    maintained = {r["catalog"]: r for r in doc["relay_maintained"]}
+    assert set(maintained) == {"sqlite", "postgresql"}
+    for r in maintained.values():
+        assert r["error"] is None and r["snapshots"] == 30 and r["last_commits"] == 30, r
+        assert r["maintenance"]["keep_last"] == 5 and r["conflicts"] >= 0
+    assert doc["events"]["rows_written"] > 0 and doc["events"]["events_per_s"] > 0
+    names = [t["name"] for t in doc["targets"]]
+    assert "relay p99 on sqlite with maintenance, last 30 (ms)" in names and "events kind vs limit" in names
+    assert all(isinstance(t["met"], bool) for t in doc["targets"])
+    assert readme_table.main(["--results", str(out / "bench.json"), "--readme", str(_readme_copy(tmp_path))]) == 0
     fresh = doc["freshness"]
     assert fresh["windows"] >= 5 and fresh["rejects"] >= 10 and fresh["unseen"] == 0, fresh
     assert 0 < fresh["reject_p50_s"] <= fresh["reject_p99_s"]
@@ -69,9 +86,131 @@ def test_a_tiny_benchmark_prints_all_seven_measurements(tmp_path: Path, postgres
     for row in (
         "profile: Spark source scan alone",
         "4 relay on postgresql",
+        "4 relay on sqlite, maintained",
+        "2 events kind",
         "5 freshness",
         "6 peak RSS at 2x",
         "7 scaling 2x",
         "target ",
     ):
         assert row in done.stdout, row
+
+
+# ------------------------------------------------------------------------------------- the README's table
+
+RESULTS = {
+    "date": "2026-11-22T22:00:00+00:00",
+    "checkout": {"commit": "0123456789abcdef0123456789abcdef01234567", "dirty": False},
+    "machine": {
+        "cpus": 2,
+        "memory_gib": 23.5,
+        "platform": "Linux-6.18",
+        "python": "3.11.7",
+        "pyspark": "4.3.0",
+        "pyiceberg": "0.12.0",
+        "broker": "Tansu (memory storage)",
+        "load_average": [1.5, 1.2, 1.0],
+    },
+    "options": {"events": 1_000_000, "partitions": 4, "batch_records": 200_000},
+    "seconds": 901.3,
+    "spark_startup_s": 16.1,
+    "limit": {"events_per_s": 443_590, "readers": 4},
+    "krishiv": {
+        "events_per_s": 49_802,
+        "seconds": 20.08,
+        "commit_s": 0.79,
+        "batches": 5,
+        "snapshots": 9,
+        "windows": 667,
+        "orders_counted": 799_122,
+    },
+    "baseline": {"events_per_s": 58_096, "seconds": 17.21, "batches": 5},
+    "spark_scan_only": {"events_per_s": 105_485},
+    "events": {"events_per_s": 230_000, "rows_written": 990_000, "seconds": 4.35, "commit_s": 0.5, "vs_limit": 0.518},
+    "ratios": {"krishiv_vs_limit": 0.112, "krishiv_vs_baseline": 0.857},
+    "results_agree": True,
+    "relay": [
+        {
+            "catalog": "sqlite",
+            "error": None,
+            "snapshots": 1010,
+            "snapshots_per_s": 21.5,
+            "p50_ms": 31.2,
+            "p99_ms": 88.4,
+            "p50_ms_at_depth": {"100": 22.0, "1000": 61.5},
+        }
+    ],
+    "relay_maintained": [
+        {
+            "catalog": "postgresql",
+            "error": None,
+            "snapshots": 2000,
+            "p50_ms": 25.0,
+            "p99_ms": 70.1,
+            "last_commits": 1000,
+            "last_p50_ms": 24.1,
+            "last_p99_ms": 65.3,
+            "conflicts": 7,
+            "maintenance": {"keep_last": 100, "every_s": 5.0, "runs": 40, "expired": 1900, "compactions": 38},
+        }
+    ],
+    "freshness": {
+        "rate": 1000.0,
+        "trigger_interval_s": 1.0,
+        "rejects": 58,
+        "reject_p50_s": 1.42,
+        "reject_p99_s": 3.1,
+        "window_p50_s": 1.9,
+        "window_p99_s": 3.4,
+    },
+    "memory": [{"factor": 1, "jvm_mb": 1037.0, "python_workers_mb": 1152.0, "driver_python_mb": 286.0}],
+    "scaling": [{"factor": 1, "events": 1_000_000, "seconds": 20.08, "events_per_s": 49_802}],
+    "targets": [
+        {"name": "relay p99 on sqlite (ms)", "value": 88.4, "target": "<= 250", "met": True},
+        {"name": "Krishiv vs baseline", "value": 0.857, "target": ">= 1x", "met": False},
+    ],
+}
+
+
+def _readme_copy(tmp_path: Path) -> Path:
+    copy = tmp_path / "README.md"
+    copy.write_text((REPO / "README.md").read_text())
+    return copy
+
+
+def test_the_readme_table_is_rendered_from_the_results_and_check_catches_a_hand_edit(tmp_path: Path, capsys):
+    results = tmp_path / "latest.json"
+    results.write_text(json.dumps(RESULTS))
+    readme = _readme_copy(tmp_path)
+    before = readme.read_text()
+    args = ["--results", str(results), "--readme", str(readme)]
+
+    assert readme_table.main([*args, "--check"]) == 1, "the README's table is not this JSON's yet"
+    assert readme.read_text() == before, "--check changes nothing"
+    assert readme_table.main(args) == 0
+    text = readme.read_text()
+    table = text[text.index(readme_table.BEGIN) : text.index(readme_table.END)]
+    assert "from commit 0123456789ab:" in table and "2 CPUs, 23.5 GiB" in table and "pyiceberg 0.12.0" in table
+    assert "| 4 relay on sqlite | p50 31.2 ms, p99 88.4 ms |" in table
+    assert "| 4 relay on postgresql, maintained | last 1,000: p50 24.1 ms, p99 65.3 ms |" in table
+    assert "| 2 events kind (raw ingestion) | 230,000 ev/s |" in table
+    assert "* relay p99 on sqlite (ms): 88.4 (target <= 250): met" in table
+    assert "* Krishiv vs baseline: 0.857 (target >= 1x): missed" in table
+    outside = before.split(readme_table.BEGIN)[0], before.split(readme_table.END)[1]
+    assert text.startswith(outside[0]) and text.endswith(outside[1]), "nothing outside the markers changes"
+    assert readme_table.main([*args, "--check"]) == 0
+
+    readme.write_text(text.replace("p99 88.4 ms", "p99 80.0 ms"))  # a figure typed in by hand
+    capsys.readouterr()
+    assert readme_table.main([*args, "--check"]) == 1
+    assert "regenerate it with python -m benchmarks.readme_table" in capsys.readouterr().err
+
+    readme.write_text("# no markers\n")
+    assert readme_table.main(args) == 2
+    assert capsys.readouterr().err.count("\n") == 1, "one line, no traceback"
+
+
+def test_the_committed_readme_table_is_the_committed_results():
+    if not readme_table.LATEST.exists():
+        pytest.skip("no benchmarks/results/latest.json committed yet")
+    assert readme_table.main(["--check"]) == 0, "run python -m benchmarks.readme_table after make bench"
