@@ -605,3 +605,33 @@ def test_partitions_the_start_does_not_know_begin_at_their_low_watermark(broker:
         assert [(r.partition, r.start, r.end) for r in source.partitions({"0": 0}, end)] == [(0, 0, 2)]
     finally:
         source.stop()
+
+
+def test_spark_plans_catch_up_batches_larger_than_its_read_limit(
+    broker: LocalBroker, real_topic: str, spark, tmp_path
+) -> None:
+    """Through Spark (Trigger.AvailableNow): 300 records behind, batches of 50, catching up in up to 200."""
+    from spark_jobs.kafka_source import SOURCE_NAME
+
+    ensure_topic(broker.bootstrap, real_topic, 1)
+    _produce(broker.bootstrap, real_topic, 300)
+    seen: list[tuple[int, list[int]]] = []
+    query = (
+        spark.readStream.format(SOURCE_NAME)
+        .option("bootstrap.servers", broker.bootstrap)
+        .option("topic", real_topic)
+        .option("maxRecordsPerBatch", "50")
+        .option("catchUpRecordsPerBatch", "200")
+        .load()
+        .writeStream.foreachBatch(
+            lambda batch, batch_id: seen.append((batch_id, sorted(r.offset for r in batch.select("offset").collect())))
+        )
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(120), "the query did not finish within 120s"
+    assert query.exception() is None
+    # 300 behind: 200; then 100 behind, still more than a batch of 50: all of it. Every record once, in order.
+    assert [(batch_id, len(offsets)) for batch_id, offsets in seen] == [(0, 200), (1, 100)]
+    assert [o for _batch_id, offsets in seen for o in offsets] == list(range(300))
