@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -68,6 +69,8 @@ def process_kind(proc: psutil.Process, me: int) -> str:
         return "jvm"
     if "tansu" in cmd or "tansu" in name:
         return "broker (Tansu)"
+    if "py-spy" in cmd or "py-spy" in name:
+        return "py-spy (the profiler)"
     if "python_streaming_source_runner" in cmd:
         return "source runner"
     if name.startswith("python") or "pyspark" in cmd:
@@ -174,6 +177,7 @@ def _process_label(roots: Sequence[str]) -> str:
     return "other python"
 
 
+_ROOT = re.compile(r'(process \d+:"[^"]*");?')
 #: Leaf frames of a thread waiting, which ``--nonblocking`` sampling cannot always tell from running.
 IDLE_LEAVES = ("manager (daemon.py)", "Condition.wait (threading.py)")
 
@@ -191,10 +195,9 @@ def summarize_stacks(path: Path, rate: int = SAMPLE_RATE_HZ, top: int = 20) -> l
         if not stack or not count_text.isdigit():
             continue
         count = int(count_text)
-        frames = stack.split(";")
-        roots = [f for f in frames if f.startswith("process ")]
+        roots = _ROOT.findall(stack)  # a command line may hold ';' itself
         kind = _process_label(roots)
-        frames = [f for f in frames if not f.startswith("process ") and not f.startswith("thread ")]
+        frames = [f for f in _ROOT.sub("", stack).split(";") if f and not f.startswith("thread ")]
         if not frames:
             continue
         leaf = _frame(frames[-1])
@@ -421,6 +424,11 @@ def profile(spec: KrishivSpec, args: argparse.Namespace) -> list[str]:
                 run.extra = (
                     f"({result.rows_written:,} rows written, {result.rows_per_s / limit_eps:.3f} x raw in rows/s)"
                 )
+            peak = result.peak_rss
+            run.extra += (
+                f"; peak RSS: JVM {peak.jvm_mb:,.0f} MB, Python workers {peak.python_workers_mb:,.0f} MB, "
+                f"driver Python {peak.driver_python_mb:,.0f} MB"
+            )
             runs.append(run)
         spark.stop()
     for run in runs:

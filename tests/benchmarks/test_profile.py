@@ -10,7 +10,7 @@ from pathlib import Path
 
 from benchmarks.profile import phase_seconds, summarize_stacks
 
-DRIVER = 'process 100:".venv/bin/python -m benchmarks.profile"'
+DRIVER = 'process 100:".venv/bin/python -m benchmarks.profile --note a; b"'
 JVM = 'process 200:"/usr/lib/jvm/bin/java -cp x org.apache.spark.deploy.SparkSubmit"'
 DAEMON = 'process 300:"/venv/bin/python -m pyspark.daemon pyspark.worker"'
 WORKER = 'process 301:"/venv/bin/python -m pyspark.daemon pyspark.worker"'
