@@ -8,7 +8,8 @@ time = now, one in a hundred malformed: a malformed event is a row of the reject
 committed, so each one measures one event's way into a table. A poller reads the rejects table every 250 ms.
 
 The first events pay for everything cold (the Kafka sensor's first tick, a run process, Spark's start); the
-figures are for events produced once the first reject is visible (``cold_start_s`` is that first wait). Then
+figures are for events produced ``warmup_s`` after the first reject is visible (``cold_start_s`` is that first
+wait), once the backlog of the cold start has drained. Then
 each measured event's way is split into segments, from the Dagster runs (request, start, log lines, end) and
 the ledger (when its batch was staged and committed):
 
@@ -113,6 +114,7 @@ class DagsterFreshnessResult:
     rate: float
     seconds: float
     linger_s: float | None  # the staging asset's linger (None: its default)
+    warmup_s: float = 0.0  # after the first reject was visible, before measuring
     cold_start_s: float = 0.0  # the first event produced -> the first reject visible
     latencies_s: list[float] = field(default_factory=list)  # per measured reject: produced -> visible
     unseen: int = 0
@@ -142,12 +144,17 @@ class DagsterFreshnessResult:
         doc["latencies_s"] = [round(v, 3) for v in self.latencies_s]
         doc.update(
             events=len(self.latencies_s),
-            p50_s=round(self.p50_s, 2),
-            p99_s=round(self.p99_s, 2),
-            commit_run_start_p50_s=round(_quantile(self.commit_run_start_s, 0.5), 2),
+            p50_s=_rounded(self.p50_s),
+            p99_s=_rounded(self.p99_s),
+            commit_run_start_p50_s=_rounded(_quantile(self.commit_run_start_s, 0.5)),
             target_p50_s=15.0,
         )
         return doc
+
+
+def _rounded(value: float) -> float | None:
+    """``value`` to 10 ms, or None (JSON has no NaN) when there was nothing to measure."""
+    return None if value != value else round(value, 2)
 
 
 def _quantile(values: Sequence[float], q: float) -> float:
@@ -255,6 +262,7 @@ def measure_dagster_freshness(
     seconds: float = 90.0,
     partitions: int = 4,
     linger_s: float | None = None,
+    warmup_s: float = 30.0,
     cold_timeout_s: float = 600.0,
     drain_timeout_s: float = 240.0,
     say: Callable[[str], None] = lambda _line: None,
@@ -269,7 +277,7 @@ def measure_dagster_freshness(
     spec_file = write_instance(folder, bootstrap, topic, partitions)
     partitions = ensure_topic(bootstrap, topic, partitions)
     poller = _RejectsPoller(spec_file)  # reads the spec: a wrong one fails before anything starts
-    result = DagsterFreshnessResult(rate, seconds, linger_s)
+    result = DagsterFreshnessResult(rate, seconds, linger_s, warmup_s)
     extra_env = {} if linger_s is None else {LINGER_ENV: f"{linger_s:g}"}
     seen: dict[int, tuple[float, int]] = {}  # seq -> (seen at, batch id)
     measured: dict[int, float] = {}  # seq -> produced at, of the rejects measured
@@ -283,10 +291,16 @@ def measure_dagster_freshness(
                 _check_alive(daemon, producer, deadline, "the first reject to be visible")
                 poller.poll(seen)
                 time.sleep(POLL_S)
-            measure_from = time.time()
-            result.load_average.append(round(os.getloadavg()[0], 1))
             result.cold_start_s = min(t for t, _ in seen.values()) - producer.started
-            say(f"first reject visible after {result.cold_start_s:.1f}s; measuring for {seconds:g}s")
+            say(
+                f"first reject visible after {result.cold_start_s:.1f}s; {warmup_s:g}s more, then {seconds:g}s measured"
+            )
+            measure_from = time.time() + warmup_s  # the backlog of the cold start drains first
+            while time.time() < measure_from:
+                _check_alive(daemon, producer, measure_from + 1, "the warm-up")
+                poller.poll(seen)
+                time.sleep(POLL_S)
+            result.load_average.append(round(os.getloadavg()[0], 1))
             measure_until = measure_from + seconds
             deadline = measure_until + drain_timeout_s
             while True:
@@ -459,10 +473,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.dagster_freshness", description=__doc__)
     parser.add_argument("--rate", type=float, default=200.0, help="orders/s (one in 100 malformed)")
     parser.add_argument("--seconds", type=float, default=90.0, help="how long events are measured")
+    parser.add_argument("--warmup", type=float, default=30.0, help="seconds after the first reject is visible")
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--linger", type=float, default=None, help=f"seconds, given as {LINGER_ENV} (default: unset)")
     parser.add_argument("--out", default="state/bench-dagster", help="work folder (emptied first) and result.json")
     args = parser.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so the daemon's process group and the broker are stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
     from krishiv.broker import start_broker
     from krishiv.state_folder import BENCH_MARKER, reset_folder
     from krishiv_core.errors import KrishivError
@@ -481,6 +498,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             seconds=args.seconds,
             partitions=args.partitions,
             linger_s=args.linger,
+            warmup_s=args.warmup,
             say=lambda line: print(f"{time.strftime('%H:%M:%S')} {line}", file=sys.stderr, flush=True),
         )
     doc = result.to_json()
