@@ -109,8 +109,9 @@ class _ConflictCounter(logging.Handler):
             self.count += 1
 
 
-def _maintain(spec: KrishivSpec, name: str, maintenance: Maintenance, stop: Any, out: Any) -> None:
-    """The maintenance process: expiry then compaction every ``every_s`` until ``stop`` is set."""
+def _maintain(spec: KrishivSpec, name: str, maintenance: Maintenance, ready: Any, stop: Any, out: Any) -> None:
+    """The maintenance process: says it is ready, then expiry and compaction at once and every ``every_s`` until
+    ``stop`` is set (so even a short relay run has one maintenance run beside it)."""
     from krishiv_core.catalog import load_catalog
     from outbox.compaction import compact_table
     from outbox.expiry import expire_snapshots
@@ -118,7 +119,8 @@ def _maintain(spec: KrishivSpec, name: str, maintenance: Maintenance, stop: Any,
     done = MaintenanceRuns()
     logging.getLogger("pyiceberg.catalog").setLevel(logging.ERROR)  # old metadata files another writer deleted
     catalog = load_catalog(spec)
-    while not stop.wait(maintenance.every_s):
+    ready.set()
+    while True:
         try:
             expired = expire_snapshots(
                 lambda: catalog.load_table(name), keep_last=maintenance.keep_last, keep_younger_than_ms=0
@@ -130,11 +132,13 @@ def _maintain(spec: KrishivSpec, name: str, maintenance: Maintenance, stop: Any,
             )
         except Exception as exc:  # a lost race beyond the retries is a figure of the run, not its end
             done.errors.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
-            continue
-        done.runs += 1
-        done.expired += len(expired.expired)
-        done.compactions += compacted.snapshot_id is not None
-        done.files_compacted += compacted.files_rewritten
+        else:
+            done.runs += 1
+            done.expired += len(expired.expired)
+            done.compactions += compacted.snapshot_id is not None
+            done.files_compacted += compacted.files_rewritten
+        if stop.wait(maintenance.every_s):
+            break
     out.put(done)
 
 
@@ -175,11 +179,15 @@ def bench_relay(
         if maintenance is not None:
             logging.getLogger("pyiceberg.catalog").setLevel(logging.ERROR)  # old metadata the other side deleted
         context = multiprocessing.get_context("spawn")
-        stop, out = context.Event(), context.Queue()
+        ready, stop, out = context.Event(), context.Event(), context.Queue()
         maintainer = None
         if maintenance is not None:
-            maintainer = context.Process(target=_maintain, args=(spec, name, maintenance, stop, out), daemon=True)
+            maintainer = context.Process(
+                target=_maintain, args=(spec, name, maintenance, ready, stop, out), daemon=True
+            )
             maintainer.start()
+            if not ready.wait(timeout=300):
+                raise RuntimeError("the maintenance process did not start within 300 s")
         try:
             started = time.perf_counter()
             report = CommitRelay(ledger, catalog, address).commit_table(name)
