@@ -1,10 +1,12 @@
 """The crash-point matrix: each scenario runs the real pipeline as processes and injects its faults.
 
 Every scenario produces seeded orders (late and malformed ones mixed in), drives ``krishiv run --once``
-and ``krishiv commit`` as separate processes with faults armed at named points, or acts on the processes
-and files around them (broker and catalog paused, ledger held, checkpoint rewound or restored from an old
-copy, snapshots expired, a topic re-created, a ledger restored from a backup, standard orphan-file removal,
-a stager paused past its lease), then finishes the pipeline cleanly so the contract can be checked.
+and ``krishiv commit`` (or a continuous ``krishiv run``, which commits its own batches, and the maintenance
+commands ``compact``, ``expire-snapshots``, ``remove-orphans`` and ``maintain``) as separate processes with
+faults armed at named points, or acts on the processes and files around them (broker and catalog paused, ledger
+held, checkpoint rewound or restored from an old copy, snapshots expired, a topic re-created, a ledger restored
+from a backup, standard orphan-file removal, a stager paused past its lease), then finishes the pipeline
+cleanly so the contract can be checked.
 
 A :class:`Size` says how much each scenario does: ``full`` (the default, for soaks) or ``ci`` (fewer events,
 batches and repeated kills, every fault point and every scenario kind still reached; ``make test`` runs it).
