@@ -187,7 +187,8 @@ def measure_freshness(
     table, rejects = tables[pipeline.table], tables[pipeline.rejects_table]
     run = _Run(spark, spec, qualified(spec, pipeline.rejects_table))
     run.start()
-    _wait_for_first_trigger(spark, pipeline.name, run)  # Spark's start-up is not what this measures
+    # Spark's start-up and the query's first batch (its Python workers start) are not what this measures.
+    _warm_up(spec, partitions, run)
     producer = _Producer(spec.kafka.bootstrap_servers, pipeline.topic, partitions, rate, seconds)
     producer.start()
     windows_seen: dict[int, float] = {}
@@ -211,7 +212,9 @@ def measure_freshness(
                     windows_seen.setdefault(int(start.timestamp()), now)
                 seen = rejects.scan(selected_fields=("value", "batch_id")).to_arrow()
                 for value, batch in zip(seen.column(0).to_pylist(), seen.column(1).to_pylist(), strict=True):
-                    rejects_seen.setdefault(int(json.loads(value)["order_id"].removeprefix("bad-")), (now, batch))
+                    order = json.loads(value)["order_id"]
+                    if order.startswith("bad-"):  # not the warm-up's
+                        rejects_seen.setdefault(int(order.removeprefix("bad-")), (now, batch))
                 _collect_progress(spark, pipeline.name, progress)
             if time.time() > producer.measure_until and _all_seen(producer, windows_seen, rejects_seen):
                 break
@@ -241,16 +244,25 @@ def measure_freshness(
     return result
 
 
-def _wait_for_first_trigger(spark: SparkSession, name: str, run: _Run, timeout_s: float = 300.0) -> None:
-    """Until the run's query has finished a trigger (its source is up), or the run ended."""
+def _warm_up(spec: KrishivSpec, partitions: int, run: _Run, timeout_s: float = 600.0) -> None:
+    """Until a first batch of a few orders is staged: the query's source is up and its Python workers have started.
+    Those orders are not measured."""
+    from confluent_kafka import Producer
+
+    pipeline = spec.pipeline()
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and run.is_alive():
-        if any(q.name == name and q.lastProgress is not None for q in spark.streams.active):
-            return
+    producer = Producer({"bootstrap.servers": spec.kafka.bootstrap_servers})
+    event_ms = int(time.time() * 1000)
+    for p in range(partitions):
+        good = {"order_id": f"warm-{p}", "customer_id": "c", "amount": "1.00", "event_time": event_ms}
+        producer.produce(pipeline.topic, value=json.dumps(good).encode(), partition=p)
+    producer.flush(30)
+    while time.monotonic() < deadline and run.is_alive() and not run.staged_at:
         time.sleep(0.1)
     if run.error is not None:
         raise run.error
-    raise TimeoutError(f"the query {name} did not finish a trigger within {timeout_s:.0f}s")
+    if not run.staged_at:
+        raise TimeoutError(f"the warm-up batch of {pipeline.name} was not staged within {timeout_s:.0f}s")
 
 
 def _collect_progress(spark: SparkSession, name: str, into: dict[int, dict[str, Any]]) -> None:
