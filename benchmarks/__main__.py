@@ -47,6 +47,7 @@ def run(args: argparse.Namespace, spec: KrishivSpec) -> int:
         events=args.events,
         partitions=args.partitions,
         batch_records=args.batch_records,
+        catch_up_records=args.catch_up_records,
         seed=args.seed,
         scaling=args.scaling,
         relay_snapshots=args.relay_snapshots,
@@ -82,6 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--batch-records", type=int, default=200_000, help="records per micro-batch")
+    parser.add_argument(
+        "--catch-up-records",
+        type=int,
+        default=1_000_000,
+        help="records per micro-batch while more than one batch behind (catch_up_records_per_batch; 0: off), "
+        "for Krishiv and the baseline alike",
+    )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--scaling", type=_int_list, default=(1, 2, 4), help="event-count factors (default 1,2,4)")
     parser.add_argument("--relay-snapshots", type=int, default=1_010, help="snapshots the relay benchmark commits")

@@ -37,6 +37,7 @@ class BenchOptions:
     events: int = 1_000_000
     partitions: int = 4
     batch_records: int = 200_000
+    catch_up_records: int = 1_000_000
     seed: int = 7
     scaling: tuple[int, ...] = (1, 2, 4)
     relay_snapshots: int = 1_010
@@ -117,7 +118,9 @@ def run_bench(spec: KrishivSpec, options: BenchOptions, folder: Path, console: C
     with start_broker(log_path=folder / "broker.log") as broker:
 
         def spec_for(name: str, topic: str) -> KrishivSpec:
-            return bench_spec(base, folder / name, broker.bootstrap, topic, options.batch_records)
+            return bench_spec(
+                base, folder / name, broker.bootstrap, topic, options.batch_records, options.catch_up_records
+            )
 
         step(f"Tansu on {broker.bootstrap}; producing {options.events:,} orders over {options.partitions} partitions")
         produce_s = produce_orders(

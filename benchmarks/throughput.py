@@ -46,11 +46,20 @@ class PipelineRun:
         return self.events / self.seconds
 
 
-def bench_spec(base: KrishivSpec, folder: Path, bootstrap: str, topic: str, batch_records: int) -> KrishivSpec:
-    """The repository's spec on the bench's broker, with its own SQLite catalog, ledger and checkpoints."""
+def bench_spec(
+    base: KrishivSpec, folder: Path, bootstrap: str, topic: str, batch_records: int, catch_up_records: int = 0
+) -> KrishivSpec:
+    """The repository's spec on the bench's broker, with its own SQLite catalog, ledger and checkpoints; its
+    batch sizes (``catch_up_records``: while behind, as ``catch_up_records_per_batch``; the baseline reads through
+    the same source with the same sizes)."""
     from krishiv.demo import embedded_spec
 
-    pipeline = replace(base.pipeline(), topic=topic, max_records_per_batch=batch_records)
+    pipeline = replace(
+        base.pipeline(),
+        topic=topic,
+        max_records_per_batch=batch_records,
+        catch_up_records_per_batch=catch_up_records if catch_up_records > batch_records else 0,
+    )
     return replace(embedded_spec(base, folder, bootstrap), pipelines=(pipeline,))
 
 

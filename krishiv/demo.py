@@ -116,7 +116,9 @@ def demo_spec(spec: KrishivSpec, state: Path, bootstrap: str, records: int) -> K
     if len(set(taken)) != len(taken) or len({p.name for p in pipelines}) != len(pipelines):
         raise ValueError(f"the spec's first pipeline {first.name!r} shares a name or table with the demo's")
     per_batch = max(1, -(-(records + len(TOMBSTONED)) // BATCHES))
-    return replace(spec, pipelines=tuple(replace(p, max_records_per_batch=per_batch) for p in pipelines))
+    # The demo shows several batches: no catch-up batch takes the whole topic at once.
+    sized = [replace(p, max_records_per_batch=per_batch, catch_up_records_per_batch=0) for p in pipelines]
+    return replace(spec, pipelines=tuple(sized))
 
 
 def produce_tombstones(bootstrap: str, topic: str, keys: Sequence[str]) -> None:

@@ -129,6 +129,9 @@ class PipelineSpec:
     group_by: tuple[str, ...] = ()
     trigger_interval_ms: int = 2_000
     max_records_per_batch: int = 200_000
+    # While more than one batch behind, a batch planned afresh may read this many records (0: never more than
+    # max_records_per_batch): each batch has a fixed cost, so a backlog drains sooner in fewer, larger batches.
+    catch_up_records_per_batch: int = 0
     output_mode: str = "append"
     partition_by: tuple[PartitionField, ...] = ()
     kafka_metadata: tuple[str, ...] = ()
@@ -432,6 +435,19 @@ def _identifier(value: Any, field_name: str) -> str:
     return text
 
 
+def _catch_up_records(value: Any, where: str, max_records: int) -> int:
+    """``catch_up_records_per_batch``: 0 (off), or more than ``max_records_per_batch``."""
+    if type(value) is int and value == 0:
+        return 0
+    records = _positive_int(value, f"{where}.catch_up_records_per_batch")
+    if records <= max_records:
+        raise ConfigError(
+            f"{where}.catch_up_records_per_batch",
+            f"expected 0 (off) or more than max_records_per_batch ({max_records}), got {records}",
+        )
+    return records
+
+
 def _positive_int(value: Any, field_name: str) -> int:
     number = _expect(value, int, field_name, "a whole number")
     if number <= 0:
@@ -491,7 +507,17 @@ def _parse_aggregations(raw: Any, where: str, fields: tuple[EventField, ...]) ->
     return tuple(out)
 
 
-_COMMON_KEYS = {"name", "kind", "topic", "table", "fields", "trigger_interval", "max_records_per_batch", "partition_by"}
+_COMMON_KEYS = {
+    "name",
+    "kind",
+    "topic",
+    "table",
+    "fields",
+    "trigger_interval",
+    "max_records_per_batch",
+    "catch_up_records_per_batch",
+    "partition_by",
+}
 _KIND_KEYS = {
     WINDOWED: {"event_time_field", "watermark_delay", "window", "slide", "group_by", "output_mode", "aggregations"},
     EVENTS: {"event_time_field", "kafka_metadata", "route_by", "routes", "unrouted"},
@@ -683,6 +709,7 @@ def _parse_pipeline(raw: Any, where: str) -> PipelineSpec:
     partition_by = parse_partition_by(
         raw.get("partition_by", []), f"{where}.partition_by", _output_columns(kind, fields, extra)
     )
+    max_records = _positive_int(raw.get("max_records_per_batch", 200_000), f"{where}.max_records_per_batch")
     return PipelineSpec(
         name=name,
         topic=topic,
@@ -691,9 +718,8 @@ def _parse_pipeline(raw: Any, where: str) -> PipelineSpec:
         fields=fields,
         kind=kind,
         trigger_interval_ms=parse_duration_ms(raw.get("trigger_interval", "2s"), f"{where}.trigger_interval"),
-        max_records_per_batch=_positive_int(
-            raw.get("max_records_per_batch", 200_000), f"{where}.max_records_per_batch"
-        ),
+        max_records_per_batch=max_records,
+        catch_up_records_per_batch=_catch_up_records(raw.get("catch_up_records_per_batch", 0), where, max_records),
         partition_by=partition_by,
         **extra,
     )

@@ -105,6 +105,7 @@ def kafka_stream(spark: SparkSession, spec: KrishivSpec, pipeline: PipelineSpec,
         .option("bootstrap.servers", spec.kafka.bootstrap_servers)
         .option("topic", pipeline.topic)
         .option("maxRecordsPerBatch", str(pipeline.max_records_per_batch))
+        .option("catchUpRecordsPerBatch", str(pipeline.catch_up_records_per_batch))
         .option("recordsPerSplit", str(spec.spark.records_per_split))
     )
     for key, value in {**{f"kafka.{k}": v for k, v in spec.kafka.consumer_settings().items()}, **options}.items():

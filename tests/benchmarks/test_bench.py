@@ -28,7 +28,8 @@ def test_a_tiny_benchmark_prints_all_seven_measurements(tmp_path: Path, postgres
     out = tmp_path / "bench"
     command = [
         *(sys.executable, "-m", "benchmarks", "--spec", str(REPO / "krishiv.toml")),
-        *("--events", "6000", "--batch-records", "2000", "--scaling", "1,2", "--warmup-events", "2000"),
+        *("--events", "6000", "--batch-records", "2000", "--catch-up-records", "0"),
+        *("--scaling", "1,2", "--warmup-events", "2000"),
         *("--relay-snapshots", "30", "--relay-depths", "5,20", "--postgres-uri", postgres_uri),
         *("--relay-maintained-batches", "30", "--maintenance-every", "0.5", "--maintenance-keep-last", "5"),
         *("--results", str(tmp_path / "results" / "latest.json")),

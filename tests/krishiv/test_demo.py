@@ -31,7 +31,8 @@ def test_the_demo_writes_every_kind_and_verifies(tmp_path, spark, capsys, monkey
 
     repo = load_spec(REPO_SPEC, env={})
     spec = demo_spec(repo, state, "127.0.0.1:9092", RECORDS)
-    first = replace(spec.pipeline(), max_records_per_batch=repo.pipeline().max_records_per_batch)
+    sizes = {k: getattr(repo.pipeline(), k) for k in ("max_records_per_batch", "catch_up_records_per_batch")}
+    first = replace(spec.pipeline(), **sizes)
     assert first == repo.pipeline(), "the repository's pipeline is the demo's first"
     assert {p.kind for p in spec.pipelines} == set(KINDS)
     assert any(p.kind == EVENTS and p.routes for p in spec.pipelines), "a fan-out"

@@ -470,6 +470,19 @@ def test_bad_max_records_per_batch(value: object) -> None:
     _assert_names_field(error, "pipelines[0].max_records_per_batch")
 
 
+def test_catch_up_records_per_batch_is_off_or_above_the_batch_limit() -> None:
+    assert _parse(_doc()).catch_up_records_per_batch == 0
+    assert (
+        _parse(_doc(max_records_per_batch=1_000, catch_up_records_per_batch=5_000)).catch_up_records_per_batch == 5_000
+    )
+    for value in (1_000, 10, -1, True, "5000"):
+        error = _config_error(_doc(max_records_per_batch=1_000, catch_up_records_per_batch=value))
+        _assert_names_field(error, "pipelines[0].catch_up_records_per_batch")
+    assert "more than max_records_per_batch (1000)" in str(
+        _config_error(_doc(max_records_per_batch=1_000, catch_up_records_per_batch=1_000))
+    )
+
+
 def test_second_pipeline_errors_name_its_index() -> None:
     doc = _doc()
     second = copy.deepcopy(doc["pipelines"][0])
