@@ -58,7 +58,7 @@ def run(args: argparse.Namespace, spec: KrishivSpec) -> int:
         postgres_uri=args.postgres_uri or None,
         freshness_seconds=args.freshness_seconds,
         rate=args.rate,
-        sensor_interval_s=args.sensor_interval,
+        dagster_freshness_seconds=args.dagster_freshness_seconds,
         warmup_events=args.warmup_events,
     )
     results = run_bench(spec, options, work, console)
@@ -112,7 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--freshness-seconds", type=float, default=60.0)
     parser.add_argument("--rate", type=float, default=1_000.0, help="events/s of the freshness producer")
     parser.add_argument(
-        "--sensor-interval", type=float, default=5.0, help="seconds between relay runs (Dagster's sensor)"
+        "--dagster-freshness-seconds",
+        type=float,
+        default=60.0,
+        help="seconds of freshness measured under dagster-daemon with the sensors alone (0 skips it)",
     )
     parser.add_argument("--warmup-events", type=int, default=20_000)
     parser.add_argument(

@@ -47,7 +47,6 @@ class FreshnessResult:
     rate: float
     seconds: float
     trigger_interval_s: float
-    sensor_interval_s: float = 0.0  # 0: no sensor; the run's committer commits each batch as it is staged
     window_latencies_s: list[float] = field(default_factory=list)
     reject_latencies_s: list[float] = field(default_factory=list)
     unseen: int = 0

@@ -14,6 +14,7 @@ from typing import Any
 from rich.console import Console
 
 from benchmarks import DEFAULT_POSTGRES_URI
+from benchmarks.dagster_freshness import DagsterFreshnessResult, measure_dagster_freshness
 from benchmarks.freshness import FreshnessResult, measure_freshness
 from benchmarks.raw_consume import RawConsumeResult, raw_consume
 from benchmarks.relay_latency import Maintenance, RelayResult, bench_relay
@@ -48,7 +49,8 @@ class BenchOptions:
     postgres_uri: str | None = DEFAULT_POSTGRES_URI
     freshness_seconds: float = 60.0
     rate: float = 1_000.0
-    sensor_interval_s: float = 5.0
+    dagster_freshness_seconds: float = 60.0  # 0 skips freshness under Dagster's sensors alone
+    dagster_rate: float = 200.0
     warmup_events: int = 20_000
 
 
@@ -67,6 +69,7 @@ class BenchResults:
     seconds: float
     events: EventsRun | None = None
     relay_maintained: list[RelayResult] = field(default_factory=list)
+    dagster_freshness: DagsterFreshnessResult | None = None
 
 
 def machine() -> dict[str, Any]:
@@ -182,7 +185,22 @@ def run_bench(spec: KrishivSpec, options: BenchOptions, folder: Path, console: C
         freshness = measure_freshness(
             spark, spec_for("freshness", "orders-live"), rate=options.rate, seconds=options.freshness_seconds
         )
-        spark.stop()
+        spark.stop()  # the Dagster runs below start their own Spark drivers
+
+        dagster_freshness = None
+        if options.dagster_freshness_seconds:
+            step(
+                f"5/7 freshness under Dagster's sensors alone: dagster-daemon, {options.dagster_rate:.0f} orders/s "
+                f"for {options.dagster_freshness_seconds:.0f}s"
+            )
+            dagster_freshness = measure_dagster_freshness(
+                broker.bootstrap,
+                folder / "dagster-freshness",
+                rate=options.dagster_rate,
+                seconds=options.dagster_freshness_seconds,
+                partitions=options.partitions,
+                say=step,
+            )
     return BenchResults(
         options,
         produce_s,
@@ -197,6 +215,7 @@ def run_bench(spec: KrishivSpec, options: BenchOptions, folder: Path, console: C
         time.perf_counter() - started,
         events_run,
         maintained,
+        dagster_freshness,
     )
 
 

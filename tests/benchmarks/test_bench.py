@@ -33,7 +33,7 @@ def test_a_tiny_benchmark_prints_all_seven_measurements(tmp_path: Path, postgres
         *("--relay-snapshots", "30", "--relay-depths", "5,20", "--postgres-uri", postgres_uri),
         *("--relay-maintained-batches", "30", "--maintenance-every", "0.5", "--maintenance-keep-last", "5"),
         *("--results", str(tmp_path / "results" / "latest.json")),
-        *("--freshness-seconds", "10", "--rate", "200", "--sensor-interval", "2", "--out", str(out)),
+        *("--freshness-seconds", "10", "--rate", "200", "--dagster-freshness-seconds", "0", "--out", str(out)),
     ]
     done = subprocess.run(
         command,
