@@ -44,7 +44,14 @@ import pyarrow as pa
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io.pyarrow import ArrowScan, _dataframe_to_data_files
-from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent
+from pyiceberg.manifest import (
+    DataFile,
+    DataFileContent,
+    ManifestContent,
+    ManifestEntry,
+    ManifestEntryStatus,
+    ManifestFile,
+)
 from pyiceberg.table import FileScanTask, Table, TableProperties
 from pyiceberg.table.snapshots import Operation, Summary
 from pyiceberg.table.update import UpdateTableMetadata
@@ -66,7 +73,7 @@ COMPACTION = "compaction"
 #: A file below this share of the target size is small (a candidate to rewrite).
 SMALL_FILE_RATIO = 0.75
 #: Commits tried (the first and its rebases on a moved head) before the compaction gives up, committing nothing.
-MAX_ATTEMPTS = 5
+MAX_ATTEMPTS = 12
 #: The writer's own target (``write.target-file-size-bytes``) while rewriting: a bin is one file, already sized
 #: by the bytes on disk (pyiceberg would split by the rows' size in memory, several times larger).
 _ONE_FILE_PER_BIN = 1 << 62
@@ -295,6 +302,61 @@ class _ReplaceFiles(_OverwriteFiles):
     :func:`compact_table` rebases itself.
     """
 
+    #: Each manifest's live entries, by path, for the attempts of one compaction (set by :func:`_commit`).
+    entries: dict[str, list[ManifestEntry]]
+
+    def _live_entries(self, manifest: ManifestFile) -> list[ManifestEntry]:
+        """A manifest's live entries, read once per compaction: manifests are immutable, and beside a relay that
+        commits every second the head moves while a compaction commits, so each rebase would otherwise read every
+        manifest again (seconds at a few thousand manifests) and lose the race again."""
+        if manifest.manifest_path not in self.entries:
+            self.entries[manifest.manifest_path] = manifest.fetch_manifest_entry(self._io, discard_deleted=True)
+        return self.entries[manifest.manifest_path]
+
+    def _existing_manifests(self) -> list[ManifestFile]:
+        """pyiceberg's, reading entries through :meth:`_live_entries`: the manifests kept as they are, and those
+        that hold a replaced file rewritten without it."""
+        kept: list[ManifestFile] = []
+        snapshot = self._transaction.table_metadata.snapshot_by_name(name=self._target_branch)
+        for manifest in snapshot.manifests(io=self._io) if snapshot else []:
+            entries = self._live_entries(manifest)
+            remaining = [e for e in entries if e.data_file not in self._deleted_data_files]
+            if len(remaining) == len(entries):
+                kept.append(manifest)
+            elif remaining:
+                with self.new_manifest_writer(self.spec(manifest.partition_spec_id)) as writer:
+                    for e in remaining:
+                        writer.add_entry(
+                            ManifestEntry.from_args(
+                                status=ManifestEntryStatus.EXISTING,
+                                snapshot_id=e.snapshot_id,
+                                sequence_number=e.sequence_number,
+                                file_sequence_number=e.file_sequence_number,
+                                data_file=e.data_file,
+                            )
+                        )
+                kept.append(writer.to_manifest_file())
+        return kept
+
+    def _deleted_entries(self) -> list[ManifestEntry]:
+        """pyiceberg's, reading entries through :meth:`_live_entries`: a DELETED entry per replaced file, each
+        required to be live in the parent."""
+        parent = self._transaction.table_metadata.snapshot_by_id(self._parent_snapshot_id or -1)
+        deleted = [
+            ManifestEntry.from_args(
+                status=ManifestEntryStatus.DELETED,
+                snapshot_id=self._snapshot_id,
+                sequence_number=e.sequence_number,
+                file_sequence_number=e.file_sequence_number,
+                data_file=e.data_file,
+            )
+            for manifest in (parent.manifests(self._io) if parent else [])
+            for e in self._live_entries(manifest)
+            if e.data_file.content == DataFileContent.DATA and e.data_file in self._deleted_data_files
+        ]
+        self._validate_required_deletes(deleted)
+        return deleted
+
     def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
         self._operation = Operation.OVERWRITE
         try:
@@ -309,6 +371,7 @@ class _ReplaceFiles(_OverwriteFiles):
 
 def _commit(table: Table, rewrites: list[_Rewrite], run_id: str, report: CompactionReport) -> None:
     snapshot_id = table.metadata.new_snapshot_id()
+    entries: dict[str, list[ManifestEntry]] = {}  # manifests read by earlier attempts
     for attempt in range(1, MAX_ATTEMPTS + 1):
         report.attempts = attempt
         summary = {
@@ -320,7 +383,7 @@ def _commit(table: Table, rewrites: list[_Rewrite], run_id: str, report: Compact
         tx = MetadataCachingTransaction(table, autocommit=False)
         producer = _ReplaceFiles(operation=Operation.REPLACE, transaction=tx, io=table.io, snapshot_properties=summary)
         producer._snapshot_id = snapshot_id  # kept across attempts: a late landing of one is found by its id
-        producer.delete_by_predicate(AlwaysTrue())  # every manifest may hold a bin's file
+        producer.entries = entries
         for r in rewrites:
             for f in r.bin.files:
                 producer.delete_data_file(f)
