@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import AlwaysTrue
+from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import ArrowScan, _dataframe_to_data_files
 from pyiceberg.manifest import (
     DataFile,
@@ -157,7 +158,8 @@ def compact_table(
     if not 0 < small_file_ratio <= 1:
         raise CompactionError(f"compaction of {name}: small_file_ratio must be in (0, 1], not {small_file_ratio}")
     report = CompactionReport(name, dry_run=dry_run)
-    bins = plan_bins(table, target_file_size, min_files, small_file_ratio, report.skipped)
+    entries: ManifestEntries = {}  # each manifest read once, by the plan and every commit attempt
+    bins = plan_bins(table, target_file_size, min_files, small_file_ratio, report.skipped, entries)
     if not bins:
         return report
     if dry_run:
@@ -168,7 +170,7 @@ def compact_table(
     rewrites = [_rewrite(table, b) for b in bins]
     try:
         fault_point("maintenance.after_rewrite")
-        _commit(table, rewrites, run_id, report)
+        _commit(table, rewrites, run_id, report, entries)
     except CompactionOutcomeUnknown:
         raise  # the files may be referenced by a commit the catalog still applies: left as orphans at worst
     except BaseException:
@@ -181,18 +183,30 @@ def compact_table(
 # ------------------------------------------------------------------------------------------ planning
 
 
-def live_data_files(table: Table) -> list[DataFile]:
-    """The data files of the current snapshot (no delete files), each with its ``spec_id``."""
+#: Manifest path -> its live entries, read once per compaction (manifests are immutable).
+ManifestEntries = dict[str, list[ManifestEntry]]
+
+
+def live_entries(manifest: ManifestFile, io: FileIO, cache: ManifestEntries) -> list[ManifestEntry]:
+    """A manifest's live entries, from ``cache`` or read into it."""
+    if manifest.manifest_path not in cache:
+        cache[manifest.manifest_path] = manifest.fetch_manifest_entry(io, discard_deleted=True)
+    return cache[manifest.manifest_path]
+
+
+def live_data_files(table: Table, cache: ManifestEntries | None = None) -> list[DataFile]:
+    """The data files of the current snapshot (no delete files), each with its ``spec_id``; manifests read through
+    ``cache`` when given."""
     snapshot = table.current_snapshot()
     if snapshot is None:
         return []
+    cache = {} if cache is None else cache
     files = []
     for manifest in snapshot.manifests(table.io):
         if manifest.content != ManifestContent.DATA:
             continue
-        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
-            if entry.data_file.content == DataFileContent.DATA:
-                files.append(entry.data_file)
+        entries = live_entries(manifest, table.io, cache)
+        files += [e.data_file for e in entries if e.data_file.content == DataFileContent.DATA]
     return files
 
 
@@ -202,7 +216,12 @@ def _has_delete_files(table: Table) -> bool:
 
 
 def plan_bins(
-    table: Table, target_file_size: int, min_files: int, small_file_ratio: float, skipped: list[str]
+    table: Table,
+    target_file_size: int,
+    min_files: int,
+    small_file_ratio: float,
+    skipped: list[str],
+    entries: ManifestEntries | None = None,
 ) -> list[Bin]:
     """The bins to rewrite on the current snapshot, by partition; reasons for what is left go to ``skipped``."""
     if table.current_snapshot() is None:
@@ -215,7 +234,7 @@ def plan_bins(
     current_spec = table.spec().spec_id
     groups: dict[tuple[int, Record], list[DataFile]] = defaultdict(list)
     older_spec = 0
-    for data_file in live_data_files(table):
+    for data_file in live_data_files(table, entries):
         if data_file.spec_id != current_spec:
             older_spec += 1
             continue
@@ -302,16 +321,13 @@ class _ReplaceFiles(_OverwriteFiles):
     :func:`compact_table` rebases itself.
     """
 
-    #: Each manifest's live entries, by path, for the attempts of one compaction (set by :func:`_commit`).
-    entries: dict[str, list[ManifestEntry]]
+    #: Each manifest's live entries, by path, for the plan and every attempt of one compaction (set by
+    #: :func:`_commit`): beside a relay that commits every second the head moves while a compaction commits, and a
+    #: rebase that read every manifest again (seconds at a few thousand) would lose the race again.
+    entries: ManifestEntries
 
     def _live_entries(self, manifest: ManifestFile) -> list[ManifestEntry]:
-        """A manifest's live entries, read once per compaction: manifests are immutable, and beside a relay that
-        commits every second the head moves while a compaction commits, so each rebase would otherwise read every
-        manifest again (seconds at a few thousand manifests) and lose the race again."""
-        if manifest.manifest_path not in self.entries:
-            self.entries[manifest.manifest_path] = manifest.fetch_manifest_entry(self._io, discard_deleted=True)
-        return self.entries[manifest.manifest_path]
+        return live_entries(manifest, self._io, self.entries)
 
     def _existing_manifests(self) -> list[ManifestFile]:
         """pyiceberg's, reading entries through :meth:`_live_entries`: the manifests kept as they are, and those
@@ -369,9 +385,10 @@ class _ReplaceFiles(_OverwriteFiles):
         UpdateTableMetadata.commit(self)
 
 
-def _commit(table: Table, rewrites: list[_Rewrite], run_id: str, report: CompactionReport) -> None:
+def _commit(
+    table: Table, rewrites: list[_Rewrite], run_id: str, report: CompactionReport, entries: ManifestEntries
+) -> None:
     snapshot_id = table.metadata.new_snapshot_id()
-    entries: dict[str, list[ManifestEntry]] = {}  # manifests read by earlier attempts
     for attempt in range(1, MAX_ATTEMPTS + 1):
         report.attempts = attempt
         summary = {
@@ -401,7 +418,7 @@ def _commit(table: Table, rewrites: list[_Rewrite], run_id: str, report: Compact
             producer._clean_all_uncommitted()
             log.info("compaction of %s lost a race to another commit (%s); rebasing", report.table, exc)
             table.refresh()
-            rewrites = _still_live(table, rewrites, report)
+            rewrites = _still_live(table, rewrites, report, entries)
             if not rewrites:
                 return
             continue
@@ -440,13 +457,15 @@ def _landed(table: Table, snapshot_id: int) -> bool:
     return table.metadata.snapshot_by_id(snapshot_id) is not None
 
 
-def _still_live(table: Table, rewrites: list[_Rewrite], report: CompactionReport) -> list[_Rewrite]:
+def _still_live(
+    table: Table, rewrites: list[_Rewrite], report: CompactionReport, entries: ManifestEntries
+) -> list[_Rewrite]:
     """The rewrites whose files are all live at the new head; the others' written files are deleted."""
     if table.spec().spec_id != rewrites[0].bin.spec_id:
         report.skipped.append("the partition spec changed during the compaction; nothing was committed")
         _remove(table, [f for r in rewrites for f in r.written])
         return []
-    live = {f.file_path for f in live_data_files(table)}
+    live = {f.file_path for f in live_data_files(table, entries)}
     kept, dropped = [], []
     for r in rewrites:
         (kept if all(f.file_path in live for f in r.bin.files) else dropped).append(r)
