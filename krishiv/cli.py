@@ -1,7 +1,7 @@
 """krishiv: exactly-once Kafka -> Spark -> Iceberg through a DuckDB outbox ledger.
-broker, produce, run, commit, status, lineage, verify, demo, and the operator's
-tools (ledger-compact, skip-offsets, restage, clean-staging) and table maintenance
-(compact, expire-snapshots, remove-orphans, maintain)."""
+broker, produce, run, commit, status, lineage, verify, demo, the operator's
+tools (ledger-compact, skip-offsets, restage, clean-staging) and table
+maintenance (compact, expire-snapshots, remove-orphans, maintain)."""
 
 from __future__ import annotations
 

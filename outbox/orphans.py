@@ -29,7 +29,6 @@ only a forced run goes below.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -40,15 +39,12 @@ from pyiceberg.table import Table
 from krishiv_core.errors import KrishivError
 from krishiv_core.faults import fault_point
 from krishiv_core.spec import MIN_ORPHAN_GRACE_MS
+from krishiv_core.staging_paths import staging_root_of
 
 log = logging.getLogger(__name__)
 
-#: The folder beside a table's location where its batches are staged: must equal ``spark_jobs.staging.STAGING_DIR``
-#: (outbox cannot import spark_jobs; ``tests/outbox/test_orphans.py`` pins the two together).
-STAGING_DIR = "_krishiv_staging"
 #: A Hadoop-style catalog's pointer to the current metadata file: never listed in the metadata, always kept.
 VERSION_HINT = "/metadata/version-hint.text"
-_BUCKET_ROOT = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:/$")
 
 
 class GraceTooShort(KrishivError):
@@ -76,8 +72,7 @@ class OrphanReport:
 def staging_root(table: Table) -> str | None:
     """Krishiv's staging folder of ``table`` (``<parent of its location>/_krishiv_staging/<folder>``), or None for a
     table at the root of a bucket, which Krishiv never stages for."""
-    parent, _, name = table.location().rstrip("/").rpartition("/")
-    return None if _BUCKET_ROOT.match(parent) else f"{parent}/{STAGING_DIR}/{name}"
+    return staging_root_of(table.location())
 
 
 def list_files(io: FileIO, root: str) -> list[ListedFile]:

@@ -21,7 +21,6 @@ For batch N of a query (``foreachBatch``):
 from __future__ import annotations
 
 import logging
-import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -37,17 +36,13 @@ from krishiv_core.errors import BatchReplayMismatch, KrishivError, StagerLeaseLo
 from krishiv_core.faults import fault_point
 from krishiv_core.parquet_files import write_staged_files
 from krishiv_core.spec import WINDOWED, PipelineSpec
+from krishiv_core.staging_paths import staging_root_of
 from krishiv_core.tables import REJECT_COLUMNS, OutputTable
 from spark_jobs.checkpoint import BatchOffsets, Checkpoint
 from spark_jobs.ports import StagerLeaseHandle, StagingLedger, apply_skips
 
 log = logging.getLogger(__name__)
 
-#: Staged files live beside the table's location, never inside it: Iceberg's standard orphan-file removal
-#: (``RemoveOrphanFiles``, Spark's ``remove_orphan_files``) lists the table location and deletes what no snapshot
-#: references, which is every file of a PENDING entry. The relay registers the files where they are.
-STAGING_DIR = "_krishiv_staging"
-_BUCKET_ROOT = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:/$")  # the parent of scheme://bucket
 QUERY_REJECT_COLUMNS = tuple(c for c in REJECT_COLUMNS if c != "batch_id")  # the sink adds the batch id
 
 
@@ -111,15 +106,15 @@ def staging_root(table: Table) -> str:
     The location may be a path or a URI (``file://``, ``s3://bucket/…``); a table at the very root of a bucket has
     no folder beside it (outside it) to stage in, and is refused.
     """
-    location = table.location().rstrip("/")
-    parent, _, name = location.rpartition("/")
-    if _BUCKET_ROOT.match(parent):
+    root = staging_root_of(table.location())
+    if root is None:
+        location = table.location().rstrip("/")
         raise KrishivError(
             f"table {'.'.join(table.name())} is at the root of {location}: staged files go beside a table's "
             "location, outside it, so the table needs a location in a folder (such as "
             "s3://bucket/warehouse/namespace/table)"
         )
-    return f"{parent}/{STAGING_DIR}/{name}"
+    return root
 
 
 def staging_folder(table: Table, query_id: str, batch_id: int) -> str:

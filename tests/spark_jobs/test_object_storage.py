@@ -32,9 +32,10 @@ from krishiv_core.catalog import ensure_pipeline_tables, load_catalog, qualified
 from krishiv_core.entries import COMMITTED
 from krishiv_core.errors import KrishivError
 from krishiv_core.spec import KrishivSpec, load_spec
+from krishiv_core.staging_paths import STAGING_DIR
 from spark_jobs.checkpoint import Checkpoint
 from spark_jobs.kafka_source import latest_offsets
-from spark_jobs.staging import STAGING_DIR, staging_root
+from spark_jobs.staging import staging_root
 from spark_jobs.task_writer import WriteTarget
 from tests.services.s3 import S3Endpoint
 from tests.spark_jobs.pipeline_helpers import assert_exactly_once
