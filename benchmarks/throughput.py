@@ -92,9 +92,20 @@ class EventsRun:
         return self.rows_written / self.seconds
 
 
-def run_events(spark: SparkSession, spec: KrishivSpec, events: int) -> EventsRun:
-    """Raw ingestion timed like :func:`run_krishiv`: ``krishiv run --once`` then ``krishiv commit`` until the last
-    snapshot is visible. ``spec`` is an :func:`events_spec`; its topic holds ``events`` records."""
+@dataclass
+class _StagedAndCommitted:
+    """One timed ``krishiv run --once`` then ``krishiv commit`` of a spec's pipeline, until its last snapshot is
+    visible."""
+
+    running: list
+    reports: list
+    table: Table
+    seconds: float
+    commit_s: float  # of ``seconds``, the relay's share
+    peak_rss: PeakRss
+
+
+def _stage_and_commit(spark: SparkSession, spec: KrishivSpec) -> _StagedAndCommitted:
     from krishiv.operations import commit_pipelines, run_pipelines
     from krishiv_core.catalog import load_catalog, qualified
 
@@ -109,18 +120,25 @@ def run_events(spark: SparkSession, spec: KrishivSpec, events: int) -> EventsRun
         if last and table.current_snapshot().snapshot_id != last[-1]:
             raise RuntimeError(f"the relay's last snapshot {last[-1]} is not visible in {pipeline.table}")
         seconds = time.perf_counter() - started
-    snapshot = table.current_snapshot()
+    return _StagedAndCommitted(running, reports, table, seconds, seconds - (staged - started), rss.peak)
+
+
+def run_events(spark: SparkSession, spec: KrishivSpec, events: int) -> EventsRun:
+    """Raw ingestion timed like :func:`run_krishiv`. ``spec`` is an :func:`events_spec`; its topic holds ``events``
+    records."""
+    run = _stage_and_commit(spark, spec)
+    snapshot = run.table.current_snapshot()
     rows = int(snapshot.summary["total-records"]) if snapshot is not None and snapshot.summary else 0
-    history = running[0].stager.history
+    history = run.running[0].stager.history
     return EventsRun(
         events,
-        seconds,
+        run.seconds,
         rows,
         sum(b.rejects for b in history),
         len(history),
-        sum(len(r.committed) for r in reports),
-        rss.peak,
-        seconds - (staged - started),
+        sum(len(r.committed) for r in run.reports),
+        run.peak_rss,
+        run.commit_s,
     )
 
 
@@ -130,31 +148,18 @@ def _table_totals(table: Table) -> tuple[int, int]:
 
 
 def run_krishiv(spark: SparkSession, spec: KrishivSpec, events: int) -> PipelineRun:
-    from krishiv.operations import commit_pipelines, run_pipelines
-    from krishiv_core.catalog import load_catalog, qualified
-
-    pipeline = spec.pipeline()
-    with RssSampler() as rss:
-        started = time.perf_counter()
-        running = run_pipelines(spec, [pipeline], once=True, spark=spark, holder="krishiv bench")
-        staged = time.perf_counter()
-        reports = commit_pipelines(spec, [pipeline])
-        table = load_catalog(spec).load_table(qualified(spec, pipeline.table))
-        last = [sid for r in reports if r.table == qualified(spec, pipeline.table) for sid in r.snapshot_ids]
-        if last and table.current_snapshot().snapshot_id != last[-1]:
-            raise RuntimeError(f"the relay's last snapshot {last[-1]} is not visible in {pipeline.table}")
-        seconds = time.perf_counter() - started
-    windows, counted = _table_totals(table)
+    run = _stage_and_commit(spark, spec)
+    windows, counted = _table_totals(run.table)
     return PipelineRun(
         "krishiv",
         events,
-        seconds,
-        len(running[0].stager.history),
-        sum(len(r.committed) for r in reports),
+        run.seconds,
+        len(run.running[0].stager.history),
+        sum(len(r.committed) for r in run.reports),
         windows,
         counted,
-        rss.peak,
-        seconds - (staged - started),
+        run.peak_rss,
+        run.commit_s,
     )
 
 

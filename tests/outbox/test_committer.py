@@ -63,11 +63,6 @@ def lines() -> Lines:
 
 
 @pytest.fixture
-def ledger(tmp_path: Path) -> Ledger:
-    return Ledger(tmp_path / "ledger.duckdb")
-
-
-@pytest.fixture
 def quick_outages(monkeypatch: pytest.MonkeyPatch) -> None:
     """The relay gives up on an unreachable catalog after 0.5 s (20 s in production), the committer retries after
     0.2 s: the same path, in test time."""

@@ -83,11 +83,6 @@ def sqlite(tmp_path: Path) -> Catalog:
     return SqlCatalog("t", uri=f"sqlite:///{tmp_path}/c.db", warehouse=tmp_path.as_uri())
 
 
-@pytest.fixture
-def ledger(tmp_path: Path) -> Ledger:
-    return Ledger(tmp_path / "ledger.duckdb")
-
-
 def rows_of(table: Table) -> list[dict[str, Any]]:
     return sorted(table.scan().to_arrow().to_pylist(), key=repr)
 

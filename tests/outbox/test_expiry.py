@@ -24,16 +24,6 @@ from tests.outbox.test_relay import ROOT, TABLE, DiesBeforeMarking, stage
 FAR_FUTURE_MS = int(time.time() * 1000) + 86_400_000  # every snapshot is older than any keep_younger_than below
 
 
-@pytest.fixture
-def catalog(tmp_path: Path) -> Catalog:
-    return SqlCatalog("t", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=tmp_path.as_uri())
-
-
-@pytest.fixture
-def ledger(tmp_path: Path) -> Ledger:
-    return Ledger(tmp_path / "ledger.duckdb")
-
-
 def _committed(catalog: Catalog, ledger: Ledger, batches: range) -> list[int]:
     entries = [stage(catalog, ledger, b, b) for b in batches]
     assert CommitRelay(ledger, catalog).commit_table(TABLE).committed == list(batches)

@@ -34,11 +34,6 @@ def _holder(path: Path, ttl_s: float = 60.0) -> subprocess.Popen:
     return process
 
 
-@pytest.fixture
-def ledger(tmp_path: Path) -> Ledger:
-    return Ledger(tmp_path / "ledger.duckdb")
-
-
 def test_a_live_holder_blocks_and_is_named(ledger: Ledger) -> None:
     holder = _holder(Path(ledger.path))
     try:

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 from pyiceberg.catalog import Catalog
-from pyiceberg.catalog.sql import SqlCatalog
 
 from krishiv_core.entries import PENDING
 from outbox.expiry import expire_snapshots
@@ -20,16 +19,6 @@ from spark_jobs import staging
 from tests.outbox.test_relay import TABLE, stage
 
 DAY_S = 86_400.0
-
-
-@pytest.fixture
-def catalog(tmp_path: Path) -> Catalog:
-    return SqlCatalog("t", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=tmp_path.as_uri())
-
-
-@pytest.fixture
-def ledger(tmp_path: Path) -> Ledger:
-    return Ledger(tmp_path / "ledger.duckdb")
 
 
 def local(uri: str) -> Path:

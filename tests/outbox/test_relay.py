@@ -26,16 +26,6 @@ ROOT = Path(__file__).resolve().parents[2]
 TABLE = "krishiv.orders_per_minute"
 
 
-@pytest.fixture
-def catalog(tmp_path: Path) -> Catalog:
-    return SqlCatalog("t", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=tmp_path.as_uri())
-
-
-@pytest.fixture
-def ledger(tmp_path: Path) -> Ledger:
-    return Ledger(tmp_path / "ledger.duckdb")
-
-
 def stage(
     catalog: Catalog,
     ledger: Ledger,
