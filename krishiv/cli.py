@@ -304,7 +304,7 @@ def cmd_clean_staging(args: argparse.Namespace, spec: KrishivSpec) -> int:
     open_existing_ledger(spec)  # before a first run there is nothing to clean: said so, not a catalog's traceback
     grace = _format_duration(args.grace)
     for p in _pipelines(spec, args.pipeline):
-        for c in clean_staging(spec, p, args.grace, dry_run=args.dry_run):
+        for c in clean_staging(spec, p, args.grace, dry_run=args.dry_run, force=args.force):
             verb = "would remove" if args.dry_run else "removed"
             console.print(
                 f"{c.table}: {verb} {len(c.removed)} staged files ({c.removed_bytes} bytes) no ledger entry or "
@@ -645,6 +645,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--grace", type=_duration, default=_duration("1h"), help="keep files younger than this (default 1h)"
     )
     cs.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
+    cs.add_argument("--force", action="store_true", help="allow a grace below 10m (only when nothing is staging)")
 
     m = "[maintenance]"  # the spec's section, which the options override
     es = _command(

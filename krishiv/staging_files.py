@@ -94,11 +94,15 @@ def restage(spec: KrishivSpec, pipeline: PipelineSpec) -> Restaged:
 
 
 def clean_staging(
-    spec: KrishivSpec, pipeline: PipelineSpec, grace_s: float = DEFAULT_GRACE_S, dry_run: bool = False
+    spec: KrishivSpec,
+    pipeline: PipelineSpec,
+    grace_s: float = DEFAULT_GRACE_S,
+    dry_run: bool = False,
+    force: bool = False,
 ) -> list[Cleaned]:
     """Delete the pipeline's staged files that neither a PENDING entry nor a retained snapshot refers to, older
-    than ``grace_s``: ``outbox.orphans`` limited to the staging folders (``krishiv remove-orphans`` does the
-    table locations too)."""
+    than ``grace_s`` (below the floor only with ``force``): ``outbox.orphans`` limited to the staging folders
+    (``krishiv remove-orphans`` does the table locations too)."""
     from krishiv.operations import open_ledger
     from krishiv_core.catalog import load_catalog, qualified
     from outbox.orphans import remove_orphans, staging_root
@@ -117,6 +121,7 @@ def clean_staging(
             grace_s=grace_s,
             roots=[root],
             dry_run=dry_run,
+            force=force,
         )
         results.append(Cleaned(table_name, report.referenced, report.young, report.removed, report.removed_bytes))
     return results

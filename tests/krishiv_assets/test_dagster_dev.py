@@ -124,10 +124,11 @@ def dagster_dev(broker: LocalBroker, tmp_path_factory: pytest.TempPathFactory) -
     process = subprocess.Popen(
         [str(BIN / "dagster"), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
         cwd=folder,
-        # A sensor-started staging run lingers 5 s once the topic is idle (60 s by default), so the continuous
-        # krishiv run below gets the stager lease soon after the first wave.
+        # Sensor-started staging runs stage once (KRISHIV_STAGING_LINGER_S=0): these tests drive the sensors' own
+        # path, staging run -> outbox sensor -> commit run -> checks, and the continuous krishiv run below gets the
+        # stager lease as soon as the first wave is staged. A lingering run is tested in test_staging_run.py.
         env=_clean_env(
-            DAGSTER_HOME=str(folder), KRISHIV_SPEC=str(folder / "krishiv.toml"), KRISHIV_STAGING_LINGER_S="5"
+            DAGSTER_HOME=str(folder), KRISHIV_SPEC=str(folder / "krishiv.toml"), KRISHIV_STAGING_LINGER_S="0"
         ),
         stdout=log,
         stderr=subprocess.STDOUT,

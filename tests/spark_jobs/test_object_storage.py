@@ -186,9 +186,9 @@ def test_warehouse_and_staged_files_on_s3_are_exactly_once(tmp_path, broker, spa
     orphan_key = f"warehouse/{spec.iceberg.namespace}/{STAGING_DIR}/{raw.table}/query=gone/batch=0/part-orphan.parquet"
     s3.client().put_object(Bucket=s3.bucket, Key=orphan_key, Body=b"left by a stager that died")
     orphan = f"s3://{s3.bucket}/{orphan_key}"
-    dry = clean_staging(spec, raw, grace_s=0, dry_run=True)
+    dry = clean_staging(spec, raw, grace_s=0, dry_run=True, force=True)
     assert [c.removed for c in dry] == [[orphan], []] and orphan in s3.objects()
-    cleaned = [c for p in pipelines for c in clean_staging(spec, p, grace_s=0)]
+    cleaned = [c for p in pipelines for c in clean_staging(spec, p, grace_s=0, force=True)]
     assert [path for c in cleaned for path in c.removed] == [orphan]
     # (pyarrow's S3 filesystem leaves an empty "folder/" marker where it deleted a folder's last object)
     left = {k for k in s3.objects(f"warehouse/{spec.iceberg.namespace}/{STAGING_DIR}/") if not k.endswith("/")}
