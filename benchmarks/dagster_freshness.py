@@ -35,7 +35,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -44,10 +43,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from benchmarks.freshness import RateProducer
+
 #: The repository root, whose dagster.yaml and workspace.yaml the instance runs.
 REPOSITORY = Path(__file__).resolve().parents[1]
 PIPELINE = "orders_per_second"
-REJECT_EVERY = 100
 POLL_S = 0.25
 #: The staging run's log line when its query has started (krishiv_assets.staging_run); a run without it counts
 #: from its start.
@@ -164,45 +164,6 @@ def _quantile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-class _Producer(threading.Thread):
-    """Orders at ``rate`` per second, event time = now; remembers when each malformed one was produced."""
-
-    def __init__(self, bootstrap: str, topic: str, partitions: int, rate: float) -> None:
-        super().__init__(name="bench-producer", daemon=True)
-        self.bootstrap, self.topic, self.partitions, self.rate = bootstrap, topic, partitions, rate
-        self.started = time.time()
-        self.rejects: dict[int, float] = {}  # seq -> when produced
-        self.stop = threading.Event()
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        from confluent_kafka import Producer
-
-        producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5})
-        seq = 0
-        try:
-            while not self.stop.is_set():
-                now = time.time()
-                for _ in range(int((now - self.started) * self.rate) - seq):
-                    bad = seq % REJECT_EVERY == REJECT_EVERY - 1
-                    order = {
-                        "order_id": f"bad-{seq}" if bad else f"o-{seq}",
-                        "customer_id": "c",
-                        "amount": "abc" if bad else "1.00",
-                        "event_time": int(now * 1000),
-                    }
-                    if bad:
-                        self.rejects[seq] = now
-                    producer.produce(self.topic, value=json.dumps(order).encode(), partition=seq % self.partitions)
-                    seq += 1
-                producer.poll(0)
-                time.sleep(0.005)
-        except BaseException as exc:  # reported by the caller; the thread must not die silently
-            self.error = exc
-        finally:
-            producer.flush(10)
-
-
 def write_instance(folder: Path, bootstrap: str, topic: str, partitions: int) -> Path:
     """The spec, the repository's workspace.yaml and its dagster.yaml (storage folders under ``folder``) in
     ``folder``; returns the spec file."""
@@ -283,7 +244,7 @@ def measure_dagster_freshness(
     measured: dict[int, float] = {}  # seq -> produced at, of the rejects measured
     with dagster_daemon(folder, spec_file, extra_env) as daemon:
         say(f"dagster-daemon started in {folder}; producing {rate:g} orders/s")
-        producer = _Producer(bootstrap, topic, partitions, rate)
+        producer = RateProducer(bootstrap, topic, partitions, rate)
         producer.start()
         try:
             deadline = time.time() + cold_timeout_s
@@ -326,7 +287,7 @@ def measure_dagster_freshness(
     return result
 
 
-def _check_alive(daemon: subprocess.Popen, producer: _Producer, deadline: float, what: str) -> None:
+def _check_alive(daemon: subprocess.Popen, producer: RateProducer, deadline: float, what: str) -> None:
     if producer.error is not None:
         raise producer.error
     if daemon.poll() is not None:

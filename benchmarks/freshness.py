@@ -23,6 +23,7 @@ Events produced during ``seconds`` are measured; the producer keeps going while 
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -75,10 +76,11 @@ class FreshnessResult:
         return {s: percentile(v, 0.5) for s, v in self.segments_s.items() if v}
 
 
-class _Producer(threading.Thread):
-    """Orders at ``rate`` per second, remembering when each measured one was produced."""
+class RateProducer(threading.Thread):
+    """Orders at ``rate`` per second, event time = now, one in :data:`REJECT_EVERY` malformed; remembers when each
+    one produced in the first ``measure_s`` seconds was produced (the Dagster freshness bench measures them all)."""
 
-    def __init__(self, bootstrap: str, topic: str, partitions: int, rate: float, measure_s: float) -> None:
+    def __init__(self, bootstrap: str, topic: str, partitions: int, rate: float, measure_s: float = math.inf) -> None:
         super().__init__(name="bench-producer", daemon=True)
         self.bootstrap, self.topic, self.partitions, self.rate = bootstrap, topic, partitions, rate
         self.started = time.time()
@@ -188,7 +190,7 @@ def measure_freshness(
     run.start()
     # Spark's start-up and the query's first batch (its Python workers start) are not what this measures.
     _warm_up(spec, partitions, run)
-    producer = _Producer(spec.kafka.bootstrap_servers, pipeline.topic, partitions, rate, seconds)
+    producer = RateProducer(spec.kafka.bootstrap_servers, pipeline.topic, partitions, rate, seconds)
     producer.start()
     windows_seen: dict[int, float] = {}
     rejects_seen: dict[int, tuple[float, int]] = {}  # seq -> (when seen, its batch)
@@ -295,7 +297,7 @@ def _snapshot_id(table) -> int | None:
     return snapshot.snapshot_id if snapshot else None
 
 
-def _measured_windows(producer: _Producer) -> dict[int, float]:
+def _measured_windows(producer: RateProducer) -> dict[int, float]:
     """Second -> when the event closing it was produced, for the windows closed while measuring."""
     opened = dict(producer.window_opened)
     return {
@@ -305,5 +307,5 @@ def _measured_windows(producer: _Producer) -> dict[int, float]:
     }
 
 
-def _all_seen(producer: _Producer, windows: dict[int, float], rejects: dict[int, Any]) -> bool:
+def _all_seen(producer: RateProducer, windows: dict[int, float], rejects: dict[int, Any]) -> bool:
     return all(s in windows for s in _measured_windows(producer)) and all(s in rejects for s in list(producer.rejects))
