@@ -24,6 +24,7 @@ from krishiv.operations import (
     STAGER_LEASE_TTL_ENV,
     CommitsStopped,
     RunInterrupted,
+    TablesRefused,
     commit_pipelines,
     open_existing_ledger,
     open_writable_ledger,
@@ -202,10 +203,18 @@ def cmd_commit(args: argparse.Namespace, spec: KrishivSpec) -> int:
     from krishiv.views import commit_table
 
     pipelines, ledger = _pipelines(spec, args.pipeline), open_existing_ledger(spec)
+    refused: TablesRefused | None = None
     with _metrics(spec, ledger, pipelines, args.metrics_port) as metrics:
-        reports = commit_pipelines(spec, pipelines, ledger=ledger)
+        try:  # without --pipeline, also the pending batches of pipelines removed from the spec
+            reports = commit_pipelines(spec, pipelines, ledger=ledger, removed_pipelines=args.pipeline is None)
+        except TablesRefused as exc:  # every other table was committed: shown, then each refusal in a line
+            refused, reports = exc, exc.reports
         metrics.record_commits(reports)
     _show(commit_table(spec, reports, wide=args.wide), args.wide)
+    if refused is not None:
+        for line in refused.lines():
+            _fail("commit", line)
+        return 1
     return 0
 
 
@@ -234,6 +243,7 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
                 broker_error = str(exc)
         merged = {qualified(spec, o.name) for o in output_tables(p) if o.operation.kind == MERGE}
         names = [qualified(spec, t) for t in p.all_tables]  # the first table's entries carry the batch counts
+        names += [t for t in ledger.pending_tables([p.name]) if t not in names]  # a route removed with batches pending
         s = pipeline_status(ledger, p.name, names[0], p.topic, latest, broker_error, other_tables=names[1:])
         console.print(f"[bold]{escape(p.name)}[/] ({p.kind}) reads {escape(p.topic)} into {len(names)} tables")
         console.print(f"  events: {s.records_read} read, {s.rejects} rejected, {s.late_events} dropped as late")
@@ -252,6 +262,15 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
         if broker_error and broker_error != broker_down:
             err_console.print(f"  [red]broker: {escape(broker_error)}[/]")
         _show(lag_table(s), args.wide)
+    if args.pipeline is None:  # a pipeline removed from the spec whose batches are still pending
+        known = {p.name for p in spec.pipelines}
+        for name in (n for n in ledger.pending_pipelines() if n not in known):
+            console.print(f"[bold]{escape(name)}[/] (no longer in the spec; `krishiv commit` commits what it staged)")
+            for table in ledger.pending_tables([name]):
+                t = ledger.table_summary(table, pipeline=name)
+                console.print(
+                    f"  {escape(table_name(spec, table, args.wide))}: {t.pending} pending, {t.committed} committed"
+                )
     if broker_down:
         _fail("status", f"{broker_down}; lag unknown")
         return 1

@@ -69,6 +69,23 @@ class CommitsStopped(KrishivError):
         self.failures = failures
 
 
+class TablesRefused(KrishivError):
+    """Some tables refused their commits (a staged file gone, the catalog refused, ...) while every other table was
+    committed: one line per refused table, naming it and the way out; their entries stay pending."""
+
+    def __init__(self, reports: list[TableCommitReport]) -> None:
+        self.reports = reports
+        self.refused = {r.table: r.refused for r in reports if r.refused}
+        super().__init__(
+            "; ".join(f"{table}: {why}" for table, why in self.refused.items())
+            + "; their batches stay pending: put that right, then run krishiv commit again"
+        )
+
+    def lines(self) -> list[str]:
+        """One line per refused table: the table, why, and that its batches stay pending."""
+        return [f"{table}: {why}; its batches stay pending" for table, why in self.refused.items()]
+
+
 #: How long a command waits for a ledger another process holds (seconds; default 30).
 LEDGER_LOCK_TIMEOUT_ENV = "KRISHIV_LEDGER_LOCK_TIMEOUT_S"
 
@@ -279,9 +296,9 @@ def _start_committer(
     from outbox.relay import CommitRelay
 
     relay = CommitRelay(ledger, lambda: load_catalog(spec), redact(spec.catalog_uri()), committed_by=RUN_COMMITTER)
-    committer = Committer(
-        relay, [qualified(spec, t) for p in pipelines for t in p.all_tables], on_report=on_commit, progress=say
-    )
+    tables = [qualified(spec, t) for p in pipelines for t in p.all_tables]
+    tables += [t for t in ledger.pending_tables([p.name for p in pipelines]) if t not in tables]  # a removed route's
+    committer = Committer(relay, tables, on_report=on_commit, progress=say)
     committer.start()
     return committer
 
@@ -399,8 +416,15 @@ def commit_pipelines(
     catalog: Catalog | None = None,
     ledger: Ledger | None = None,
     committed_by: str = "krishiv commit",
+    removed_pipelines: bool = False,
 ) -> list[TableCommitReport]:
     """Phase 2 for the pipelines' tables: promote their pending entries, in order; then keep the ledger small.
+
+    The tables are the pipelines' tables in the spec, then every other table the ledger holds PENDING entries of
+    the pipelines' batches for (a route or a table removed from the spec since: an entry is committed to the table
+    it was staged for, whatever the spec says now); with ``removed_pipelines``, also those of pipelines the spec no
+    longer has. A table that refuses stops only itself: every other table is still committed, and then
+    :class:`TablesRefused` names each refused table (its ``reports`` hold every table's report).
 
     ``catalog`` and ``ledger`` default to the spec's; the spec's catalog is loaded only if there is work.
     ``committed_by`` is recorded in the ledger with each commit (a Dagster run names itself).
@@ -413,8 +437,16 @@ def commit_pipelines(
         relay = CommitRelay(ledger, lambda: load_catalog(spec), redact(spec.catalog_uri()), committed_by)
     else:
         relay = CommitRelay(ledger, catalog, _catalog_address(catalog), committed_by)
-    reports = relay.run([qualified(spec, t) for p in pipelines for t in p.all_tables])
+    tables = [qualified(spec, t) for p in pipelines for t in p.all_tables]
+    names = [p.name for p in pipelines]
+    if removed_pipelines:
+        known = {p.name for p in spec.pipelines}
+        names += [n for n in ledger.pending_pipelines() if n not in known]
+    tables += [t for t in ledger.pending_tables(names) if t not in tables]
+    reports = relay.run(tables)
     ledger.compact_if_due()  # committed entries past the retention fold into per-query totals, hourly at most
+    if any(r.refused for r in reports):
+        raise TablesRefused(reports)
     return reports
 
 

@@ -235,19 +235,32 @@ def pipeline_assets(spec: KrishivSpec, pipeline: PipelineSpec) -> list[dg.Assets
         iceberg: IcebergCatalogResource,
         ledger: LedgerResource,
     ) -> Iterator[dg.MaterializeResult]:
-        from krishiv.operations import commit_pipelines
+        from krishiv.operations import TablesRefused, commit_pipelines
 
         names = {key: qualified(spec, name) for name, key in keys.tables.items()}
+        refused: TablesRefused | None = None
         try:
             catalog, book = iceberg.catalog(), ledger.ledger()
             by = f"{DAGSTER_COMMITTER} {context.run.run_id[:8]}"  # this run materializes what it commits
-            reports = commit_pipelines(spec, [pipeline], catalog=catalog, ledger=book, committed_by=by)
-            pending = book.pending_batches(list(names.values()))
+            try:
+                reports = commit_pipelines(spec, [pipeline], catalog=catalog, ledger=book, committed_by=by)
+            except TablesRefused as exc:  # every other table was committed: materialized below, then the run fails
+                refused, reports = exc, exc.reports
+            pending = book.pending_batches(list(names.values()), pipeline=pipeline.name)
         except KrishivError as exc:
             raise _failure(exc) from exc
         by_table = {r.table: r for r in reports}
+        for report in reports:  # a table the spec no longer names (a removed route): its staged batches still go in
+            if report.table not in names.values() and (report.committed or report.recovered):
+                context.log.info(
+                    f"{report.table} (no longer in the spec): committed batches {report.committed}, found "
+                    f"{report.recovered} already there"
+                )
         for key, name in names.items():
             report = by_table[name]
+            if report.refused:
+                context.log.error(f"{name}: {report.refused}; its batches stay pending")
+                continue
             table = catalog.load_table(name)
             current = table.current_snapshot()
             latencies = report.commit_latencies_ms
@@ -267,5 +280,7 @@ def pipeline_assets(spec: KrishivSpec, pipeline: PipelineSpec) -> list[dg.Assets
                     "committed_batches": dg.MetadataValue.json(report.committed),
                 },
             )
+        if refused is not None:
+            raise _failure(refused)
 
     return [topic, staged_batches, commit]

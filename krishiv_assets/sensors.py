@@ -1,7 +1,8 @@
 """The sensors that keep a pipeline's tables current without anyone clicking.
 
 - The **outbox sensor** is the safety net of phase 2 and the UI's view of it. When the ledger holds PENDING
-  entries of any of the pipeline's tables (``pipeline.all_tables``: a fan-out's routes too) beyond the cursor
+  entries of any of the pipeline's tables (``pipeline.all_tables``: a fan-out's routes too; and of the pipeline's
+  batches for a table the spec no longer names, such as a removed route) beyond the cursor
   (the highest batch id already requested, per query), it requests a commit run whose run key names the batch
   range, unless a commit run is still waiting to start (the relay commits everything pending when it starts,
   so that run takes them). A range whose run failed is requested again, with a new run key, once no commit
@@ -194,7 +195,7 @@ def outbox_sensor(
         cursor = SensorCursor.parse(context.cursor)
         try:
             book = ledger.ledger(SENSOR_LEDGER_TIMEOUT_S)
-            pending = book.pending_batches(tables)
+            pending = book.pending_batches(tables, pipeline=pipeline.name)  # a removed route's entries too
             lease = book.live_lease(pipeline.name) if pending else None
             commits = [] if cursor.commit_seq is None else book.commits_since(cursor.commit_seq, tables, REPORT_LIMIT)
             if not commits:

@@ -980,20 +980,42 @@ class Ledger:
         """The table's PENDING entries, whole, in commit order (only PENDING rows are read)."""
         return self.entries(table=table, status=PENDING)
 
-    def pending_batches(self, tables: Sequence[str] | None = None) -> list[PendingBatch]:
-        """The keys and ages of PENDING entries (of ``tables``, or all), in commit order, without their JSON."""
+    def pending_batches(self, tables: Sequence[str] | None = None, pipeline: str | None = None) -> list[PendingBatch]:
+        """The keys and ages of PENDING entries (of ``tables``, or all), in commit order, without their JSON. With
+        ``pipeline``, its batches' entries too, whatever table they name (a route since removed from the spec)."""
         clause, params = "", []
         if tables is not None:
-            if not tables:
+            names = f"table_name IN ({', '.join('?' * len(tables))})" if tables else "FALSE"
+            clause = f" AND ({names}{' OR pipeline = ?' if pipeline is not None else ''})"
+            params = [*tables, *([pipeline] if pipeline is not None else [])]
+            if not tables and pipeline is None:
                 return []
-            clause = f" AND table_name IN ({', '.join('?' * len(tables))})"
-            params = list(tables)
+        elif pipeline is not None:
+            clause, params = " AND pipeline = ?", [pipeline]
         rows = self._read(
             f"SELECT query_id, table_name, batch_id, created_at FROM outbox WHERE status = ?{clause} "
             f"ORDER BY {_COMMIT_ORDER}",
             [PENDING, *params],
         )
         return [PendingBatch(*r) for r in rows]
+
+    def pending_tables(self, pipelines: Sequence[str] | None = None) -> list[str]:
+        """The tables with PENDING entries (of ``pipelines``' batches, or of any), in name order: each entry names
+        the table it was staged for, whatever the spec says now (a route removed since still has its entries)."""
+        clause, params = "", []
+        if pipelines is not None:
+            if not pipelines:
+                return []
+            clause = f" AND pipeline IN ({', '.join('?' * len(pipelines))})"
+            params = list(pipelines)
+        rows = self._read(
+            f"SELECT DISTINCT table_name FROM outbox WHERE status = ?{clause} ORDER BY 1", [PENDING, *params]
+        )
+        return [r[0] for r in rows]
+
+    def pending_pipelines(self) -> list[str]:
+        """The pipelines with PENDING entries, in name order."""
+        return [r[0] for r in self._read("SELECT DISTINCT pipeline FROM outbox WHERE status = ? ORDER BY 1", [PENDING])]
 
     def commits_since(
         self, commit_seq: int, tables: Sequence[str] | None = None, limit: int = 50

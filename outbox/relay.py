@@ -56,10 +56,10 @@ from krishiv_core.catalog import (
     refusal_hint,
 )
 from krishiv_core.entries import MERGE, OffsetSkip, OutboxEntry
-from krishiv_core.errors import CatalogUnavailable, KrishivError
+from krishiv_core.errors import CatalogUnavailable, ConfigError, KrishivError
 from krishiv_core.faults import fault_point
 from outbox.data_files import data_file
-from outbox.errors import CommitConflict, CommittedBatchesMissing
+from outbox.errors import CommitConflict, CommittedBatchesMissing, LedgerBusyError, LedgerCorrupt, LedgerSchemaError
 from outbox.ledger import Ledger
 from outbox.merge import merge_commit
 from outbox.snapshot_producer import fast_append
@@ -81,6 +81,17 @@ RETRY_BACKOFF_START_S = 0.05
 RETRY_BACKOFF_MAX_S = 2.0
 CATALOG_RELOAD_BUDGET_S = 20.0
 
+#: Failures every table would meet alike (the catalog or the ledger is away or is not what it should be, a setting
+#: is wrong): a commit run stops on them. Any other Krishiv error is certain and stops only the table it came from.
+RUN_STOPS: tuple[type[Exception], ...] = (
+    CatalogUnavailable,
+    ConfigError,
+    LedgerBusyError,
+    LedgerCorrupt,
+    LedgerSchemaError,
+)
+TABLE_STOPS: tuple[type[Exception], ...] = (KrishivError,)
+
 #: The identity of a committed batch in the table: the snapshot that recorded it, None if expired.
 _EXPIRED = -1
 
@@ -94,6 +105,8 @@ class TableCommitReport:
     snapshot_ids: list[int] = field(default_factory=list)
     commit_latencies_ms: list[float] = field(default_factory=list)
     records: int = 0
+    #: Why the table's commits stopped in this run (one line naming the table and the way out), None if they did not.
+    refused: str | None = None
 
 
 def snapshot_summary(entry: OutboxEntry, skipped: list[OffsetSkip] = ()) -> dict[str, str]:  # type: ignore[assignment]
@@ -197,6 +210,11 @@ def commit_entry(table: Table, entry: OutboxEntry, summary: Mapping[str, str], p
     )
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def _backoff(attempt: int) -> float:
     return min(RETRY_BACKOFF_START_S * (2**attempt), RETRY_BACKOFF_MAX_S) * random.uniform(0.5, 1.0)
 
@@ -224,10 +242,30 @@ class CommitRelay:
         return self._catalog  # type: ignore[return-value]
 
     def run(self, tables: list[str] | None = None) -> list[TableCommitReport]:
-        return [self.commit_table(t) for t in (tables if tables is not None else self.ledger.tables())]
+        """Commit each table's pending entries (``tables``, or every table of the ledger), one table after the other.
 
-    def commit_table(self, table_name: str) -> TableCommitReport:
-        report = TableCommitReport(table_name)
+        A table that refuses (:data:`TABLE_STOPS`: the catalog refused it, a staged file is gone, the table lost the
+        query's batches, a merge is refused, writers kept winning) stops that table only: its report's ``refused``
+        says why, its entries stay pending, and the other tables are still committed. An outage of the catalog or
+        the ledger, which no other table would escape, is raised at once.
+        """
+        reports = []
+        for name in dict.fromkeys(tables if tables is not None else self.ledger.tables()):
+            report = TableCommitReport(name)
+            try:
+                self.commit_table(name, report)
+            except RUN_STOPS:
+                raise
+            except TABLE_STOPS as exc:
+                report.refused = _first_line(exc)
+                log.warning("commits of %s stopped: %s", name, report.refused)
+            reports.append(report)
+        return reports
+
+    def commit_table(self, table_name: str, report: TableCommitReport | None = None) -> TableCommitReport:
+        """Commit ``table_name``'s pending entries in order into ``report`` (a new one by default); the first that
+        cannot be committed raises, leaving it and those after it pending."""
+        report = report if report is not None else TableCommitReport(table_name)
         pending = self.ledger.pending(table_name)
         if not pending:
             return report
