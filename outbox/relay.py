@@ -11,7 +11,9 @@ For each pending entry of a table, oldest first:
    Found: mark COMMITTED and move on. Nothing is committed twice.
 3. Fail closed: if the table shows no trace of the query at all while the ledger holds COMMITTED batches
    of it with rows (the table was dropped and re-created, or restored from an older copy), stop with
-   :class:`CommittedBatchesMissing` instead of appending.
+   :class:`CommittedBatchesMissing` instead of appending. The table is reloaded before refusing: another
+   committer may have committed (and marked) the first batches after this one loaded a fresh table; then the
+   reloaded table shows them, and step 2 runs again on it.
 4. Check every staged file still exists; a missing one stops the relay (committing would lose rows).
 5. Commit one snapshot (:func:`commit_entry`, the one place the entry's operation is turned into a commit): a
    fast append that registers the staged files in place with their partition values, or a merge that
@@ -278,6 +280,7 @@ class CommitRelay:
                 continue
             if table is None:
                 table = self._load(table_name)
+                fault_point("relay.table_loaded", entry.batch_id)
             table = self._commit_entry(table, entry, report)
         return report
 
@@ -333,7 +336,10 @@ class CommitRelay:
                 self.ledger.mark_committed(entry, None if found == _EXPIRED else found, self.committed_by)
                 report.recovered.append(entry.batch_id)
                 return table
-            self._fail_closed(table, entry)
+            fresh = self._fail_closed(table, entry)
+            if fresh is not None:  # another committer got there after this one loaded the table: check again
+                table = fresh
+                continue
             started = time.perf_counter()
             try:
                 fault_point("relay.before_catalog_commit", entry.batch_id)
@@ -403,14 +409,23 @@ class CommitRelay:
             if s.applied_batch_id is not None and previous < s.applied_batch_id <= entry.batch_id
         ]
 
-    def _fail_closed(self, table: Table, entry: OutboxEntry) -> None:
+    def _fail_closed(self, table: Table, entry: OutboxEntry) -> Table | None:
         """Refuse to append a batch of a query the table has no trace of while the ledger says some of its
-        batches are in it: appending would duplicate them (or build on a table that lost them)."""
+        batches are in it: appending would duplicate them (or build on a table that lost them).
+
+        ``table`` may be older than the ledger read: another committer (``krishiv commit`` beside a running
+        committer, a Dagster commit run) may have committed and marked the query's first batches after this one
+        loaded it. So the table is reloaded first; if the fresh table shows the query, it is returned for the
+        caller to look for the batch again. Only a fresh table with no trace is refused."""
         if shows_query(table, entry.query_id):
-            return
+            return None
         committed = self.ledger.last_committed_batch(entry.query_id, entry.table)
-        if committed is not None:
-            raise CommittedBatchesMissing(
+        if committed is None:
+            return None
+        fresh = self._load(entry.table)
+        if shows_query(fresh, entry.query_id):
+            return fresh
+        raise CommittedBatchesMissing(
                 f"{entry.table} shows no trace of query {entry.query_id} (no krishiv.high-water property, no "
                 f"snapshot), but ledger {self.ledger.path} holds its batches up to {committed} as COMMITTED; the "
                 "table was dropped, re-created or restored from an older copy. Refusing to append batch "

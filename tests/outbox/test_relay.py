@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -11,10 +13,12 @@ import pytest
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
 
+import krishiv_core.faults
 from krishiv.verify import check_ledger_agreement
 from krishiv_core.catalog import ensure_table, load_catalog
 from krishiv_core.entries import COMMITTED, PENDING, OutboxEntry, new_snapshot_id
 from krishiv_core.errors import CatalogUnavailable
+from krishiv_core.faults import FAULTS_ENV, FAULTS_SYNC_ENV
 from krishiv_core.spec import PipelineSpec, load_spec
 from krishiv_core.tables import aggregate_table_schema
 from outbox.errors import CommittedBatchesMissing, StagedFileMissing
@@ -184,3 +188,48 @@ def test_unreachable_catalog_names_the_address_and_keeps_work_pending(
     # When the catalog is back, the same entry completes.
     assert CommitRelay(ledger, catalog).commit_table(TABLE).committed == [0]
     assert catalog.load_table(TABLE).current_snapshot().snapshot_id == entry.intended_snapshot_id
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_committer_that_loaded_a_fresh_table_before_another_committed_is_not_refused(
+    tmp_path: Path, ledger: Ledger, backend: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two committers on a fresh table: the first loads it (no snapshot yet) and is held there by a fault point; the
+    second commits and marks both batches. The first then sees COMMITTED batches in the ledger and a table with no
+    trace of them, which is what fail-closed guards against, but its table is only stale: it reloads and finds them."""
+    uri = f"sqlite:///{tmp_path}/catalog.db" if backend == "sqlite" else request.getfixturevalue("postgres_uri")
+
+    def open_catalog() -> Catalog:
+        return SqlCatalog("t", uri=uri, warehouse=tmp_path.as_uri())
+
+    for b in range(2):
+        stage(open_catalog(), ledger, b, b)
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    monkeypatch.setenv(FAULTS_ENV, "relay.table_loaded@0:pause")
+    monkeypatch.setenv(FAULTS_SYNC_ENV, str(sync))
+    monkeypatch.setattr(krishiv_core.faults, "_fired", set())
+    outcome: dict[str, object] = {}
+
+    def first() -> None:
+        try:
+            relay = CommitRelay(Ledger(ledger.path), open_catalog(), committed_by="first")
+            outcome["report"] = relay.commit_table(TABLE)
+        except BaseException as exc:  # reported by the test
+            outcome["error"] = exc
+
+    racer = threading.Thread(target=first, daemon=True)
+    racer.start()
+    deadline = time.monotonic() + 30
+    while not (sync / "relay.table_loaded@0.reached").exists():
+        assert time.monotonic() < deadline and racer.is_alive(), "the first committer never loaded the table"
+        time.sleep(0.02)
+    assert CommitRelay(ledger, open_catalog(), committed_by="second").commit_table(TABLE).committed == [0, 1]
+    (sync / "relay.table_loaded@0.go").touch()
+    racer.join(30)
+    assert not racer.is_alive() and "error" not in outcome, outcome.get("error")
+    report = outcome["report"]
+    assert isinstance(report, TableCommitReport) and (report.committed, report.recovered) == ([], [0, 1])
+    snapshots = open_catalog().load_table(TABLE).snapshots()
+    assert [s.summary["krishiv.batch-id"] for s in snapshots] == ["0", "1"], "each batch once"
+    assert [c.committed_by for c in ledger.commits_since(-1, [TABLE])] == ["second", "second"]
