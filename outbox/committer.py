@@ -13,6 +13,10 @@ stager): it sleeps until woken, or for ``idle_s`` at most (so entries an earlier
 a conflict is retried). Its catalog is its own (the relay is built with a factory): a REST catalog's HTTP session
 is not safe to share with the query's thread.
 
+Like every commit run, it keeps the ledger small: at most every :data:`COMPACTION_CHECK_S` it calls the ledger's
+:meth:`~outbox.ledger.Ledger.compact_if_due` (one read when not due; hourly, committed entries past the retention
+fold into per-query totals), so a long continuous run's ledger does not grow for want of a ``krishiv commit``.
+
 What goes wrong never stops the query, which keeps staging (entries stay pending, and the safety net commits
 them later):
 
@@ -42,6 +46,7 @@ from outbox.errors import (
     MergeRefused,
     StagedFileMissing,
 )
+from outbox.ledger import DEFAULT_RETENTION_S, CompactionReport
 from outbox.relay import CommitRelay, TableCommitReport
 
 log = logging.getLogger(__name__)
@@ -53,6 +58,9 @@ BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 30.0
 #: How long :meth:`Committer.stop` lets the final pass run (seconds).
 FINAL_PASS_S = 10.0
+
+#: How often the committer asks the ledger whether its hourly compaction is due (seconds).
+COMPACTION_CHECK_S = 60.0
 
 #: Failures that asking again cannot change: the table is not committed to again by this process.
 REFUSALS: tuple[type[Exception], ...] = (CatalogRefused, CommittedBatchesMissing, StagedFileMissing, MergeRefused)
@@ -84,6 +92,7 @@ class Committer:
         on_report: ReportSink | None = None,
         progress: LineSink | None = None,
         idle_s: float = IDLE_S,
+        ledger_retention_s: float = DEFAULT_RETENTION_S,
     ) -> None:
         self.relay = relay
         self.tables = list(dict.fromkeys(tables))
@@ -102,6 +111,10 @@ class Committer:
         self._backoff_s = 0.0
         self._retry_at = 0.0  # monotonic time before which the catalog is not tried again
         self._outage: str | None = None  # what the current outage is, once reported
+        self.ledger_retention_s = ledger_retention_s
+        self._compaction_check_at = 0.0  # monotonic time of the next look at whether the ledger's compaction is due
+        #: What the ledger compactions this committer ran folded, oldest first.
+        self.compactions: list[CompactionReport] = []
 
     # ------------------------------------------------------------------------------------ control
 
@@ -184,6 +197,21 @@ class Committer:
             if not self._commit(table):
                 return  # the catalog or the ledger is away: every table waits for the back-off
         self._resumed()
+        self._compact_ledger()
+
+    def _compact_ledger(self) -> None:
+        """The ledger's compaction, when due (hourly), asked at most every :data:`COMPACTION_CHECK_S`. A busy
+        ledger is only logged: the next check tries again."""
+        if time.monotonic() < self._compaction_check_at:
+            return
+        self._compaction_check_at = time.monotonic() + COMPACTION_CHECK_S
+        try:
+            report = self.relay.ledger.compact_if_due(self.ledger_retention_s)
+        except LedgerBusyError as exc:
+            log.info("ledger compaction put off: %s", _first_line(exc))
+            return
+        if report is not None:
+            self.compactions.append(report)
 
     def _commit(self, table: str) -> bool:
         """Commit ``table``'s pending entries; False if the catalog or the ledger did not answer."""

@@ -426,8 +426,8 @@ class CommitRelay:
         if shows_query(fresh, entry.query_id):
             return fresh
         raise CommittedBatchesMissing(
-                f"{entry.table} shows no trace of query {entry.query_id} (no krishiv.high-water property, no "
-                f"snapshot), but ledger {self.ledger.path} holds its batches up to {committed} as COMMITTED; the "
-                "table was dropped, re-created or restored from an older copy. Refusing to append batch "
-                f"{entry.batch_id}; restore the table, or stage the pipeline into a new table"
-            )
+            f"{entry.table} shows no trace of query {entry.query_id} (no krishiv.high-water property, no "
+            f"snapshot), but ledger {self.ledger.path} holds its batches up to {committed} as COMMITTED; the "
+            "table was dropped, re-created or restored from an older copy. Refusing to append batch "
+            f"{entry.batch_id}; restore the table, or stage the pipeline into a new table"
+        )

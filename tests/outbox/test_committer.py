@@ -289,3 +289,26 @@ def test_krishiv_commit_racing_the_committer_commits_no_batch_twice(
     mine = [b for r in committer.reports for b in r.committed]
     assert sorted(mine + rival_committed) == list(range(8)), "each batch committed by exactly one of the two"
     assert catalog.load_table(TABLE).scan().to_arrow().num_rows == 8
+
+
+def test_the_committer_compacts_the_ledger_on_its_schedule(tmp_path: Path, ledger: Ledger) -> None:
+    """A long continuous run never calls krishiv commit: its committer folds committed entries past the retention
+    into the archive itself, once due (and not again before the hourly schedule says so)."""
+    catalog = sqlite_catalog(tmp_path)
+    for b in range(4):
+        stage(catalog, ledger, b, b)
+    committer = Committer(CommitRelay(ledger, lambda: sqlite_catalog(tmp_path)), [TABLE], ledger_retention_s=0.0)
+    committer.start()
+    try:
+        wait_for(lambda: bool(committer.compactions), "the ledger's compaction")
+        stage(catalog, ledger, 4, 4)
+        committer.wake()
+        wait_for(lambda: ledger.table_summary(TABLE).committed == 5, "the next batch")
+    finally:
+        committer.stop()
+    assert len(committer.compactions) == 1, "hourly at most"
+    assert committer.compactions[0].entries_archived == 3, "the newest entry of the query stays"
+    summary = ledger.table_summary(TABLE)
+    assert (summary.committed, summary.archived) == (5, 3), "archived entries still count"
+    assert [e.batch_id for e in ledger.entries(TABLE)] == [3, 4]
+    assert batches_in(catalog, TABLE) == [0, 1, 2, 3, 4]
