@@ -78,7 +78,7 @@ def maintain_pipelines(
     catalog = load_catalog(spec) if catalog is None else catalog
     run_id = run_id or uuid.uuid4().hex
     results = []
-    for name in [qualified(spec, t) for p in pipelines for t in p.all_tables]:
+    for pipeline, name in [(p.name, qualified(spec, t)) for p in pipelines for t in p.all_tables]:
         result = TableMaintenance(name, dry_run=dry_run)
         results.append(result)
         try:
@@ -88,11 +88,11 @@ def maintain_pipelines(
             continue
         steps = dict(expire=expire, compact=compact, orphans=orphans)
         if dry_run:
-            _maintain(catalog, ledger, result, settings, steps, dry_run=True, force=force, run_id=run_id)
+            _maintain(catalog, ledger, pipeline, result, settings, steps, dry_run=True, force=force, run_id=run_id)
             continue
         try:
             with stager_lease(ledger, maintenance_lease_name(name), holder):
-                _maintain(catalog, ledger, result, settings, steps, dry_run=False, force=force, run_id=run_id)
+                _maintain(catalog, ledger, pipeline, result, settings, steps, dry_run=False, force=force, run_id=run_id)
         except StagerBusy as exc:
             result.skipped = f"another maintenance run holds it ({exc})"
     return results
@@ -101,6 +101,7 @@ def maintain_pipelines(
 def _maintain(
     catalog: Catalog,
     ledger: Ledger,
+    pipeline: str,
     result: TableMaintenance,
     settings: MaintenanceSettings,
     steps: dict[str, bool],
@@ -111,7 +112,7 @@ def _maintain(
 ) -> None:
     from outbox.compaction import compact_table
     from outbox.expiry import expire_snapshots
-    from outbox.orphans import remove_orphans
+    from outbox.orphans import in_flight_files, remove_orphans
 
     name = result.table
 
@@ -137,6 +138,7 @@ def _maintain(
             grace_s=settings.orphan_grace_ms / 1000,
             dry_run=dry_run,
             force=force,
+            in_flight=lambda: in_flight_files(ledger, pipeline, name),  # a live stager's batch in progress stays
         )
 
 

@@ -11,7 +11,9 @@ standard orphan-file removal does not look. Two things can still go wrong with t
 - a stager that died between writing its files and recording them leaves files nothing refers to.
   ``krishiv clean-staging`` deletes staged files that neither a PENDING ledger entry nor any retained snapshot
   of the table refers to, and that are older than a grace period (a stager may be about to record them): the
-  orphan removal of ``outbox.orphans``, limited to the staging folders.
+  orphan removal of ``outbox.orphans``, limited to the staging folders. While the pipeline's stager holds its
+  lease, the files of the batches it may still be writing are kept, however old
+  (:func:`outbox.orphans.in_flight_files`).
 """
 
 from __future__ import annotations
@@ -105,7 +107,7 @@ def clean_staging(
     (``krishiv remove-orphans`` does the table locations too)."""
     from krishiv.operations import open_ledger
     from krishiv_core.catalog import load_catalog, qualified
-    from outbox.orphans import remove_orphans, staging_root
+    from outbox.orphans import in_flight_files, remove_orphans, staging_root
 
     catalog, ledger = load_catalog(spec), open_ledger(spec)
     results = []
@@ -122,6 +124,7 @@ def clean_staging(
             roots=[root],
             dry_run=dry_run,
             force=force,
+            in_flight=lambda t=table_name: in_flight_files(ledger, pipeline.name, t),
         )
         results.append(Cleaned(table_name, report.referenced, report.young, report.removed, report.removed_bytes))
     return results

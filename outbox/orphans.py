@@ -18,6 +18,9 @@ what makes it safe beside a running stager, relay and compaction:
    and for every retained snapshot its manifest list, manifests and their live data and delete files (a file a
    snapshot deleted is live in its parent's manifests, if the parent is retained).
 
+Between 2 and 3, the pipeline's stager lease is read too (:func:`in_flight_files`): while a stager holds it, the
+staging files of the batches it may still be writing are kept, however old (a batch can outlast the grace period).
+
 A file listed in 1 that a commit references by 3 is kept. A PENDING entry read in 2 is kept; an entry committed
 after 2 was committed to the table before 3 (the relay commits the table before it marks the ledger), so its
 files are in 3. A file written but not yet recorded anywhere (a stager between its files and its ledger write, a
@@ -29,6 +32,7 @@ only a forced run goes below.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -40,6 +44,7 @@ from krishiv_core.errors import KrishivError
 from krishiv_core.faults import fault_point
 from krishiv_core.spec import MIN_ORPHAN_GRACE_MS
 from krishiv_core.staging_paths import staging_root_of
+from outbox.ledger import Ledger
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +69,7 @@ class OrphanReport:
     listed: int = 0
     referenced: int = 0  # listed files the table or a PENDING entry refers to
     young: int = 0  # unreferenced, but within the grace period
+    in_flight: int = 0  # of ``referenced``, the files of batches a live stager may still be writing
     removed: list[str] = field(default_factory=list)  # (dry run: that would be removed)
     removed_bytes: int = 0
     dry_run: bool = False
@@ -118,6 +124,52 @@ def referenced_files(table: Table) -> set[str]:
     return paths
 
 
+#: How far a file's modification time (the storage's clock) may be before the lease's acquisition (the stager's
+#: clock) and still be taken for one the stager wrote: the clocks of two machines differ.
+CLOCK_SKEW_S = 600.0
+
+_BATCH_FOLDER = re.compile(r"/query=([^/]+)/batch=(\d+)/")
+
+#: Whether a listed file belongs to a batch a live stager may still be writing.
+InFlight = Callable[[ListedFile], bool]
+
+
+def _nothing_in_flight(_file: ListedFile) -> bool:
+    return False
+
+
+def in_flight_files(ledger: Ledger, pipeline: str, table_name: str) -> InFlight:
+    """Which staged files of ``table_name`` a live stager of ``pipeline`` may still be writing (read from the
+    ledger now: call it after listing, as the PENDING entries are read).
+
+    A file is kept as in flight when the pipeline's stager lease is live, the file was written after the lease was
+    taken (by its modification time, less :data:`CLOCK_SKEW_S`), and its batch folder (``query=<q>/batch=<n>``)
+    is past the last batch of query ``q`` committed to the table (every batch of a query if none is), or it is in
+    no batch folder. Files older than the lease (a stager killed before this one started) and files of batches
+    already committed (rewritten by a compaction, their snapshots expired) are orphans like any other, so a
+    long-running stager's old leftovers still go; no lease, nothing is in flight.
+    """
+    lease = ledger.live_lease(pipeline)
+    if lease is None:
+        return _nothing_in_flight
+    since_s = lease.acquired_at.timestamp() - CLOCK_SKEW_S
+    committed: dict[str, int | None] = {}
+
+    def in_flight(f: ListedFile) -> bool:
+        if f.mtime_s < since_s:
+            return False
+        found = _BATCH_FOLDER.search(f.path)
+        if found is None:
+            return True
+        query, batch = found.group(1), int(found.group(2))
+        if query not in committed:
+            committed[query] = ledger.last_committed_batch(query, table_name)
+        last = committed[query]
+        return last is None or batch > last
+
+    return in_flight
+
+
 def _same_file_keys(path: str) -> set[str]:
     """``file:///x`` and ``/x`` name the same local file: compare both spellings."""
     keys = {path}
@@ -146,12 +198,15 @@ def remove_orphans(
     dry_run: bool = False,
     force: bool = False,
     now_s: float | None = None,
+    in_flight: Callable[[], InFlight] | None = None,
 ) -> OrphanReport:
     """Remove the files below ``roots`` (default: the table's location and its staging folder) that neither the
     table nor a PENDING entry (``pending_paths``, read after listing) refers to and that are older than ``grace_s``.
 
-    ``load`` (re)loads the table; it is called once to find the roots and once more after listing. ``dry_run``
-    lists what would go. A grace below the floor raises :class:`GraceTooShort` unless ``force``.
+    ``load`` (re)loads the table; it is called once to find the roots and once more after listing. ``in_flight``
+    (read after listing, with the PENDING entries; see :func:`in_flight_files`) says which files a live stager may
+    still be writing: kept, counted as referenced. ``dry_run`` lists what would go. A grace below the floor raises
+    :class:`GraceTooShort` unless ``force``.
     """
     check_grace(grace_s, force=force)
     table = load()
@@ -159,6 +214,7 @@ def remove_orphans(
         roots = [r for r in (table.location(), staging_root(table)) if r is not None]
     listing = [f for root in dict.fromkeys(r.rstrip("/") for r in roots) for f in list_files(table.io, root)]
     keep = {key for p in pending_paths() for key in _same_file_keys(p)}
+    writing = in_flight() if in_flight is not None else _nothing_in_flight
     table = load()  # after the listing and the ledger: a file committed meanwhile is referenced here
     keep |= {key for p in referenced_files(table) for key in _same_file_keys(p)}
     now = time.time() if now_s is None else now_s
@@ -166,6 +222,9 @@ def remove_orphans(
     for f in listing:
         if _same_file_keys(f.path) & keep or f.path.endswith(VERSION_HINT):
             report.referenced += 1
+        elif writing(f):
+            report.referenced += 1
+            report.in_flight += 1
         elif now - f.mtime_s < grace_s:
             report.young += 1
         else:

@@ -7,16 +7,18 @@ import os
 import time
 from pathlib import Path
 
+import duckdb
 import pytest
 from pyiceberg.catalog import Catalog
 
 from krishiv_core.entries import PENDING
+from krishiv_core.spec import load_spec
 from outbox.expiry import expire_snapshots
 from outbox.ledger import Ledger
-from outbox.orphans import GraceTooShort, referenced_files, remove_orphans, staging_root
+from outbox.orphans import GraceTooShort, in_flight_files, referenced_files, remove_orphans, staging_root
 from outbox.relay import CommitRelay
 from spark_jobs import staging
-from tests.outbox.test_relay import TABLE, stage
+from tests.outbox.test_relay import ROOT, TABLE, stage
 
 DAY_S = 86_400.0
 
@@ -97,3 +99,52 @@ def test_a_grace_below_the_floor_is_refused_unless_forced(catalog: Catalog, ledg
     assert stray.exists()
     report = run(force=True)
     assert [local(p) for p in report.removed] == [stray] and not stray.exists(), "batch 0 is PENDING: kept"
+
+
+def test_a_live_stagers_batch_in_progress_is_kept_however_old(catalog: Catalog, ledger: Ledger) -> None:
+    """A stager that took its lease three hours ago writes a batch that has taken two hours so far: its files are
+    older than the one-hour grace, yet kept while the lease is live. Its old leftovers still go: a file of a batch
+    already committed, and one a stager killed before this one started left behind. Once the lease is released
+    (the stager stopped without recording the batch), the batch's files are orphans too."""
+    stage(catalog, ledger, 0, 0)
+    stage(catalog, ledger, 1, 1)
+    assert CommitRelay(ledger, catalog).commit_table(TABLE).committed == [0, 1]
+    pipeline = load_spec(ROOT / "krishiv.toml", env={}).pipeline().name
+    lease = ledger.acquire_lease(pipeline, "krishiv run", ttl_s=600)
+    with duckdb.connect(str(ledger.path)) as con:  # the stager started three hours ago
+        con.execute("UPDATE stager_lease SET acquired_at = acquired_at - INTERVAL 3 HOUR")
+    root = local(staging_root(catalog.load_table(TABLE)))
+    now = time.time()
+
+    def write(relative: str, age_s: float) -> Path:
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"rows")
+        os.utime(path, (now - age_s, now - age_s))
+        return path
+
+    writing = [write("query=q1/batch=000000000002/part-a.parquet", 2 * 3600)]
+    writing.append(write("query=q2/batch=000000000000/day=2026-01-01/part-b.parquet", 2 * 3600))  # a new query
+    leftovers = [
+        write("query=q1/batch=000000000001/part-replayed.parquet", 2 * 3600),  # batch 1 is committed
+        write("query=dead/batch=000000000007/part-c.parquet", 5 * 3600),  # before this stager's lease
+    ]
+
+    def run():
+        return remove_orphans(
+            lambda: catalog.load_table(TABLE),
+            lambda: [f.path for e in ledger.pending(TABLE) for f in e.files],
+            grace_s=3600,
+            roots=[str(root)],
+            in_flight=lambda: in_flight_files(ledger, pipeline, TABLE),
+        )
+
+    report = run()
+    assert sorted(local(p) for p in report.removed) == sorted(leftovers)
+    assert all(p.exists() for p in writing) and report.in_flight == 2
+    assert CommitRelay(ledger, catalog).commit_table(TABLE).committed == [], "the committed batches still read"
+
+    ledger.release_lease(lease)
+    report = run()
+    assert sorted(local(p) for p in report.removed) == sorted(writing) and report.in_flight == 0
+    assert catalog.load_table(TABLE).scan().to_arrow().num_rows == 2
