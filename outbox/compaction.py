@@ -17,7 +17,10 @@ them: scans open every file and every commit reads every manifest. :func:`compac
    (``krishiv.maintenance=compaction``, the files and bytes rewritten, the run id) and never a batch, a query
    or a high-water batch id; no table property is set, so the relay's high-water marks stay as they are.
 
-A compaction never changes what the table holds: added rows equal deleted rows, per bin and in the summary.
+A compaction never changes what the table holds: added rows equal deleted rows, per bin and in the summary. A
+table with delete files (another engine's merge-on-read deletes; Krishiv writes none) is not compacted: a rewrite
+would drop their hold on the rows they delete. That is checked on the plan's head and again on every head the
+commit is rebased on; either way one line in the report's ``skipped`` says so and nothing is committed.
 
 Concurrency with the relay (which commits about every second in continuous mode): if the head moved between
 plan and commit, the table is reloaded. A bin whose files are all still live is committed on the new head as
@@ -228,7 +231,9 @@ def plan_bins(
         skipped.append("the table has no snapshot")
         return []
     if _has_delete_files(table):
-        # A rewrite would drop the delete files' hold on the rows they delete (Krishiv never writes any).
+        # A rewrite would drop the delete files' hold on the rows they delete (Krishiv never writes any): a position
+        # delete names the old file, an equality delete applies only to files older than itself. Checked again on
+        # every rebase (_still_live), for delete files another writer adds meanwhile.
         skipped.append("the table has delete files (merge-on-read); compaction rewrites copy-on-write tables only")
         return []
     current_spec = table.spec().spec_id
@@ -460,9 +465,17 @@ def _landed(table: Table, snapshot_id: int) -> bool:
 def _still_live(
     table: Table, rewrites: list[_Rewrite], report: CompactionReport, entries: ManifestEntries
 ) -> list[_Rewrite]:
-    """The rewrites whose files are all live at the new head; the others' written files are deleted."""
+    """The rewrites whose files are all live at the new head; the others' written files are deleted. None if the
+    new head has delete files (another writer's merge-on-read delete landed meanwhile)."""
     if table.spec().spec_id != rewrites[0].bin.spec_id:
         report.skipped.append("the partition spec changed during the compaction; nothing was committed")
+        _remove(table, [f for r in rewrites for f in r.written])
+        return []
+    if _has_delete_files(table):
+        report.skipped.append(
+            "another writer added delete files (merge-on-read) while the compaction ran; nothing was committed: "
+            "rewriting the files they apply to would bring their deleted rows back"
+        )
         _remove(table, [f for r in rewrites for f in r.written])
         return []
     live = {f.file_path for f in live_data_files(table, entries)}

@@ -6,6 +6,7 @@ leaves no file."""
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +18,18 @@ from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io.pyarrow import schema_to_pyarrow
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestContent, ManifestWriterV2
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
+from pyiceberg.table.update.snapshot import _FastAppendFiles
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType
 from rich.console import Console
 
 from krishiv.lineage import lineage
+from krishiv.maintenance import TableMaintenance, describe
 from krishiv.verify import check_ledger_agreement, check_lineage, duplicate_rows, duplicate_sources
 from krishiv.views import lineage_table
 from krishiv_core import faults
@@ -351,3 +355,80 @@ def test_a_wrong_setting_is_one_line_naming_it(sqlite: Catalog, ledger: Ledger):
         compact_table(table, target_file_size=MB, min_files=1)
     report = compact_table(table, target_file_size=MB, min_files=2)
     assert (report.snapshot_id, report.skipped) == (None, ["the table has no snapshot"])
+
+
+# ------------------------------------------------------------------------------------------ foreign delete files
+
+
+class _DeleteManifestWriter(ManifestWriterV2):
+    """A manifest of delete files (pyiceberg 0.12 writes data manifests only)."""
+
+    def content(self) -> ManifestContent:
+        return ManifestContent.DELETES
+
+    @property
+    def _meta(self) -> dict[str, str]:
+        return {**super()._meta, "content": "deletes"}
+
+
+class _AddDeleteFiles(_FastAppendFiles):
+    """Another engine's row delta: it adds delete files, in a delete manifest, and keeps every manifest."""
+
+    def new_manifest_writer(self, spec: PartitionSpec) -> _DeleteManifestWriter:
+        return _DeleteManifestWriter(
+            spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression
+        )
+
+
+def delete_rows_merge_on_read(table: Table, data_file: DataFile, positions: list[int]) -> None:
+    """Another writer deletes rows ``positions`` of ``data_file`` with a position delete file (merge-on-read, as
+    Spark or Flink do with ``write.delete.mode=merge-on-read``; pyiceberg 0.12 itself deletes copy-on-write only)."""
+    path = f"{table.location()}/data/delete-{uuid.uuid4().hex}.parquet"
+    with table.io.new_output(path).create() as out:
+        pq.write_table(pa.table({"file_path": [data_file.file_path] * len(positions), "pos": positions}), out)
+    delete = DataFile.from_args(
+        content=DataFileContent.POSITION_DELETES,
+        file_path=path,
+        file_format=FileFormat.PARQUET,
+        partition=data_file.partition,
+        record_count=len(positions),
+        file_size_in_bytes=len(table.io.new_input(path)),
+    )
+    delete.spec_id = data_file.spec_id
+    with table.transaction() as tx:
+        producer = _AddDeleteFiles(operation=Operation.DELETE, transaction=tx, io=table.io)
+        producer.append_data_file(delete)
+        producer.commit()
+
+
+def test_rows_another_writer_deleted_with_a_delete_file_stay_deleted(sqlite: Catalog, ledger: Ledger):
+    """A compaction rewriting data files would drop the delete files' hold on their rows: a table with delete files
+    is left as it is (one line why), whether they were there at planning or arrived before the commit."""
+    for b in range(6):
+        stage(sqlite, ledger, b, b)
+    CommitRelay(ledger, sqlite).commit_table(TABLE)
+    stale = sqlite.load_table(TABLE)  # a compaction plans on this head, then another writer deletes a row
+    victim = live_data_files(stale)[2]
+    delete_rows_merge_on_read(sqlite.load_table(TABLE), victim, [0])
+    table = sqlite.load_table(TABLE)
+    kept = rows_of(table)
+    assert len(kept) == 5, "the scan applies the delete file"
+    files = data_folder_files(table)
+
+    report = compact_table(stale, target_file_size=MB, min_files=2)
+    assert report.snapshot_id is None and report.attempts == 1
+    assert report.skipped == [
+        "another writer added delete files (merge-on-read) while the compaction ran; nothing was committed: "
+        "rewriting the files they apply to would bring their deleted rows back"
+    ]
+    table = sqlite.load_table(TABLE)
+    assert rows_of(table) == kept and data_folder_files(table) == files, "no rewrite committed or left behind"
+
+    report = compact_table(table, target_file_size=MB, min_files=2)  # planned with the delete file there
+    assert report.snapshot_id is None and report.skipped == [
+        "the table has delete files (merge-on-read); compaction rewrites copy-on-write tables only"
+    ]
+    assert rows_of(sqlite.load_table(TABLE)) == kept
+    assert describe(TableMaintenance(TABLE, compaction=report), "1h") == [
+        f"{TABLE}: not compacted: {report.skipped[0]}"
+    ], "krishiv compact and maintain say why in one line"
