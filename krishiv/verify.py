@@ -9,8 +9,11 @@ Per table of ``pipeline.all_tables``:
 - lineage is linear: each snapshot's parent is the one before it, one snapshot per batch, batch ids rising; a
   snapshot that says it is Krishiv's maintenance carries no batch and adds exactly the rows it deletes;
 - ledger and table agree: every COMMITTED entry's snapshot is in the table (or expired, at or below the
-  query's high-water mark in the table's properties) and every Krishiv snapshot has a COMMITTED entry; for an
-  append table the row counts match too (a merge replaces rows, so its counts are not the staged rows').
+  query's high-water mark in the table's properties), a merge batch that only deletes included, and every
+  Krishiv snapshot has a COMMITTED entry; for an append table the row counts match too (a merge replaces rows,
+  so its counts are not the staged rows'). An append table with no per-row key (an ``events`` table without
+  the Kafka metadata columns, a rejects table) has only the ledger to account for its rows: a snapshot of
+  another writer that added rows to it is a violation, named.
 
 Krishiv's own maintenance snapshots (a compaction, ``outbox/compaction.py``) are neither a batch nor another
 writer: they keep the totals comparable, and a duplicate found in a file a compaction wrote is traced back
@@ -289,12 +292,20 @@ def table_rows(table: Table) -> int:
     return int(current.summary.get("total-records", 0)) if current and current.summary else 0
 
 
-def check_ledger_agreement(table: Table, table_name: str, ledger: Ledger, *, merge: bool = False) -> list[str]:
-    """Every COMMITTED batch with rows is in ``table`` (a snapshot, or at or below the query's high-water mark)
-    and every Krishiv snapshot is COMMITTED in the ledger. For an append table (``merge`` false) each snapshot
-    added the rows its batch staged and, without foreign snapshots, the table holds the rows the ledger
+def check_ledger_agreement(
+    table: Table, table_name: str, ledger: Ledger, *, merge: bool = False, rows_by_ledger: bool = False
+) -> list[str]:
+    """Every COMMITTED batch that published something is in ``table`` (a snapshot, or at or below the query's
+    high-water mark): a batch with rows, and a merge that only deletes (its entry has no rows but a committed
+    snapshot); and every Krishiv snapshot is COMMITTED in the ledger. For an append table (``merge`` false) each
+    snapshot added the rows its batch staged and, without foreign snapshots, the table holds the rows the ledger
     committed (Krishiv's compactions move rows, they add none); a merge replaces the rows of its keys, so its
-    counts are not compared."""
+    counts are not compared.
+
+    ``rows_by_ledger``: an append table with no per-row key (an ``events`` table without the Kafka metadata
+    columns, a rejects table), whose rows nothing but the ledger accounts for: another writer's snapshot that
+    added rows is named (its rows are not from Krishiv, and could be any event a second time), and the totals are
+    compared whoever wrote."""
     problems = []
     rows = lineage(table)
     by_batch = {(r.query_id, r.batch_id): r for r in rows if r.query_id is not None}
@@ -305,8 +316,8 @@ def check_ledger_agreement(table: Table, table_name: str, ledger: Ledger, *, mer
     # Keys and record counts only, read in SQL; batches compacted out of the ledger count through the archive.
     committed = ledger.committed_batches(table_name)
     for (query_id, batch_id), record_count in committed.records.items():
-        if record_count == 0:  # an empty batch makes no snapshot (and a delete-only merge is found from its side)
-            continue
+        if record_count == 0 and (query_id, batch_id) not in committed.published:
+            continue  # an empty batch makes no snapshot (a delete-only merge does: it is published)
         row = by_batch.get((query_id, batch_id))
         if row is None:
             if high_water.get(query_id, -1) < batch_id:
@@ -325,7 +336,15 @@ def check_ledger_agreement(table: Table, table_name: str, ledger: Ledger, *, mer
                 f"snapshot {row.snapshot_id} holds batch {batch_id} of query {query_id}, which the "
                 "ledger does not list as COMMITTED"
             )
-    if not merge and not any(r.writer == "other" for r in rows):
+    foreign = [r for r in rows if r.writer == "other"]
+    if not merge and rows_by_ledger:
+        for r in foreign:
+            if r.added_records:
+                problems.append(
+                    f"snapshot {r.snapshot_id} ({r.operation} by another writer, not a Krishiv batch) added "
+                    f"{r.added_records} rows to {table_name}, which has no per-row key to tell them from Krishiv's"
+                )
+    if not merge and (rows_by_ledger or not foreign):
         total = table_rows(table)
         if total != committed.total_records:
             problems.append(f"{table_name} holds {total} rows but the ledger committed {committed.total_records}")
@@ -342,7 +361,7 @@ def verify_table(
         result.duplicates = duplicate_rows(table, key)
         result.violations += _duplicate_violations(table, key, result.duplicates)
     result.violations += check_lineage(table)
-    result.violations += check_ledger_agreement(table, table_name, ledger, merge=merge)
+    result.violations += check_ledger_agreement(table, table_name, ledger, merge=merge, rows_by_ledger=not key)
     return result
 
 

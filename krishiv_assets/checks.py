@@ -16,9 +16,10 @@ On every table, rejects included:
 
 Every check stays right across maintenance: a compaction moves rows without adding any, so the row counts still
 agree with the ledger, and a duplicate found in a compacted file names the snapshots that added its rows.
-- ``ledger_agreement``: every COMMITTED entry is in the table, every Krishiv snapshot is COMMITTED in the
-  ledger, row counts match (append tables; a merge replaces rows), and no entry has been PENDING longer than
-  the threshold.
+- ``ledger_agreement``: every COMMITTED entry is in the table (a merge batch that only deletes too), every
+  Krishiv snapshot is COMMITTED in the ledger, row counts match (append tables; a merge replaces rows), no entry
+  has been PENDING longer than the threshold, and, on a table with no per-row key (events without Kafka
+  metadata, rejects), no other writer's snapshot added rows.
 
 And on the pipeline's first table, whose entries carry each batch's counts:
 
@@ -218,8 +219,10 @@ def _lineage_check(asset: dg.AssetKey, table_name: str) -> dg.AssetChecksDefinit
 
 
 def _ledger_check(
-    asset: dg.AssetKey, table_name: str, merge: bool, thresholds: CheckThresholds
+    asset: dg.AssetKey, table_name: str, merge: bool, thresholds: CheckThresholds, rows_by_ledger: bool = False
 ) -> dg.AssetChecksDefinition:
+    """``rows_by_ledger``: a table with no per-row key, whose rows only the ledger accounts for (see
+    :func:`krishiv.verify.check_ledger_agreement`)."""
     counts = "" if merge else ", row counts match"
 
     @dg.asset_check(
@@ -235,7 +238,7 @@ def _ledger_check(
 
         table = iceberg.catalog().load_table(table_name)
         book = ledger.ledger()
-        problems = check_ledger_agreement(table, table_name, book, merge=merge)
+        problems = check_ledger_agreement(table, table_name, book, merge=merge, rows_by_ledger=rows_by_ledger)
         now = datetime.now(UTC)
         summary = book.table_summary(table_name)
         pending = book.pending_batches([table_name])
@@ -302,6 +305,8 @@ def pipeline_checks(
                 else _duplicates_check(spec, pipeline, output)
             )
         checks.append(_lineage_check(asset, table_name))
-        checks.append(_ledger_check(asset, table_name, output.operation.kind == MERGE, thresholds))
+        merge = output.operation.kind == MERGE
+        unkeyed = not merge and not _key(pipeline, output)  # another writer's rows only show against the ledger
+        checks.append(_ledger_check(asset, table_name, merge, thresholds, rows_by_ledger=unkeyed))
     checks.append(_rejects_rate_check(keys.table, qualified(spec, pipeline.tables[0]), thresholds))
     return checks

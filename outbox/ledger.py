@@ -185,6 +185,8 @@ class CommittedBatches:
     records: dict[tuple[str, int], int]  # (query id, batch id) -> staged records
     archived_through: dict[str, int]  # query id -> highest batch id folded into the archive
     archived_records: int = 0
+    #: The batches committed as a snapshot (a committed snapshot id), rows or not: a merge that only deletes too.
+    published: frozenset[tuple[str, int]] = frozenset()
 
     @property
     def total_records(self) -> int:
@@ -1126,8 +1128,8 @@ class Ledger:
         hot, archive = self._reads(
             [
                 (
-                    "SELECT query_id, batch_id, record_count FROM outbox WHERE table_name = ? AND status = ? "
-                    f"ORDER BY {_COMMIT_ORDER}",
+                    "SELECT query_id, batch_id, record_count, committed_snapshot_id IS NOT NULL FROM outbox "
+                    f"WHERE table_name = ? AND status = ? ORDER BY {_COMMIT_ORDER}",
                     [table, COMMITTED],
                 ),
                 ("SELECT query_id, max_batch_id, record_count FROM outbox_archive WHERE table_name = ?", [table]),
@@ -1136,9 +1138,10 @@ class Ledger:
         )
         hot, archive = _column_rows(hot), _column_rows(archive)
         return CommittedBatches(
-            records={(q, b): int(n) for q, b, n in hot},
+            records={(q, b): int(n) for q, b, n, _ in hot},
             archived_through={q: int(b) for q, b, _ in archive},
             archived_records=sum(int(n) for _, _, n in archive),
+            published=frozenset((q, b) for q, b, _, snapshot in hot if snapshot),
         )
 
     def last_committed_batch(self, query_id: str, table: str) -> int | None:

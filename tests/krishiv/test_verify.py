@@ -146,12 +146,20 @@ def test_verify_passes_every_kind_and_names_each_duplicate_a_second_writer_adds(
     routed = load(spec, "orders_other").scan().to_arrow()
     event = append(spec, "orders_other", routed.slice(0, 1))
     moved = append(spec, "orders_c001", routed.slice(1, 1))
-    append(spec, "orders_plain", first_row(spec, "orders_plain"))  # no Kafka coordinates: no per-row check
+    plain_rows = load(spec, "orders_plain").scan().to_arrow().num_rows
+    append(spec, "orders_plain", first_row(spec, "orders_plain"))  # no Kafka coordinates: only the ledger's count
 
     results = {r.table: r for r in verify_pipelines(spec, list(spec.pipelines))}
     bad = {t for t, r in results.items() if not r.ok}
-    assert bad == {qualified(spec, t) for t in ("customer_minutes", "latest_order", "orders_other", "orders_c001")}
-    assert results[qualified(spec, "orders_plain")].ok  # the Dagster check compares its rows with the ledger's
+    names = ("customer_minutes", "latest_order", "orders_other", "orders_c001", "orders_plain")
+    assert bad == {qualified(spec, t) for t in names}
+    plain = qualified(spec, "orders_plain")
+    foreign = load(spec, "orders_plain").current_snapshot().snapshot_id
+    assert results[plain].violations == [
+        f"snapshot {foreign} (append by another writer, not a Krishiv batch) added 1 rows to {plain}, which has no "
+        "per-row key to tell them from Krishiv's",
+        f"{plain} holds {plain_rows + 1} rows but the ledger committed {plain_rows}",
+    ]
 
     (line,) = results[qualified(spec, "customer_minutes")].violations
     assert line.startswith(
