@@ -334,7 +334,10 @@ def test_partition_by_changed_while_batches_are_pending(tmp_path, broker, spark,
     with pytest.raises(TablesRefused) as info:  # the table refused; any other table would still be committed
         commit_pipelines(spec, [spec.pipeline()])
     assert "holds rows of" in str(info.value) and "set partition_by back" in str(info.value), str(info.value)
-    assert open_ledger(spec).entries(status=PENDING) == pending, "nothing committed past the refused batch"
+    table_name = qualified(spec, spec.pipeline().table)
+    still = [e for e in pending if e.table == table_name]
+    assert still and open_ledger(spec).entries(status=PENDING) == still, "the refused table's batches stay pending"
+    assert info.value.refused.keys() == {table_name}, "its rejects table was committed"
 
 
 def test_the_cli_prints_a_partitioning_in_brackets_as_it_is(tmp_path, monkeypatch, capsys):
