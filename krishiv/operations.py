@@ -170,16 +170,16 @@ def run_pipelines(
     it stopped committing is :class:`CommitsStopped` at the end. A one-shot run only stages (``krishiv commit``
     and the Dagster commit step publish).
     """
-    from krishiv.preflight import check_broker, check_catalog
+    from krishiv.preflight import check_history, check_new_catalog, check_topics
 
     say = progress or (lambda _line: None)
     if ledger is None:
         ledger = open_writable_ledger(spec)
-    # A broker or catalog that does not answer is one line now, not a failed query after Spark's start-up.
+    # A broker, topic or catalog that is not there is one line now, not a failed query after Spark's start-up.
     if spark is None:
-        check_broker(spec)
+        check_topics(spec, pipelines)
     if catalog is None:
-        check_catalog(spec)
+        check_new_catalog(spec, pipelines, ledger, say)
 
     from pyspark.errors import StreamingQueryException  # seconds of imports: after the checks
 
@@ -196,6 +196,7 @@ def run_pipelines(
             for p in pipelines
         }
         catalog = load_catalog(spec) if catalog is None else catalog
+        check_history(catalog, spec, pipelines, ledger)  # the ledger and the tables tell one history
         for p in pipelines:  # a table the spec cannot evolve is refused before Spark's JVM starts
             ensure_pipeline_tables(catalog, spec, p, pending=lambda t: len(ledger.pending_batches([t])))
         committer = _start_committer(spec, pipelines, ledger, on_commit, say) if committing else None
