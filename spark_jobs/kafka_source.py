@@ -577,8 +577,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     _say(f"{exc}; retrying for up to {self.outage_s:g}s")
                 waited = now - self._down_since
                 if waited >= self.outage_s:
+                    cause = str(exc).removeprefix(f"Kafka broker at {self.bootstrap} is unreachable: ")
                     raise KafkaSourceError(
-                        f"Kafka broker at {self.bootstrap} did not answer for {waited:.0f}s ({exc}); the query "
+                        f"Kafka broker at {self.bootstrap} did not answer for {waited:.0f}s ({cause}); the query "
                         f"stopped and what was staged is kept: start it again once the broker is back "
                         f"{RUNBOOK_OUTAGE}"
                     ) from None
