@@ -727,25 +727,90 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("py4j").setLevel(logging.WARNING)
     for handler in logging.getLogger().handlers:
         handler.addFilter(_not_an_interrupted_py4j_call)
+    spec: KrishivSpec | None = None
     try:
         if args.command == "broker":
             return cmd_broker(args)
-        return COMMANDS[args.command](args, read_spec(args.spec))
+        spec = read_spec(args.spec)
+        return COMMANDS[args.command](args, spec)
     except KrishivError as exc:
-        _fail(args.command, str(exc))  # [brackets] in it are text
+        _fail(args.command, str(exc) + _state_removed(args.command, spec))  # [brackets] in it are text
         return 2
     except OSError as exc:  # a path the user gave that the machine refused: named, without a traceback
         where = f" {exc.filename}" if exc.filename else ""
-        _fail(args.command, f"{exc.strerror or exc}:{where}")
+        first = _krishiv_cause(exc)
+        said = str(first) if first is not None else f"{exc.strerror or exc}:{where}"
+        _fail(args.command, said + _state_removed(args.command, spec))
         return 2
     except KeyboardInterrupt:
         _fail(args.command, "interrupted (Ctrl-C)")
         return 130
     except Exception as exc:
+        removed = _state_removed(args.command, spec)
+        if removed:  # whatever broke first, the cause is the folder that went away: one line, the first error
+            first = _krishiv_cause(exc)
+            _fail(args.command, (str(first) if first is not None else f"{type(exc).__name__}: {exc}") + removed)
+            return 2
         if type(exc).__name__ not in ("NoSuchTableError", "NoSuchNamespaceError"):  # pyiceberg, deeper down
             raise
         _fail(args.command, f"{exc}; `krishiv run` creates the spec's tables and `krishiv commit` fills them")
         return 2
+
+
+#: The commands that made or found the ledger's folder when they began: if it is missing when they fail, the state
+#: (ledger, checkpoints, catalog, warehouse) was removed while they ran.
+_STATEFUL_COMMANDS = ("run", "commit")
+
+
+def _state_paths(spec: KrishivSpec) -> list[tuple[str, Path]]:
+    """The local state a run made before Spark started: the ledger, the checkpoints, a SQLite catalog, a local
+    warehouse."""
+    paths = [
+        ("ledger", spec.resolve(spec.storage.ledger_path)),
+        ("checkpoints", spec.resolve(spec.storage.checkpoint_location)),
+    ]
+    uri = spec.catalog_uri()
+    if uri.startswith("sqlite:///") and uri != "sqlite:///:memory:":
+        paths.append(("catalog", Path(uri[len("sqlite:///") :])))
+    if "://" not in spec.iceberg.warehouse or spec.iceberg.warehouse.startswith("file://"):
+        paths.append(("warehouse", Path(spec.warehouse_uri().removeprefix("file://"))))
+    return paths
+
+
+def _state_removed(command: str, spec: KrishivSpec | None) -> str:
+    """``; <what> was removed while krishiv run ran (...)`` when part of the spec's state is gone, else ''."""
+    if spec is None or command not in _STATEFUL_COMMANDS:
+        return ""
+    if spec.resolve(spec.storage.ledger_path).parent.exists():
+        return ""  # made (run) or required (commit) when the command began: still there, so nothing was removed
+    gone = [(what, path) for what, path in _state_paths(spec) if not path.exists()]
+    folders = sorted({str(_topmost_missing(path)) for _, path in gone})
+    shown = ", ".join(what for what, _ in gone)
+    return (
+        f"; the {shown} ({', '.join(folders)}) disappeared while krishiv {command} ran: nothing more was written; "
+        "restore them from a backup, or start over with a new state folder "
+        "(see README: Recovery runbook > A state folder removed while running)"
+    )
+
+
+def _topmost_missing(path: Path) -> Path:
+    """The highest folder above ``path`` (or ``path``) that no longer exists: what was removed."""
+    while not path.parent.exists() and path.parent != path:
+        path = path.parent
+    return path
+
+
+def _krishiv_cause(exc: BaseException) -> KrishivError | None:
+    """The first Krishiv error ``exc`` was raised while handling (a failure while cleaning up hides the cause)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    found = None
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, KrishivError):
+            found = current
+        current = current.__context__ or current.__cause__
+    return found
 
 
 def _not_an_interrupted_py4j_call(record: logging.LogRecord) -> bool:
