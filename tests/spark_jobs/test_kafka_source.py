@@ -726,3 +726,34 @@ def test_spark_plans_catch_up_batches_larger_than_its_read_limit(
     # 300 behind: 200; then 100 behind, still more than a batch of 50: all of it. Every record once, in order.
     assert [(batch_id, len(offsets)) for batch_id, offsets in seen] == [(0, 200), (1, 100)]
     assert [o for _batch_id, offsets in seen for o in offsets] == list(range(300))
+
+
+def test_a_continuous_query_never_reads_more_than_its_read_limit_per_batch(
+    broker: LocalBroker, real_topic: str, spark, tmp_path
+) -> None:
+    """Through Spark (a processing-time trigger, as `krishiv run` without --once): 600 records behind and a limit
+    of 200 without catch-up: the first batch too holds 200, never the backlog."""
+    from spark_jobs.kafka_source import SOURCE_NAME
+
+    ensure_topic(broker.bootstrap, real_topic, 1)
+    _produce(broker.bootstrap, real_topic, 600)
+    seen: list[int] = []
+    query = (
+        spark.readStream.format(SOURCE_NAME)
+        .option("bootstrap.servers", broker.bootstrap)
+        .option("topic", real_topic)
+        .option("maxRecordsPerBatch", "200")
+        .load()
+        .writeStream.foreachBatch(lambda batch, _batch_id: seen.append(batch.count()))
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while sum(seen) < 600 and time.monotonic() < deadline and query.exception() is None:
+            time.sleep(0.1)
+    finally:
+        query.stop()
+    assert sum(seen) == 600 and max(seen) <= 200, seen
+    assert seen[0] == 200, seen
