@@ -88,6 +88,19 @@ def _recorded(checkpoint: Checkpoint, ledger: StagingLedger, table: str, topic: 
     return RecordedBatches.read(ledger, checkpoint.query_id(), table, topic, checkpoint.last_batch_id())
 
 
+#: How many times a query is started when Spark's Python worker for the Kafka source does not connect back in time.
+#: Spark 4.3 waits a fixed 10 s for it (``PythonWorkerFactory.createSimpleWorker``, which the Python streaming
+#: source's driver-side runner always uses; no setting changes it): on a loaded machine importing PySpark in a new
+#: interpreter can take longer, and the query fails before it has read anything.
+WORKER_START_ATTEMPTS = 3
+_WORKER_START_TIMEOUT = "Python worker failed to connect back"
+
+
+def worker_start_timed_out(failure: BaseException) -> bool:
+    """Whether a query failed only because Spark's Python worker did not connect back within Spark's limit."""
+    return _WORKER_START_TIMEOUT in str(failure)
+
+
 def stop_between_batches(query: StreamingQuery, timeout_s: float = 30.0) -> None:
     """Stop ``query`` once its running trigger (if any) has finished, waiting at most ``timeout_s``.
 
