@@ -141,8 +141,8 @@ def check_new_catalog(
                         f"(storage.catalog_uri or KRISHIV_ICEBERG_CATALOG_URI) {runbook('A catalog that is missing')}"
                     )
     check_catalog(spec)
-    if new:
-        say(f"created a new catalog at {uri}")
+    if new:  # as the spec (or the environment) names it: short, and what a mistyped URI would show
+        say(f"created a new catalog at {redact(spec.iceberg.catalog_uri)}")
 
 
 def check_history(catalog: Catalog, spec: KrishivSpec, pipelines: Sequence[PipelineSpec], ledger: Ledger) -> None:
