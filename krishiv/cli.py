@@ -758,9 +758,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-#: The commands that made or found the ledger's folder when they began: if it is missing when they fail, the state
-#: (ledger, checkpoints, catalog, warehouse) was removed while they ran.
-_STATEFUL_COMMANDS = ("run", "commit")
+#: The commands that make the ledger's folder before anything else: if it is missing when they fail, the state
+#: (ledger, checkpoints, catalog, warehouse) was removed while they ran. (``commit`` refuses a missing ledger at
+#: once, naming it, so a missing folder there says nothing about when it went.)
+_STATEFUL_COMMANDS = ("run",)
 
 
 def _state_paths(spec: KrishivSpec) -> list[tuple[str, Path]]:
@@ -783,7 +784,7 @@ def _state_removed(command: str, spec: KrishivSpec | None) -> str:
     if spec is None or command not in _STATEFUL_COMMANDS:
         return ""
     if spec.resolve(spec.storage.ledger_path).parent.exists():
-        return ""  # made (run) or required (commit) when the command began: still there, so nothing was removed
+        return ""  # made when the run began: still there, so nothing was removed
     gone = [(what, path) for what, path in _state_paths(spec) if not path.exists()]
     folders = sorted({str(_topmost_missing(path)) for _, path in gone})
     shown = ", ".join(what for what, _ in gone)
