@@ -153,6 +153,7 @@ def _commit_line(spec: KrishivSpec, report: TableCommitReport) -> str:
 
 def cmd_run(args: argparse.Namespace, spec: KrishivSpec) -> int:
     pipelines, ledger = _pipelines(spec, args.pipeline), open_writable_ledger(spec)
+    _LEDGER_FOLDER_MADE.append(Path(ledger.path).parent)  # from here on, its absence means it was removed
     committed: dict[str, set[int]] = {}  # table -> the batches this run's committer committed to it
 
     def on_commit(report: TableCommitReport) -> None:
@@ -758,10 +759,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-#: The commands that make the ledger's folder before anything else: if it is missing when they fail, the state
-#: (ledger, checkpoints, catalog, warehouse) was removed while they ran. (``commit`` refuses a missing ledger at
-#: once, naming it, so a missing folder there says nothing about when it went.)
-_STATEFUL_COMMANDS = ("run",)
+#: The ledger folder ``krishiv run`` made (or found) when it began: if it is missing when the run fails, the state
+#: (ledger, checkpoints, catalog, warehouse) was removed while it ran.
+_LEDGER_FOLDER_MADE: list[Path] = []
 
 
 def _state_paths(spec: KrishivSpec) -> list[tuple[str, Path]]:
@@ -781,10 +781,8 @@ def _state_paths(spec: KrishivSpec) -> list[tuple[str, Path]]:
 
 def _state_removed(command: str, spec: KrishivSpec | None) -> str:
     """``; <what> was removed while krishiv run ran (...)`` when part of the spec's state is gone, else ''."""
-    if spec is None or command not in _STATEFUL_COMMANDS:
-        return ""
-    if spec.resolve(spec.storage.ledger_path).parent.exists():
-        return ""  # made when the run began: still there, so nothing was removed
+    if spec is None or command != "run" or not _LEDGER_FOLDER_MADE or _LEDGER_FOLDER_MADE[-1].exists():
+        return ""  # the run stopped before it made its state, or its state is still there
     gone = [(what, path) for what, path in _state_paths(spec) if not path.exists()]
     folders = sorted({str(_topmost_missing(path)) for _, path in gone})
     shown = ", ".join(what for what, _ in gone)
