@@ -154,6 +154,7 @@ def _commit_line(spec: KrishivSpec, report: TableCommitReport) -> str:
 
 def cmd_run(args: argparse.Namespace, spec: KrishivSpec) -> int:
     pipelines, ledger = _pipelines(spec, args.pipeline), open_writable_ledger(spec)
+    _LEDGER_FOLDER_MADE.append(Path(ledger.path).parent)  # from here on, its absence means it was removed
     committed: dict[str, set[int]] = {}  # table -> the batches this run's committer committed to it
 
     def on_commit(report: TableCommitReport) -> None:
@@ -513,6 +514,7 @@ def _environment() -> str:
         *((var, f"overrides {field}") for var, field in ENV_OVERRIDES.items()),
         (LEDGER_LOCK_TIMEOUT_ENV, "seconds to wait for a ledger another process holds (default 30)"),
         (STAGER_LEASE_TTL_ENV, "seconds a stager's lease lasts unless renewed (default 30)"),
+        ("KRISHIV_BROKER_OUTAGE_S", "seconds a running query waits for a broker that stopped answering (default 300)"),
         ("OTEL_EXPORTER_OTLP_ENDPOINT", "export metrics over OTLP/HTTP there (with the other OTEL_* variables)"),
         ("KRISHIV_METRICS_PORT", "serve Prometheus metrics on this port (0: any free port)"),
         ("KRISHIV_METRICS_HOST", "the address the metrics endpoint binds (default 127.0.0.1)"),
@@ -746,25 +748,88 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("py4j").setLevel(logging.WARNING)
     for handler in logging.getLogger().handlers:
         handler.addFilter(_not_an_interrupted_py4j_call)
+    spec: KrishivSpec | None = None
     try:
         if args.command == "broker":
             return cmd_broker(args)
-        return COMMANDS[args.command](args, read_spec(args.spec))
+        spec = read_spec(args.spec)
+        return COMMANDS[args.command](args, spec)
     except KrishivError as exc:
-        _fail(args.command, str(exc))  # [brackets] in it are text
+        _fail(args.command, str(exc) + _state_removed(args.command, spec))  # [brackets] in it are text
         return 2
     except OSError as exc:  # a path the user gave that the machine refused: named, without a traceback
         where = f" {exc.filename}" if exc.filename else ""
-        _fail(args.command, f"{exc.strerror or exc}:{where}")
+        first = _krishiv_cause(exc)
+        said = str(first) if first is not None else f"{exc.strerror or exc}:{where}"
+        _fail(args.command, said + _state_removed(args.command, spec))
         return 2
     except KeyboardInterrupt:
         _fail(args.command, "interrupted (Ctrl-C)")
         return 130
     except Exception as exc:
+        removed = _state_removed(args.command, spec)
+        if removed:  # whatever broke first, the cause is the folder that went away: one line, the first error
+            first = _krishiv_cause(exc)
+            _fail(args.command, (str(first) if first is not None else f"{type(exc).__name__}: {exc}") + removed)
+            return 2
         if type(exc).__name__ not in ("NoSuchTableError", "NoSuchNamespaceError"):  # pyiceberg, deeper down
             raise
         _fail(args.command, f"{exc}; `krishiv run` creates the spec's tables and `krishiv commit` fills them")
         return 2
+
+
+#: The ledger folder ``krishiv run`` made (or found) when it began: if it is missing when the run fails, the state
+#: (ledger, checkpoints, catalog, warehouse) was removed while it ran.
+_LEDGER_FOLDER_MADE: list[Path] = []
+
+
+def _state_paths(spec: KrishivSpec) -> list[tuple[str, Path]]:
+    """The local state a run made before Spark started: the ledger, the checkpoints, a SQLite catalog, a local
+    warehouse."""
+    paths = [
+        ("ledger", spec.resolve(spec.storage.ledger_path)),
+        ("checkpoints", spec.resolve(spec.storage.checkpoint_location)),
+    ]
+    uri = spec.catalog_uri()
+    if uri.startswith("sqlite:///") and uri != "sqlite:///:memory:":
+        paths.append(("catalog", Path(uri[len("sqlite:///") :])))
+    if "://" not in spec.iceberg.warehouse or spec.iceberg.warehouse.startswith("file://"):
+        paths.append(("warehouse", Path(spec.warehouse_uri().removeprefix("file://"))))
+    return paths
+
+
+def _state_removed(command: str, spec: KrishivSpec | None) -> str:
+    """``; <what> was removed while krishiv run ran (...)`` when part of the spec's state is gone, else ''."""
+    if spec is None or command != "run" or not _LEDGER_FOLDER_MADE or _LEDGER_FOLDER_MADE[-1].exists():
+        return ""  # the run stopped before it made its state, or its state is still there
+    gone = [(what, path) for what, path in _state_paths(spec) if not path.exists()]
+    folders = sorted({str(_topmost_missing(path)) for _, path in gone})
+    shown = ", ".join(what for what, _ in gone)
+    return (
+        f"; the {shown} ({', '.join(folders)}) disappeared while krishiv {command} ran: nothing more was written; "
+        "restore them from a backup, or start over with a new state folder "
+        "(see README: Recovery runbook > A state folder removed while running)"
+    )
+
+
+def _topmost_missing(path: Path) -> Path:
+    """The highest folder above ``path`` (or ``path``) that no longer exists: what was removed."""
+    while not path.parent.exists() and path.parent != path:
+        path = path.parent
+    return path
+
+
+def _krishiv_cause(exc: BaseException) -> KrishivError | None:
+    """The first Krishiv error ``exc`` was raised while handling (a failure while cleaning up hides the cause)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    found = None
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, KrishivError):
+            found = current
+        current = current.__context__ or current.__cause__
+    return found
 
 
 def _not_an_interrupted_py4j_call(record: logging.LogRecord) -> bool:

@@ -187,22 +187,22 @@ def run_pipelines(
     it stopped committing is :class:`CommitsStopped` at the end. A one-shot run only stages (``krishiv commit``
     and the Dagster commit step publish).
     """
-    from krishiv.preflight import check_broker, check_catalog
+    from krishiv.preflight import check_history, check_new_catalog, check_topics
 
     say = progress or (lambda _line: None)
     if ledger is None:
         ledger = open_writable_ledger(spec)
-    # A broker or catalog that does not answer is one line now, not a failed query after Spark's start-up.
+    # A broker, topic or catalog that is not there is one line now, not a failed query after Spark's start-up.
     if spark is None:
-        check_broker(spec)
+        check_topics(spec, pipelines)
     if catalog is None:
-        check_catalog(spec)
+        check_new_catalog(spec, pipelines, ledger, say)
 
     from pyspark.errors import StreamingQueryException  # seconds of imports: after the checks
 
     from krishiv_core.catalog import ensure_pipeline_tables, load_catalog
     from outbox.lease import LEASE_TTL_S, stager_lease
-    from spark_jobs.job import start_pipeline, stop_between_batches
+    from spark_jobs.job import WORKER_START_ATTEMPTS, start_pipeline, stop_between_batches, worker_start_timed_out
     from spark_jobs.session import build_session
 
     committing = commit and not once
@@ -213,6 +213,7 @@ def run_pipelines(
             for p in pipelines
         }
         catalog = load_catalog(spec) if catalog is None else catalog
+        check_history(catalog, spec, pipelines, ledger)  # the ledger and the tables tell one history
         for p in pipelines:  # a table the spec cannot evolve is refused before Spark's JVM starts
             ensure_pipeline_tables(catalog, spec, p, pending=lambda t: len(ledger.pending_batches([t])))
         committer = _start_committer(spec, pipelines, ledger, on_commit, say) if committing else None
@@ -227,38 +228,70 @@ def run_pipelines(
             try:
                 if not once:  # a shared session's earlier queries would end the wait below at once
                     spark.streams.resetTerminated()
+                by_name = {p.name: p for p in pipelines}
+                restarts = dict.fromkeys(by_name, 0)
+
+                def start(p: PipelineSpec) -> RunningPipeline:
+                    return start_pipeline(
+                        spark,
+                        spec,
+                        p,
+                        catalog,
+                        ledger,
+                        once=once,
+                        on_batch=_waking(committer, reporter(p.name) if reporter else None),
+                        lease=leases[p.name],
+                    )
+
+                def restarted(i: int) -> bool:
+                    """Start ``running[i]`` again if its query failed only because Spark's Python worker did not
+                    connect back within Spark's fixed limit (a loaded machine): nothing was read or staged."""
+                    name = running[i].query.name
+                    failure = running[i].query.exception()
+                    if failure is None or not worker_start_timed_out(failure):
+                        return False
+                    if restarts[name] >= WORKER_START_ATTEMPTS - 1:
+                        return False
+                    restarts[name] += 1
+                    say(
+                        f"query {name}: Spark's Python worker did not connect back within Spark's 10 s "
+                        f"(a loaded machine?); starting the query again ({restarts[name] + 1} of "
+                        f"{WORKER_START_ATTEMPTS})"
+                    )
+                    running[i] = start(by_name[name])
+                    return True
+
                 for p in pipelines:
                     if requested.is_set():
                         break
-                    running.append(
-                        start_pipeline(
-                            spark,
-                            spec,
-                            p,
-                            catalog,
-                            ledger,
-                            once=once,
-                            on_batch=_waking(committer, reporter(p.name) if reporter else None),
-                            lease=leases[p.name],
-                        )
-                    )
+                    running.append(start(p))
                     say(f"query {p.name} started; waiting for its first batch")
                     if len(pipelines) > 1:
                         _wait_for_source(running[-1])
                 if once:
-                    for r in running:
-                        try:
-                            while not requested.is_set() and not r.query.awaitTermination(_POLL_S):
-                                pass
-                        except StreamingQueryException as exc:
-                            raise KrishivError(f"query {r.query.name} failed: {_root_cause(exc)}") from exc
-                else:
-                    try:
-                        while not requested.is_set() and not spark.streams.awaitAnyTermination(_POLL_S):
-                            if stop_when is not None and stop_when():
+                    for i in range(len(running)):
+                        while True:
+                            try:
+                                while not requested.is_set() and not running[i].query.awaitTermination(_POLL_S):
+                                    pass
                                 break
-                    except StreamingQueryException:
-                        pass  # named below, from the query that failed
+                            except StreamingQueryException as exc:
+                                if restarted(i):
+                                    continue
+                                name = running[i].query.name
+                                raise KrishivError(f"query {name} failed: {_root_cause(exc)}") from exc
+                else:
+                    while True:
+                        try:
+                            while not requested.is_set() and not spark.streams.awaitAnyTermination(_POLL_S):
+                                if stop_when is not None and stop_when():
+                                    break
+                            break
+                        except StreamingQueryException:
+                            if [i for i in range(len(running)) if restarted(i)]:
+                                spark.streams.resetTerminated()
+                                continue
+                            break  # named below, from the query that failed
                 for r in running:
                     if requested.is_set():
                         _stop_after_the_batch_in_flight(r.query)

@@ -11,13 +11,35 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from krishiv_core.errors import BrokerUnavailable, CatalogUnavailable, KrishivError
-from krishiv_core.spec import KrishivSpec
+from krishiv_core.spec import KrishivSpec, PipelineSpec
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+
+    from outbox.ledger import Ledger
 
 BROKER_TIMEOUT_S = 5.0
 CATALOG_TIMEOUT_S = 10.0
+
+#: Where README explains each refusal of this module and the way out (``README: Recovery runbook > ...``).
+RUNBOOK = "README: Recovery runbook"
+
+
+def runbook(section: str) -> str:
+    """``(see README: Recovery runbook > section)``: the pointer every refusal ends with."""
+    return f"(see {RUNBOOK} > {section})"
+
+
+class TopicMissing(KrishivError):
+    """A pipeline's topic does not exist on the broker."""
+
+
+class CatalogMismatch(KrishivError):
+    """The catalog and the ledger describe different histories of a pipeline: starting would lose or repeat rows."""
 
 
 def check_broker(spec: KrishivSpec, timeout_s: float = BROKER_TIMEOUT_S) -> None:
@@ -32,6 +54,28 @@ def check_broker(spec: KrishivSpec, timeout_s: float = BROKER_TIMEOUT_S) -> None
     problems = KafkaProblems(settings)
     admin = build(AdminClient, settings, problems)
     list_topics(admin, problems, spec.kafka.bootstrap_servers, timeout_s)
+
+
+def check_topics(spec: KrishivSpec, pipelines: Sequence[PipelineSpec], timeout_s: float = BROKER_TIMEOUT_S) -> None:
+    """:func:`check_broker`, then each pipeline's topic exists on the broker: else one :class:`TopicMissing` line
+    naming the topic, the address and what to do (Spark's JVM would otherwise start only to fail at its first
+    batch)."""
+    from confluent_kafka.admin import AdminClient
+
+    from spark_jobs.kafka_clients import KafkaProblems, build, list_topics
+
+    settings = spec.kafka.client_settings()
+    problems = KafkaProblems(settings)
+    admin = build(AdminClient, settings, problems)
+    metadata = list_topics(admin, problems, spec.kafka.bootstrap_servers, timeout_s)
+    for pipeline in pipelines:
+        topic = metadata.topics.get(pipeline.topic)
+        if topic is None or topic.error is not None or not topic.partitions:
+            raise TopicMissing(
+                f"topic {pipeline.topic!r} of pipeline {pipeline.name!r} does not exist on Kafka broker "
+                f"{spec.kafka.bootstrap_servers}: create it (krishiv produce creates it, or your Kafka tooling), or "
+                f"correct the topic in the spec {runbook('A topic that does not exist')}"
+            )
 
 
 def check_catalog(spec: KrishivSpec, timeout_s: float = CATALOG_TIMEOUT_S) -> None:
@@ -65,6 +109,90 @@ def check_catalog(spec: KrishivSpec, timeout_s: float = CATALOG_TIMEOUT_S) -> No
     raise CatalogUnavailable(
         f"Iceberg catalog at {redact(uri)} is unreachable: {_first_line(_masked(spec, uri, str(error)))}"
     ) from error
+
+
+def _committed(ledger: Ledger, pipeline: PipelineSpec, table: str) -> dict[str, int]:
+    """Per query of the pipeline, the highest batch the ledger holds as COMMITTED with rows in ``table``."""
+    found = {q: ledger.last_committed_batch(q, table) for q in ledger.query_ids(pipeline.name)}
+    return {q: b for q, b in found.items() if b is not None}
+
+
+def check_new_catalog(
+    spec: KrishivSpec, pipelines: Sequence[PipelineSpec], ledger: Ledger, say: Callable[[str], None]
+) -> None:
+    """:func:`check_catalog`, creating a SQL catalog that does not exist yet, and saying so in one line, unless the
+    ledger already holds committed batches of one of the ``pipelines``: then the URI is most likely mistyped, and a new
+    empty catalog would silently start the pipeline over, so :class:`CatalogMismatch` refuses before anything is
+    created."""
+    from krishiv_core.catalog import catalog_exists, catalog_properties, qualified, redact
+    from krishiv_core.tables import output_tables
+
+    uri = redact(catalog_properties(spec)["uri"])
+    new = catalog_exists(spec) is False
+    if new:
+        for pipeline in pipelines:
+            for output in output_tables(pipeline):
+                table = qualified(spec, output.name)
+                committed = _committed(ledger, pipeline, table)
+                if committed:
+                    raise CatalogMismatch(
+                        f"there is no Iceberg catalog at {uri}, but ledger {ledger.path} holds committed batches of "
+                        f"pipeline {pipeline.name!r} in table {table}; nothing was created: correct the catalog URI "
+                        f"(storage.catalog_uri or KRISHIV_ICEBERG_CATALOG_URI) {runbook('A catalog that is missing')}"
+                    )
+    check_catalog(spec)
+    if new:  # as the spec (or the environment) names it: short, and what a mistyped URI would show
+        say(f"created a new catalog at {redact(spec.iceberg.catalog_uri)}")
+
+
+def check_history(catalog: Catalog, spec: KrishivSpec, pipelines: Sequence[PipelineSpec], ledger: Ledger) -> None:
+    """Before Spark starts: each table of the ``pipelines`` and the ledger tell one history.
+
+    - The ledger holds committed batches of a query that the table shows no trace of (no high-water property, no
+      snapshot; the table missing, re-created, or another catalog): starting would build on a table that lost them
+      (the relay's fail-closed would stop only at the first commit). Refused, naming table and ledger.
+    - The table holds snapshots or high-water marks of this pipeline's queries that the ledger does not know (the
+      ledger deleted, with the checkpoints): a new query would read the topic from its start and write every event a
+      second time. Refused, naming the table and the recovery.
+    """
+    from pyiceberg.exceptions import NoSuchTableError
+
+    from krishiv_core.catalog import catalog_address, catalog_call, qualified, table_identifier
+    from krishiv_core.tables import output_tables
+    from outbox.relay import SUMMARY_PIPELINE, SUMMARY_QUERY_ID, high_water_marks, shows_query
+
+    known = {q for p in spec.pipelines for q in ledger.query_ids(p.name)}
+    for pipeline in pipelines:
+        for output in output_tables(pipeline):
+            name = qualified(spec, output.name)
+            try:
+                with catalog_call(catalog, f"load table {name}"):
+                    table = catalog.load_table(table_identifier(spec, output.name))
+            except NoSuchTableError:
+                table = None
+            for query, batch in sorted(_committed(ledger, pipeline, name).items()):
+                if table is None or not shows_query(table, query):
+                    state = "does not exist" if table is None else f"shows no trace of query {query}"
+                    raise CatalogMismatch(
+                        f"table {name} in the catalog at {catalog_address(catalog)} {state}, but ledger {ledger.path} "
+                        f"holds its batches up to {batch} as committed; nothing was started: point the spec at the "
+                        f"catalog that holds them, or restore the table {runbook('A catalog that is missing')}"
+                    )
+            if table is None:
+                continue
+            seen = set(high_water_marks(table)) | {
+                s.summary.get(SUMMARY_QUERY_ID)
+                for s in table.snapshots()
+                if s.summary is not None and s.summary.get(SUMMARY_PIPELINE) == pipeline.name
+            }
+            unknown = sorted(q for q in seen if q and q not in known)
+            if unknown:
+                raise CatalogMismatch(
+                    f"table {name} holds batches of pipeline {pipeline.name!r} (query {unknown[-1]}) that ledger "
+                    f"{ledger.path} does not know: the ledger was lost or replaced, and starting over would write "
+                    f"every event a second time; restore the ledger and the checkpoint, or give the pipeline a new "
+                    f"table {runbook('A ledger that was lost')}"
+                )
 
 
 def _import_catalog_modules(uri: str) -> None:
@@ -114,4 +242,14 @@ def _first_line(text: str, limit: int = 400) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-__all__ = ["BrokerUnavailable", "CatalogUnavailable", "check_broker", "check_catalog"]
+__all__ = [
+    "BrokerUnavailable",
+    "CatalogMismatch",
+    "CatalogUnavailable",
+    "TopicMissing",
+    "check_broker",
+    "check_catalog",
+    "check_history",
+    "check_new_catalog",
+    "check_topics",
+]

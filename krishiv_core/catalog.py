@@ -214,6 +214,33 @@ def _bound_http_calls(catalog: Catalog, timeout_s: float) -> None:
     session.request = request  # type: ignore[method-assign]
 
 
+#: The table pyiceberg's SQL catalog keeps its tables in (created with the catalog on first use).
+SQL_CATALOG_TABLE = "iceberg_tables"
+
+
+def catalog_exists(spec: KrishivSpec) -> bool | None:
+    """Whether the spec's SQL catalog exists already (a SQLite file, or a database holding pyiceberg's
+    ``iceberg_tables``); None for a REST catalog, or a database that cannot be asked (its load names why).
+
+    :func:`load_catalog` creates a SQL catalog that does not exist: a mistyped URI would quietly become a new,
+    empty catalog, so ``krishiv run`` asks first and says when it creates one."""
+    uri = catalog_properties(spec)["uri"]
+    if uri.startswith("sqlite:///"):
+        return Path(uri[len("sqlite:///") :]).exists()
+    if uri.startswith(("http://", "https://")):
+        return None
+    try:
+        import sqlalchemy
+
+        engine = sqlalchemy.create_engine(uri, connect_args={"connect_timeout": 5})
+        try:
+            return sqlalchemy.inspect(engine).has_table(SQL_CATALOG_TABLE)
+        finally:
+            engine.dispose()
+    except Exception:  # unreachable: load_catalog says so in one line
+        return None
+
+
 def load_catalog(spec: KrishivSpec) -> Catalog:
     """The spec's catalog: pyiceberg's SQL catalog for ``sqlite:``/``postgresql:`` URIs, its REST catalog for
     ``http(s):`` ones; a catalog that does not answer is one :class:`CatalogUnavailable` line."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from krishiv_core.catalog import ensure_pipeline_tables, qualified
+from krishiv_core.errors import ConfigError
 from krishiv_core.spec import EVENTS, WINDOWED, KrishivSpec, PipelineSpec
 from krishiv_core.tables import output_tables
 from spark_jobs.checkpoint import Checkpoint
@@ -86,6 +88,19 @@ def _recorded(checkpoint: Checkpoint, ledger: StagingLedger, table: str, topic: 
     return RecordedBatches.read(ledger, checkpoint.query_id(), table, topic, checkpoint.last_batch_id())
 
 
+#: How many times a query is started when Spark's Python worker for the Kafka source does not connect back in time.
+#: Spark 4.3 waits a fixed 10 s for it (``PythonWorkerFactory.createSimpleWorker``, which the Python streaming
+#: source's driver-side runner always uses; no setting changes it): on a loaded machine importing PySpark in a new
+#: interpreter can take longer, and the query fails before it has read anything.
+WORKER_START_ATTEMPTS = 3
+_WORKER_START_TIMEOUT = "Python worker failed to connect back"
+
+
+def worker_start_timed_out(failure: BaseException) -> bool:
+    """Whether a query failed only because Spark's Python worker did not connect back within Spark's limit."""
+    return _WORKER_START_TIMEOUT in str(failure)
+
+
 def stop_between_batches(query: StreamingQuery, timeout_s: float = 30.0) -> None:
     """Stop ``query`` once its running trigger (if any) has finished, waiting at most ``timeout_s``.
 
@@ -98,12 +113,34 @@ def stop_between_batches(query: StreamingQuery, timeout_s: float = 30.0) -> None
     query.stop()
 
 
+#: How long a running query waits for a Kafka broker that stopped answering before it stops (seconds).
+BROKER_OUTAGE_ENV = "KRISHIV_BROKER_OUTAGE_S"
+
+
+def broker_outage_s() -> float:
+    """``KRISHIV_BROKER_OUTAGE_S``, else the source's default (:data:`spark_jobs.kafka_source.DEFAULT_OUTAGE_S`)."""
+    from spark_jobs.kafka_source import DEFAULT_OUTAGE_S
+
+    raw = os.environ.get(BROKER_OUTAGE_ENV)
+    if not raw:
+        return DEFAULT_OUTAGE_S
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise ConfigError(BROKER_OUTAGE_ENV, f"expected a positive number of seconds, got {raw!r}")
+    return seconds
+
+
 def kafka_stream(spark: SparkSession, spec: KrishivSpec, pipeline: PipelineSpec, **options: str) -> DataFrame:
     """The pipeline's topic as a streaming DataFrame of Krishiv's Kafka source, with extra source ``options``."""
     reader = (
         spark.readStream.format(SOURCE_NAME)
         .option("bootstrap.servers", spec.kafka.bootstrap_servers)
         .option("topic", pipeline.topic)
+        .option("pipeline", pipeline.name)
+        .option("brokerOutageSeconds", str(broker_outage_s()))
         .option("maxRecordsPerBatch", str(pipeline.max_records_per_batch))
         .option("catchUpRecordsPerBatch", str(pipeline.catch_up_records_per_batch))
         .option("recordsPerSplit", str(spec.spark.records_per_split))

@@ -36,7 +36,9 @@ refuses the client is one error naming the cause (connection refused, authentica
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -79,7 +81,14 @@ POLL_TIMEOUT_S = 0.5
 WATERMARK_RECHECK_DELAYS_S: tuple[float, ...] = (0.1, 0.2, 0.3, 0.5, 0.9)
 #: What a topic id looks like when a broker does not know it (Kafka's zero UUID).
 UNKNOWN_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"
-SKIP_HINT = 'krishiv skip-offsets --pipeline <pipeline> --partition {partition} --to {offset} --reason "..."'
+SKIP_HINT = 'krishiv skip-offsets --pipeline {pipeline} --partition {partition} --to {offset} --reason "{reason}"'
+#: Where README explains these refusals and the ways out.
+RUNBOOK_OFFSETS = "(see README: Recovery runbook > Offsets a query cannot read exactly)"
+RUNBOOK_OUTAGE = "(see README: Recovery runbook > A broker outage)"
+#: How long the source waits for a broker that does not answer before the query stops (seconds), and the pauses
+#: between attempts (doubling up to the last).
+DEFAULT_OUTAGE_S = 300.0
+OUTAGE_BACKOFF_S: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0)
 
 Offsets = dict[str, int]
 Identity = dict[str, str | None]
@@ -143,9 +152,30 @@ def consumer_config(bootstrap: str, extra: Mapping[str, str]) -> dict[str, Any]:
     return config
 
 
-def skip_hint(partition: int | str, offset: int | str) -> str:
+def skip_hint(partition: int | str, offset: int | str, pipeline: str = "<pipeline>", reason: str = "...") -> str:
     """The operator's command that moves a partition past a gap on purpose (recorded in the ledger)."""
-    return SKIP_HINT.format(partition=partition, offset=offset)
+    return SKIP_HINT.format(pipeline=pipeline, partition=partition, offset=offset, reason=reason)
+
+
+def _close_quietly(client: Any) -> None:
+    """Close a Kafka client; one whose broker is gone may raise on the way out, which changes nothing for us."""
+    with contextlib.suppress(Exception):
+        client.close()
+
+
+def _say(line: str) -> None:
+    """One line on the process's stderr (the source runs in Spark's Python workers, whose stderr is the run's)."""
+    print(f"krishiv-kafka: {line}", file=sys.stderr, flush=True)
+
+
+def _transient(exc: BaseException) -> bool:
+    """Whether ``exc`` may pass when the broker answers again (unreachable, no answer), as opposed to a verdict
+    about the offsets or the source (deleted, moved backwards, another topic) that waiting does not change."""
+    from krishiv_core.errors import ConfigError
+
+    return isinstance(exc, KafkaSourceError | BrokerUnavailable) and not isinstance(
+        exc, OffsetsDeleted | OffsetsMovedBackwards | SourceChanged | ConfigError
+    )
 
 
 class KafkaAdmin:
@@ -233,7 +263,7 @@ class KafkaAdmin:
 
     def close(self) -> None:
         self._admin = None
-        self._consumer.close()
+        _close_quietly(self._consumer)
 
     def __enter__(self) -> KafkaAdmin:
         return self
@@ -287,10 +317,19 @@ def cap_offsets(start: Offsets, latest: Offsets, max_rows: int) -> Offsets:
 class KafkaRange(InputPartition):
     """One Spark task's work: records ``[start, end)`` of one topic partition. Picklable."""
 
-    def __init__(self, topic: str, partition: int, start: int, end: int, config: dict[str, Any], timeout_s: float):
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        start: int,
+        end: int,
+        config: dict[str, Any],
+        timeout_s: float,
+        pipeline: str = "<pipeline>",
+    ):
         super().__init__((topic, partition, start, end))
         self.topic, self.partition, self.start, self.end = topic, partition, start, end
-        self.config, self.timeout_s = config, timeout_s
+        self.config, self.timeout_s, self.pipeline = config, timeout_s, pipeline
 
 
 def _record_batch(msgs: list[Any], topic: str, partition: int) -> pa.RecordBatch:
@@ -309,31 +348,85 @@ def _record_batch(msgs: list[Any], topic: str, partition: int) -> pa.RecordBatch
     )
 
 
+#: Consumer errors that say the broker is out of reach for now: librdkafka reconnects by itself, so reading goes
+#: on, bounded by the range's read timeout.
+def _transient_codes() -> frozenset[int]:
+    from confluent_kafka import KafkaError
+
+    return frozenset(
+        {
+            KafkaError._TRANSPORT,
+            KafkaError._ALL_BROKERS_DOWN,
+            KafkaError._TIMED_OUT,
+            KafkaError.REQUEST_TIMED_OUT,
+            KafkaError.NETWORK_EXCEPTION,
+            KafkaError.LEADER_NOT_AVAILABLE,
+            KafkaError.NOT_LEADER_FOR_PARTITION,
+        }
+    )
+
+
+#: How long a range's reader waits without progress before it asks the broker whether its end still exists.
+BEHIND_CHECK_AFTER_S = 1.0
+
+
+def _range_watermarks(consumer: Any, part: KafkaRange, deadline: float) -> tuple[int, int] | None:
+    """The partition's watermarks, retried while the broker does not answer until ``deadline`` (then None)."""
+    from confluent_kafka import KafkaException, TopicPartition
+
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(part.topic, part.partition), timeout=METADATA_TIMEOUT_S, cached=False
+            )
+            return int(low), int(high)
+        except KafkaException:
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+
 def read_range(part: KafkaRange, clients: KafkaClients = CONFLUENT_CLIENTS) -> Iterator[pa.RecordBatch]:
     """Yield the records of ``[start, end)`` as Arrow batches; records outside the range are dropped.
 
     Offsets may have gaps (transaction markers, aborted or compacted-away records): the range ends when the
-    consumer's position reaches ``end``, whether or not a record sits at ``end - 1``.
+    consumer's position reaches ``end``, whether or not a record sits at ``end - 1``. A broker out of reach is
+    waited for (librdkafka reconnects) up to the range's read timeout; a partition whose high watermark stays below
+    ``end`` (the topic re-created or emptied) cannot be read as recorded and fails at once with the command that
+    moves past it.
     """
-    from confluent_kafka import KafkaError, TopicPartition
+    from confluent_kafka import KafkaError
 
     bootstrap = part.config.get("bootstrap.servers")
     where = f"{part.topic}/{part.partition} [{part.start}, {part.end})"
     problems = KafkaProblems(part.config)
     consumer = build(clients.consumer, part.config, problems)
+    transient = _transient_codes()
+
+    def skip(offset: int | str) -> str:
+        return skip_hint(part.partition, offset, part.pipeline, f"{part.topic} re-created or emptied")
+
     try:
-        low, _high = consumer.get_watermark_offsets(
-            TopicPartition(part.topic, part.partition), timeout=METADATA_TIMEOUT_S, cached=False
-        )
+        marks = _range_watermarks(consumer, part, time.monotonic() + part.timeout_s)
+        if marks is None:
+            raise KafkaSourceError(
+                problems.scrub(
+                    f"Kafka broker at {bootstrap} did not answer for {part.timeout_s:g}s while reading {where}; "
+                    f"what was staged is kept: start again once the broker is back {RUNBOOK_OUTAGE}"
+                )
+            )
+        low, _high = marks
         if part.start < low:
             raise OffsetsDeleted(
                 f"offsets [{part.start}, {low}) of {part.topic}/{part.partition} were deleted by retention before "
                 f"Spark read them; batch range {where} cannot be read exactly (broker {bootstrap}); "
-                f"to move on: {skip_hint(part.partition, low)}"
+                f"to move on: {skip_hint(part.partition, low, part.pipeline, 'deleted by retention')} "
+                f"{RUNBOOK_OFFSETS}"
             )
-        consumer.assign([TopicPartition(part.topic, part.partition, part.start)])
+        consumer.assign([_topic_partition(part.topic, part.partition, part.start)])
         next_offset = part.start
         last_progress = time.monotonic()
+        behind_since: float | None = None
         while next_offset < part.end:
             msgs = consumer.consume(min(CONSUME_BATCH, part.end - next_offset), timeout=POLL_TIMEOUT_S)
             good = []
@@ -342,11 +435,14 @@ def read_range(part: KafkaRange, clients: KafkaClients = CONFLUENT_CLIENTS) -> I
                 if err is None:
                     good.append(m)
                 elif err.code() == KafkaError._AUTO_OFFSET_RESET or err.code() == KafkaError.OFFSET_OUT_OF_RANGE:
+                    now = _range_watermarks(consumer, part, time.monotonic())
+                    if now is not None and now[1] < part.end:
+                        raise _moved_back(part, where, bootstrap, now, skip)
                     raise OffsetsDeleted(
                         f"{where}: offset {m.offset()} is out of range on {bootstrap}: {err}; "
-                        f"to move on: {skip_hint(part.partition, '<offset>')}"
+                        f"to move on: {skip(now[0] if now is not None else '<offset>')} {RUNBOOK_OFFSETS}"
                     )
-                elif err.code() != KafkaError._PARTITION_EOF:
+                elif err.code() not in transient and err.code() != KafkaError._PARTITION_EOF:
                     raise KafkaSourceError(problems.scrub(f"reading {where} from {bootstrap} failed: {err}"))
             if good:
                 if good[-1].offset() >= part.end:
@@ -356,23 +452,53 @@ def read_range(part: KafkaRange, clients: KafkaClients = CONFLUENT_CLIENTS) -> I
             if good:
                 next_offset = good[-1].offset() + 1
                 last_progress = time.monotonic()
+                behind_since = None
                 yield _record_batch(good, part.topic, part.partition)
                 continue
             # Nothing new: offsets up to `end` may be transaction markers or compacted away.
-            position = consumer.position([TopicPartition(part.topic, part.partition)])[0].offset
+            position = consumer.position([_topic_partition(part.topic, part.partition)])[0].offset
             if position >= part.end:
                 return
-            if time.monotonic() - last_progress > part.timeout_s:
+            now_s = time.monotonic()
+            if now_s - last_progress > BEHIND_CHECK_AFTER_S:
+                # Is `end` still there? A high watermark below it (read again for ~2 s: Tansu may report one a
+                # little low for a moment) means the records the batch recorded are gone: waiting will not help.
+                now = _range_watermarks(consumer, part, now_s)
+                if now is not None and now[1] < part.end:
+                    behind_since = behind_since if behind_since is not None else now_s
+                    if now_s - behind_since >= sum(WATERMARK_RECHECK_DELAYS_S):
+                        raise _moved_back(part, where, bootstrap, now, skip)
+                else:
+                    behind_since = None
+            if now_s - last_progress > part.timeout_s:
                 cause = problems.cause()
                 raise KafkaSourceError(
                     problems.scrub(
                         f"no records from {bootstrap} for {part.timeout_s:g}s while reading {where} "
                         f"(stuck at offset {next_offset}); "
                         + (f"the client says: {cause}" if cause else "is the broker up?")
+                        + f"; what was staged is kept {RUNBOOK_OUTAGE}"
                     )
                 )
     finally:
-        consumer.close()
+        _close_quietly(consumer)
+
+
+def _topic_partition(topic: str, partition: int, offset: int | None = None) -> Any:
+    from confluent_kafka import TopicPartition
+
+    return TopicPartition(topic, partition) if offset is None else TopicPartition(topic, partition, offset)
+
+
+def _moved_back(
+    part: KafkaRange, where: str, bootstrap: Any, marks: tuple[int, int], skip: Callable[[int], str]
+) -> OffsetsMovedBackwards:
+    low, high = marks
+    return OffsetsMovedBackwards(
+        f"{where} on {bootstrap}: the high watermark {high} is below the batch's end offset {part.end}, so the "
+        f"records the batch recorded are gone (topic re-created or emptied?); nothing is skipped silently; "
+        f"to move on: {skip(low)} {RUNBOOK_OFFSETS}"
+    )
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -400,6 +526,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.catch_up_records = int(options.get("catchUpRecordsPerBatch", "0"))
         self.records_per_split = max(1, int(options.get("recordsPerSplit", "250000")))
         self.timeout_s = float(options.get("readTimeoutSeconds", "120"))
+        self.pipeline = options.get("pipeline", "<pipeline>")
+        self.outage_s = float(options.get("brokerOutageSeconds", str(DEFAULT_OUTAGE_S)))
+        self._down_since: float | None = None
         self.starting: Offsets = {str(k): int(v) for k, v in json.loads(options.get("startingOffsets", "{}")).items()}
         self._admin: KafkaAdmin | None = None
         self._target: Offsets | None = None
@@ -431,12 +560,44 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._admin = KafkaAdmin(self.bootstrap, self.topic, self.extra, self.clients)
         return self._admin
 
+    def _retrying(self, call: Callable[[], Any]) -> Any:
+        """``call()``, retried with back-off while the broker does not answer, for up to :attr:`outage_s` from the
+        first failure (a failure in one call and one in the next are one outage). One line when the broker is found
+        unreachable and one when it is back; after the bound, one :class:`KafkaSourceError` line."""
+        attempt = 0
+        while True:
+            try:
+                result = call()
+            except Exception as exc:
+                if not _transient(exc):
+                    raise
+                now = time.monotonic()
+                if self._down_since is None:
+                    self._down_since = now
+                    _say(f"{exc}; retrying for up to {self.outage_s:g}s")
+                waited = now - self._down_since
+                if waited >= self.outage_s:
+                    cause = str(exc).removeprefix(f"Kafka broker at {self.bootstrap} is unreachable: ")
+                    raise KafkaSourceError(
+                        f"Kafka broker at {self.bootstrap} did not answer for {waited:.0f}s ({cause}); the query "
+                        f"stopped and what was staged is kept: start it again once the broker is back "
+                        f"{RUNBOOK_OUTAGE}"
+                    ) from None
+                time.sleep(min(OUTAGE_BACKOFF_S[min(attempt, len(OUTAGE_BACKOFF_S) - 1)], self.outage_s - waited))
+                attempt += 1
+                continue
+            if self._down_since is not None:
+                _say(f"Kafka broker at {self.bootstrap} is back after {time.monotonic() - self._down_since:.0f}s")
+                self._down_since = None
+                self._identity_checked = False  # the topic is checked again: it may have been re-created meanwhile
+            return result
+
     def initialOffset(self) -> dict:
-        earliest = self.admin.earliest()
+        earliest = self._retrying(self.admin.earliest)
         return {p: self.starting.get(p, low) for p, low in earliest.items()}
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._target = self.admin.latest()
+        self._target = self._retrying(self.admin.latest)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.max_records) if self.max_records > 0 else ReadAllAvailable()
@@ -466,8 +627,14 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         moved, self._skips = apply_skips(self._skips, start, batch_id)
         return moved
 
-    def _check_identity(self) -> None:
-        """Once per reader: the topic and cluster are the ones the checkpoint began on (a None id is not compared)."""
+    def _skip(self, partition: int | str, offset: int | str, why: str) -> str:
+        return skip_hint(partition, offset, self.pipeline, why)
+
+    def _check_identity(self, start: Offsets | None = None) -> None:
+        """Once per reader, and again after a broker outage: the topic and cluster are the ones the checkpoint began
+        on (a None id is not compared). Checked before a batch is planned and before a planned batch is read (a
+        batch replayed from the offset log after a restart is never planned again), so a batch recorded against a
+        topic is never read from a re-created one."""
         if self.expected_identity is None or self._identity_checked:
             return
         actual = self.admin.identity()
@@ -475,25 +642,32 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             old, new = self.expected_identity.get(key), actual.get(key)
             if old is not None and new is not None and old != new:
                 was, now = json.dumps(self.expected_identity, sort_keys=True), json.dumps(actual, sort_keys=True)
+                lows = self.admin.earliest()
+                moved = [p for p in sorted(lows, key=int) if start is None or start.get(p) != lows[p]] or sorted(
+                    lows, key=int
+                )
+                why = f"topic {self.topic} re-created" if key == "topic_id" else f"{self.topic} on another cluster"
+                commands = "; ".join(self._skip(p, lows[p], why) for p in moved)
                 raise SourceChanged(
                     f"topic {self.topic!r} on {self.bootstrap} is not the one this query began on: it was {was}, "
-                    f"it is now {now} "
-                    f"(deleted and re-created, or another cluster); to move on, for each partition: "
-                    f"{skip_hint('<p>', '<offset>')}"
+                    f"it is now {now} (deleted and re-created, or another cluster); nothing is read from it "
+                    f"silently; to move on from its first offsets: {commands} {RUNBOOK_OFFSETS}"
                 )
         self._identity_checked = True
 
-    def watermarks_moving_forward(self, start: Offsets) -> dict[str, tuple[int, int]]:
-        """Each partition's ``(low, high)`` watermarks, once no high watermark is below its start in ``start``.
+    def watermarks_moving_forward(self, start: Offsets, end: Offsets | None = None) -> dict[str, tuple[int, int]]:
+        """Each partition's ``(low, high)`` watermarks, once no high watermark is below its start in ``start`` (or
+        below its end in ``end``, the recorded end of a batch planned again: its records must all be there).
 
         A high watermark below a start is re-read after each of :attr:`recheck_delays_s` before it is believed, then
         raises :class:`OffsetsMovedBackwards`; a partition of ``start`` that the topic no longer has raises
         :class:`SourceChanged`; a start below the low watermark raises :class:`OffsetsDeleted`.
         """
+        need = {**start, **(end or {})}
         for delay in (*self.recheck_delays_s, None):
             marks = {str(p): self.admin.watermarks(p) for p in self.admin.partitions()}
             missing = sorted((p for p in start if p not in marks), key=int)
-            behind = sorted((p for p in start if p in marks and marks[p][1] < start[p]), key=int)
+            behind = sorted((p for p in need if p in marks and marks[p][1] < need[p]), key=int)
             if not missing and not behind:
                 break
             if delay is None:
@@ -501,15 +675,18 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     p = missing[0]
                     raise SourceChanged(
                         f"topic {self.topic!r} on {self.bootstrap} has no partition {p} now (partitions "
-                        f"{sorted(marks, key=int)}), but the query reads it from offset {start[p]}; "
-                        f"to move on: {skip_hint(p, '<offset>')}"
+                        f"{sorted(marks, key=int)}), but the query reads it from offset {start[p]} "
+                        f"{RUNBOOK_OFFSETS}"
                     )
                 p = behind[0]
                 low, high = marks[p]
+                which = "start" if need[p] == start.get(p) else "recorded end"
+                why = f"topic {self.topic} re-created or emptied"
+                commands = "; ".join(self._skip(q, marks[q][0], why) for q in behind)
                 raise OffsetsMovedBackwards(
-                    f"{self.topic}/{p} on {self.bootstrap}: the high watermark {high} is below the batch's start "
-                    f"offset {start[p]} (topic re-created, or a fail-over to another cluster?); nothing is skipped "
-                    f"silently; to move on: {skip_hint(p, low)}"
+                    f"{self.topic}/{p} on {self.bootstrap}: the high watermark {high} is below the batch's {which} "
+                    f"offset {need[p]} (topic re-created, or a fail-over to another cluster?); nothing is skipped "
+                    f"silently; to move on: {commands} {RUNBOOK_OFFSETS}"
                 )
             time.sleep(delay)
         for p, begin in sorted(start.items(), key=lambda kv: int(kv[0])):
@@ -518,16 +695,20 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 raise OffsetsDeleted(
                     f"{self.topic}/{p} on {self.bootstrap}: the batch's start offset {begin} is below the low "
                     f"watermark {low} (offsets [{begin}, {low}) were deleted by retention before they were read); "
-                    f"to move on: {skip_hint(p, low)}"
+                    f"to move on: {self._skip(p, low, 'deleted by retention')} {RUNBOOK_OFFSETS}"
                 )
         return marks
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        """The end offsets of the batch Spark plans next, after checking that offsets only move forward."""
-        self._check_identity()
+        """The end offsets of the batch Spark plans next, after checking that offsets only move forward; a broker
+        that does not answer is waited for (:meth:`_retrying`)."""
         begin = self._with_skips({str(p): int(o) for p, o in start.items()}, planning=True)
-        marks = self.watermarks_moving_forward(begin)
+        return self._retrying(lambda: self._plan(begin, limit))
+
+    def _plan(self, begin: Offsets, limit: ReadLimit) -> Offsets:
+        self._check_identity(begin)
         recorded = self._recorded_end(begin)
+        marks = self.watermarks_moving_forward(begin, recorded)
         if recorded is not None:
             return recorded
         latest = {p: high for p, (_low, high) in marks.items()}
@@ -545,17 +726,20 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return latest
 
     def reportLatestOffset(self) -> dict | None:
-        return self.admin.latest()
+        return self._retrying(self.admin.latest)
 
     def partitions(self, start: dict, end: dict) -> list[KafkaRange]:
         start = self._with_skips({str(p): int(o) for p, o in start.items()}, planning=False)
+        self._retrying(lambda: self._check_identity(start))
         config = consumer_config(self.bootstrap, self.extra)
         ranges = []
         for p, stop in sorted(end.items(), key=lambda kv: int(kv[0])):
             first = int(start.get(p, stop))  # a partition new in this batch is read from the next one on
             for lo in range(first, int(stop), self.records_per_split):
                 hi = min(int(stop), lo + self.records_per_split)
-                ranges.append(KafkaRange(self.topic, int(p), lo, hi, config, self.timeout_s))
+                ranges.append(
+                    KafkaRange(self.topic, int(p), lo, hi, config, max(self.timeout_s, self.outage_s), self.pipeline)
+                )
         return ranges
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

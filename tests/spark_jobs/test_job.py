@@ -44,6 +44,7 @@ def test_a_checkpoint_ahead_of_its_ledger_refuses_to_start_naming_both_and_the_b
 
 def test_a_ledger_file_that_is_not_a_ledger_is_named_before_spark_starts(make_spec):
     spec = make_spec()
+    produce_orders(spec, 10)  # the topic exists: a missing one is refused first
     ledger_path = open_ledger(spec).path
     Path(ledger_path).parent.mkdir(parents=True, exist_ok=True)
     Path(ledger_path).write_bytes(b"not a database at all" * 300)

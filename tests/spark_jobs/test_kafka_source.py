@@ -29,6 +29,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from krishiv.broker import LocalBroker
 from krishiv.produce import ensure_topic
 from krishiv_core.spec import FORCED_CONSUMER_SETTINGS
+from spark_jobs import kafka_source
 from spark_jobs.checkpoint import BatchOffsets
 from spark_jobs.errors import KafkaSourceError, OffsetsDeleted, OffsetsMovedBackwards, SourceChanged
 from spark_jobs.kafka_source import (
@@ -43,6 +44,7 @@ from spark_jobs.kafka_source import (
 )
 
 TOPIC = "orders"
+PIPELINE = "orders_per_minute"
 BOOTSTRAP = "double:9092"
 SHORT_RECHECKS = (0.01, 0.01)  # the reader's watermark re-reads, shortened from ~2 s
 WAIT_S = 15.0
@@ -178,7 +180,7 @@ class ScriptedAdmin:
 
 def read(consumer: ScriptedConsumer, start: int, end: int, timeout_s: float = 30.0) -> list[int]:
     """The offsets ``read_range`` yields for ``[start, end)`` of partition 0."""
-    part = KafkaRange(TOPIC, 0, start, end, consumer_config(BOOTSTRAP, {}), timeout_s)
+    part = KafkaRange(TOPIC, 0, start, end, consumer_config(BOOTSTRAP, {}), timeout_s, PIPELINE)
     batches = list(read_range(part, KafkaClients(consumer=consumer)))
     for batch in batches:
         assert batch.schema.field("offset").type == pa.int64()
@@ -187,7 +189,7 @@ def read(consumer: ScriptedConsumer, start: int, end: int, timeout_s: float = 30
 
 def reader(consumer: ScriptedConsumer, admin: ScriptedAdmin | None = None, **options: str) -> KafkaStreamReader:
     source = KafkaStreamReader(
-        {"bootstrap.servers": BOOTSTRAP, "topic": TOPIC, **options},
+        {"bootstrap.servers": BOOTSTRAP, "topic": TOPIC, "pipeline": PIPELINE, **options},
         KafkaClients(consumer=consumer, admin=admin or ScriptedAdmin()),
     )
     source.recheck_delays_s = SHORT_RECHECKS
@@ -238,7 +240,9 @@ def test_offsets_deleted_by_retention_fail_the_task_naming_them() -> None:
         read(consumer, 10, 20)
     message = str(info.value)
     assert "[10, 15)" in message and f"{TOPIC}/0" in message
-    assert 'krishiv skip-offsets --pipeline <pipeline> --partition 0 --to 15 --reason "..."' in message
+    assert (
+        f'krishiv skip-offsets --pipeline {PIPELINE} --partition 0 --to 15 --reason "deleted by retention"' in message
+    )
     assert consumer.count("consume") == 0 and consumer.calls[-1] == ("close",)
 
 
@@ -249,9 +253,33 @@ def test_an_offset_reset_while_reading_is_offsets_deleted() -> None:
 
 
 def test_a_broker_error_while_reading_names_the_range() -> None:
-    consumer = ScriptedConsumer(fetches=[Fetch([10], error=KafkaError._TRANSPORT)])
+    consumer = ScriptedConsumer(fetches=[Fetch([10], error=KafkaError.TOPIC_AUTHORIZATION_FAILED)])
     with pytest.raises(KafkaSourceError, match=r"reading orders/0 \[10, 20\) from double:9092 failed"):
         read(consumer, 10, 20)
+
+
+def test_a_broker_out_of_reach_while_reading_is_waited_for() -> None:
+    # librdkafka reports the lost connection and reconnects by itself: the range goes on when records come again.
+    consumer = ScriptedConsumer(
+        fetches=[
+            Fetch([10, 11], error=KafkaError._TRANSPORT),
+            Fetch([], error=KafkaError._ALL_BROKERS_DOWN),
+            Fetch(list(range(12, 20))),
+        ]
+    )
+    assert read(consumer, 10, 20) == list(range(10, 20))
+
+
+def test_a_range_whose_end_is_gone_fails_at_once_with_the_exact_command() -> None:
+    # The batch recorded [10, 20); the topic was re-created and holds 3 records: waiting would never end the range.
+    consumer = ScriptedConsumer(watermarks={0: [(0, 3)]}, fetches=[])
+    began = time.monotonic()
+    with pytest.raises(OffsetsMovedBackwards) as info:
+        read(consumer, 10, 20, timeout_s=120.0)
+    assert time.monotonic() - began < 10, "refused at once, not after the read timeout"
+    message = str(info.value)
+    assert "high watermark 3 is below the batch's end offset 20" in message
+    assert f'krishiv skip-offsets --pipeline {PIPELINE} --partition 0 --to 0 --reason "orders re-created' in message
 
 
 def test_a_stuck_partition_fails_after_the_timeout() -> None:
@@ -353,9 +381,66 @@ def test_a_high_watermark_below_the_start_stops_the_query() -> None:
         reader(consumer).latestOffset({"0": 100, "1": 120}, ReadAllAvailable())
     message = str(info.value)
     assert f"{TOPIC}/1" in message and "high watermark 4" in message and "start offset 120" in message
-    assert 'krishiv skip-offsets --pipeline <pipeline> --partition 1 --to 0 --reason "..."' in message
+    assert (
+        f'krishiv skip-offsets --pipeline {PIPELINE} --partition 1 --to 0 --reason "topic {TOPIC} re-created or'
+        in message
+    )
     # Believed only after the watermarks were re-read once per pause.
     assert consumer.count("list_topics") == len(SHORT_RECHECKS) + 1
+
+
+def test_a_recorded_batch_whose_end_is_gone_is_refused_when_planned(tmp_path) -> None:
+    offsets = tmp_path / "offsets"
+    offsets.mkdir()
+    (offsets / "0").write_text('v1\n{}\n{"0": 100, "1": 50}\n')
+    recorded = json.dumps({"ends": {"1": {"0": 200, "1": 80}}, "skips": []})  # batch 1 was staged as 100-200, 50-80
+    consumer = ScriptedConsumer(watermarks={0: [(0, 150)], 1: [(0, 60)]})  # emptied and refilled: ends are gone
+    source = reader(consumer, checkpointPath=str(tmp_path), recorded=recorded)
+    with pytest.raises(OffsetsMovedBackwards) as info:
+        source.latestOffset({"0": 100, "1": 50}, ReadAllAvailable())
+    message = str(info.value)
+    assert "high watermark 150 is below the batch's recorded end offset 200" in message
+    for partition in (0, 1):
+        assert f"krishiv skip-offsets --pipeline {PIPELINE} --partition {partition} --to 0 --reason" in message
+
+
+class FlakyConsumer(ScriptedConsumer):
+    """A consumer whose broker does not answer the next ``down`` watermark requests."""
+
+    down: int = 0
+
+    def get_watermark_offsets(
+        self, partition: TopicPartition, timeout: float = -1, cached: bool = False
+    ) -> tuple[int, int]:
+        if self.down > 0:
+            self.down -= 1
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT))
+        return super().get_watermark_offsets(partition, timeout, cached)
+
+
+def test_a_broker_out_of_reach_is_retried_with_a_line_when_it_goes_and_one_when_it_is_back(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(kafka_source, "OUTAGE_BACKOFF_S", (0.01,))
+    consumer = FlakyConsumer(watermarks={0: [(0, 500)]})
+    consumer.down = 5
+    source = reader(consumer)
+    assert source.latestOffset({"0": 100}, ReadAllAvailable()) == {"0": 500}
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2, lines
+    assert "did not report offsets of orders/0" in lines[0] and "retrying for up to 300s" in lines[0]
+    assert lines[1].startswith(f"krishiv-kafka: Kafka broker at {BOOTSTRAP} is back after")
+
+
+def test_a_broker_out_of_reach_past_the_bound_is_one_line(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(kafka_source, "OUTAGE_BACKOFF_S", (0.05,))
+    consumer = FlakyConsumer(watermarks={0: [(0, 500)]})
+    consumer.down = 10_000
+    source = reader(consumer, brokerOutageSeconds="0.5")
+    with pytest.raises(KafkaSourceError) as info:
+        source.latestOffset({"0": 100}, ReadAllAvailable())
+    message = str(info.value)
+    assert message.startswith(f"Kafka broker at {BOOTSTRAP} did not answer for ") and "the query stopped" in message
+    assert "README: Recovery runbook > A broker outage" in message and "\n" not in message
+    assert len(capsys.readouterr().err.splitlines()) == 1, "one line when it went, none per attempt"
 
 
 def test_a_high_watermark_low_for_a_moment_is_read_again() -> None:
@@ -554,10 +639,16 @@ def test_a_re_created_topic_has_a_new_identity_and_stops_the_query(broker: Local
         after = admin.identity()
     assert after["cluster_id"] == before["cluster_id"] and after["topic_id"] != before["topic_id"]
 
-    source = _real_reader(broker.bootstrap, real_topic, expectedIdentity=json.dumps(before))
+    source = _real_reader(broker.bootstrap, real_topic, expectedIdentity=json.dumps(before), pipeline=PIPELINE)
     try:
-        with pytest.raises(SourceChanged, match=re.escape(str(before["topic_id"]))):
+        with pytest.raises(SourceChanged, match=re.escape(str(before["topic_id"]))) as info:
             source.latestOffset(start, ReadAllAvailable())
+        # The command to move on, with real values: partition 0 of the new topic starts at 0.
+        command = f'krishiv skip-offsets --pipeline {PIPELINE} --partition 0 --to 0 --reason "topic {real_topic} re'
+        assert command in str(info.value)
+        # A batch planned before the topic was re-created (Spark replays it from its offset log) is not read either.
+        with pytest.raises(SourceChanged):
+            source.partitions(start, {"0": start["0"] + 1})
     finally:
         source.stop()
     # Without the pinned identity, the offsets going backwards stop it all the same.
@@ -635,3 +726,34 @@ def test_spark_plans_catch_up_batches_larger_than_its_read_limit(
     # 300 behind: 200; then 100 behind, still more than a batch of 50: all of it. Every record once, in order.
     assert [(batch_id, len(offsets)) for batch_id, offsets in seen] == [(0, 200), (1, 100)]
     assert [o for _batch_id, offsets in seen for o in offsets] == list(range(300))
+
+
+def test_a_continuous_query_never_reads_more_than_its_read_limit_per_batch(
+    broker: LocalBroker, real_topic: str, spark, tmp_path
+) -> None:
+    """Through Spark (a processing-time trigger, as `krishiv run` without --once): 600 records behind and a limit
+    of 200 without catch-up: the first batch too holds 200, never the backlog."""
+    from spark_jobs.kafka_source import SOURCE_NAME
+
+    ensure_topic(broker.bootstrap, real_topic, 1)
+    _produce(broker.bootstrap, real_topic, 600)
+    seen: list[int] = []
+    query = (
+        spark.readStream.format(SOURCE_NAME)
+        .option("bootstrap.servers", broker.bootstrap)
+        .option("topic", real_topic)
+        .option("maxRecordsPerBatch", "200")
+        .load()
+        .writeStream.foreachBatch(lambda batch, _batch_id: seen.append(batch.count()))
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while sum(seen) < 600 and time.monotonic() < deadline and query.exception() is None:
+            time.sleep(0.1)
+    finally:
+        query.stop()
+    assert sum(seen) == 600 and max(seen) <= 200, seen
+    assert seen[0] == 200, seen
