@@ -43,7 +43,7 @@ from pyiceberg.table import Table
 from krishiv_core.errors import KrishivError
 from krishiv_core.faults import fault_point
 from krishiv_core.spec import MIN_ORPHAN_GRACE_MS
-from krishiv_core.staging_paths import staging_root_of
+from krishiv_core.staging_paths import STAGING_DIR, staging_root_of
 from outbox.ledger import Ledger
 
 log = logging.getLogger(__name__)
@@ -128,6 +128,7 @@ def referenced_files(table: Table) -> set[str]:
 #: clock) and still be taken for one the stager wrote: the clocks of two machines differ.
 CLOCK_SKEW_S = 600.0
 
+_STAGING_FOLDER = f"/{STAGING_DIR}/"
 _BATCH_FOLDER = re.compile(r"/query=([^/]+)/batch=(\d+)/")
 
 #: Whether a listed file belongs to a batch a live stager may still be writing.
@@ -142,11 +143,12 @@ def in_flight_files(ledger: Ledger, pipeline: str, table_name: str) -> InFlight:
     """Which staged files of ``table_name`` a live stager of ``pipeline`` may still be writing (read from the
     ledger now: call it after listing, as the PENDING entries are read).
 
-    A file is kept as in flight when the pipeline's stager lease is live, the file was written after the lease was
-    taken (by its modification time, less :data:`CLOCK_SKEW_S`), and its batch folder (``query=<q>/batch=<n>``)
-    is past the last batch of query ``q`` committed to the table (every batch of a query if none is), or it is in
-    no batch folder. Files older than the lease (a stager killed before this one started) and files of batches
-    already committed (rewritten by a compaction, their snapshots expired) are orphans like any other, so a
+    A file is kept as in flight when the pipeline's stager lease is live, the file is in a staging folder (the
+    table's own location is never the stager's), it was written after the lease was taken (by its modification
+    time, less :data:`CLOCK_SKEW_S`), and its batch folder (``query=<q>/batch=<n>``) is past the last batch of
+    query ``q`` committed to the table with rows (every batch of a query if none is), or it is in no batch folder.
+    Files older than the lease (a stager killed before this one started) and files of batches already committed
+    (rewritten by a compaction, their snapshots expired) are orphans like any other, so a
     long-running stager's old leftovers still go; no lease, nothing is in flight.
     """
     lease = ledger.live_lease(pipeline)
@@ -156,7 +158,7 @@ def in_flight_files(ledger: Ledger, pipeline: str, table_name: str) -> InFlight:
     committed: dict[str, int | None] = {}
 
     def in_flight(f: ListedFile) -> bool:
-        if f.mtime_s < since_s:
+        if f.mtime_s < since_s or _STAGING_FOLDER not in f.path:  # the table's own files are not the stager's
             return False
         found = _BATCH_FOLDER.search(f.path)
         if found is None:

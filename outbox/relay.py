@@ -61,7 +61,14 @@ from krishiv_core.entries import MERGE, OffsetSkip, OutboxEntry
 from krishiv_core.errors import CatalogUnavailable, ConfigError, KrishivError
 from krishiv_core.faults import fault_point
 from outbox.data_files import data_file
-from outbox.errors import CommitConflict, CommittedBatchesMissing, LedgerBusyError, LedgerCorrupt, LedgerSchemaError
+from outbox.errors import (
+    CommitConflict,
+    CommittedBatchesMissing,
+    LedgerBusyError,
+    LedgerCorrupt,
+    LedgerSchemaError,
+    StagedFileMissing,
+)
 from outbox.ledger import Ledger
 from outbox.merge import merge_commit
 from outbox.snapshot_producer import fast_append
@@ -93,6 +100,8 @@ RUN_STOPS: tuple[type[Exception], ...] = (
     LedgerSchemaError,
 )
 TABLE_STOPS: tuple[type[Exception], ...] = (KrishivError,)
+#: The way out of a refusal whose message does not name one.
+_WAY_OUT: dict[type[Exception], str] = {StagedFileMissing: "; `krishiv restage` stages the batch again"}
 
 #: The identity of a committed batch in the table: the snapshot that recorded it, None if expired.
 _EXPIRED = -1
@@ -259,7 +268,7 @@ class CommitRelay:
             except RUN_STOPS:
                 raise
             except TABLE_STOPS as exc:
-                report.refused = _first_line(exc)
+                report.refused = _first_line(exc) + _WAY_OUT.get(type(exc), "")
                 log.warning("commits of %s stopped: %s", name, report.refused)
             reports.append(report)
         return reports

@@ -116,8 +116,8 @@ def test_a_live_stagers_batch_in_progress_is_kept_however_old(catalog: Catalog, 
     root = local(staging_root(catalog.load_table(TABLE)))
     now = time.time()
 
-    def write(relative: str, age_s: float) -> Path:
-        path = root / relative
+    def write(relative: str, age_s: float, under: Path = root) -> Path:
+        path = under / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"rows")
         os.utime(path, (now - age_s, now - age_s))
@@ -128,6 +128,7 @@ def test_a_live_stagers_batch_in_progress_is_kept_however_old(catalog: Catalog, 
     leftovers = [
         write("query=q1/batch=000000000001/part-replayed.parquet", 2 * 3600),  # batch 1 is committed
         write("query=dead/batch=000000000007/part-c.parquet", 5 * 3600),  # before this stager's lease
+        write("data/part-of-a-killed-compaction.parquet", 2 * 3600, local(catalog.load_table(TABLE).location())),
     ]
 
     def run():
@@ -135,8 +136,7 @@ def test_a_live_stagers_batch_in_progress_is_kept_however_old(catalog: Catalog, 
             lambda: catalog.load_table(TABLE),
             lambda: [f.path for e in ledger.pending(TABLE) for f in e.files],
             grace_s=3600,
-            roots=[str(root)],
-            in_flight=lambda: in_flight_files(ledger, pipeline, TABLE),
+            in_flight=lambda: in_flight_files(ledger, pipeline, TABLE),  # the table's location and staging folder
         )
 
     report = run()
