@@ -362,3 +362,53 @@ def test_an_upsert_key_changed_on_an_existing_table_is_refused(tmp_path):
         ensure_pipeline_tables(load_catalog(spec), spec, spec.pipeline())
     assert "customer_id" in str(info.value) and "order_id" in str(info.value)
     assert _table(spec).schema().identifier_field_names() == {"customer_id"}
+
+
+# ------------------------------------------------------------------------------- a field removed or renamed
+
+
+UPSERT_BY_ORDER = 'kind = "upsert"\nkey = ["order_id"]\nkafka_metadata = ["partition", "offset"]\n'
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "change"),
+    [(EVENTS, "remove"), (EVENTS, "rename"), (UPSERT_BY_ORDER, "remove"), (UPSERT_BY_ORDER, "rename")],
+    ids=["events-remove", "events-rename", "upsert-remove", "upsert-rename"],
+)
+def test_a_removed_or_renamed_field_keeps_its_column_and_new_rows_leave_it_null(
+    tmp_path, broker, spark, topic, pipeline, change
+):
+    """README "Changing a spec": a removed field's column is kept (old rows keep their values, new rows have null);
+    a rename is a removal plus a new field. The oracle folds the produced events in offset order: an events table
+    has every event, an upsert table the last event of each order id (the second run updates some old orders)."""
+    with_plan = BASE_FIELDS + '\nplan = "string"'
+    spec = _spec(tmp_path, broker.bootstrap, topic, pipeline=pipeline, fields=with_plan)
+    first = [_order(s, plan=f"p{s % 3}") for s in range(60)]
+    _produce(spec, first, 0)
+    _run(spec)
+
+    fields = BASE_FIELDS + ('\ntier = "string"' if change == "rename" else "")
+    spec = _spec(tmp_path, broker.bootstrap, topic, pipeline=pipeline, fields=fields)
+    updates = [{**_order(s), "qty": 49} for s in range(0, 60, 10)]  # orders 0, 10, ... again: an upsert replaces them
+    second = [{**_order(s), **({"tier": f"t{s % 2}"} if change == "rename" else {})} for s in range(60, 120)]
+    second += [{**u, **({"tier": "t9"} if change == "rename" else {})} for u in updates]
+    _produce(spec, second, 60)
+    _run(spec)
+
+    table = _table(spec)
+    assert not table.schema().find_field("plan").required, "the removed field's column is kept, optional"
+    rows = table.scan().to_arrow()
+    produced = first + second  # offset order within each partition is production order
+    if pipeline == EVENTS:
+        _exactly_once(spec, rows)
+        want = [{"order_id": o["order_id"], "plan": o.get("plan"), "tier": o.get("tier")} for o in produced]
+    else:
+        latest: dict[str, dict[str, Any]] = {}
+        for o in produced:
+            latest[o["order_id"]] = o
+        want = [{"order_id": o["order_id"], "plan": o.get("plan"), "tier": o.get("tier")} for o in latest.values()]
+    columns = ["order_id", "plan", "tier"] if change == "rename" else ["order_id", "plan"]
+    got = sorted((tuple(r[c] for c in columns) for r in rows.to_pylist()), key=str)
+    assert got == sorted((tuple(w[c] for c in columns) for w in want), key=str)
+    if change == "rename":
+        assert not table.schema().find_field("tier").required
