@@ -341,8 +341,11 @@ class BatchStager:
 
         The replay computes the same rows from the same offsets and state, so the entry keeps its offsets and
         intended snapshot id and only its file list changes; a COMMITTED entry is never touched. Files the tasks
-        wrote for the tables whose entries are whole are removed again.
+        wrote for the tables whose entries are whole are removed again. The new files are staged with this run's
+        schema, so the tables get it first (a later schema only adds, widens or relaxes the entry's columns).
         """
+        if missing:
+            self._apply_schemas(batch_id)
         for target in self.targets:
             if target not in missing:  # whole, or not the batch's: the files the tasks wrote for it go again
                 for f in result.files.get(target.output.name, ()):
