@@ -542,3 +542,18 @@ def test_an_output_mode_switch_with_open_windows_is_refused_before_spark_starts(
     assert _files(tmp_path / "checkpoints") == checkpoints
     assert open_ledger(spec).entries() == entries
     assert _table(spec).metadata_location == table.metadata_location
+
+
+def test_a_windowed_group_by_field_removed_is_refused_naming_the_pipeline(tmp_path):
+    """A group_by field is part of a windowed table's key: removing it would merge rows of different groups."""
+    spec = _spec(tmp_path, "127.0.0.1:9092", "orders", pipeline=WINDOWED.format(extra='group_by = ["customer_id"]'))
+    ensure_pipeline_tables(load_catalog(spec), spec, spec.pipeline())
+    schema = _table(spec).schema()
+
+    spec = _spec(tmp_path, "127.0.0.1:9092", "orders", pipeline=WINDOWED.format(extra=""))
+    with pytest.raises(SpecChangeRefused) as info:
+        ensure_pipeline_tables(load_catalog(spec), spec, spec.pipeline())
+    message = str(info.value)
+    for fragment in ("pipeline 'orders'", "('customer_id')", "group_by is (nothing)", "new table"):
+        assert fragment in message, message
+    assert _table(spec).schema() == schema
