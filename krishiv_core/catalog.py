@@ -37,9 +37,10 @@ from pyiceberg.table import Table
 
 from krishiv_core.client_settings import MASK, is_secret, resolve
 from krishiv_core.errors import CatalogUnavailable, ConfigError, KrishivError, SchemaConflict
-from krishiv_core.evolution import evolve_partitioning, evolve_schema, partitioning_differs
+from krishiv_core.evolution import evolve_partitioning, evolve_schema, partitioning_differs, planned_schema
 from krishiv_core.partitioning import PartitionField, describe_spec, partition_spec
 from krishiv_core.spec import KrishivSpec, PipelineSpec
+from krishiv_core.table_purpose import check_purpose, purpose_properties
 from krishiv_core.tables import output_tables
 
 #: Table properties Krishiv sets on the tables it creates. The relay owns commit retries (it re-checks
@@ -333,6 +334,8 @@ def ensure_table(
     *,
     partition_by: tuple[PartitionField, ...] = (),
     pending: int = 0,
+    properties: Mapping[str, str] | None = None,
+    defer_schema: bool = False,
 ) -> Table:
     """Load the table, creating the namespace and table on first use (concurrent creators are fine), and bring
     an existing table to ``schema`` and ``partition_by`` as ``krishiv_core.evolution`` allows, or raise
@@ -342,7 +345,12 @@ def ensure_table(
     not touched. ``pending``: batches staged for the table and not yet committed; its partitioning does not change
     under them (their files were written per partition of the current spec), so the start is refused instead.
     When another process changes the table's metadata at the same moment (two creators evolving it
-    alike, say), the commit fails, the table is reloaded and compared again.
+    alike, say), the commit fails, the table is reloaded and compared again. ``properties`` are set on a new table
+    (and on an existing one with its schema change).
+
+    With ``defer_schema`` (a run's start) the schema change is only checked (a conflict is still raised) and not
+    made: the first batch staged applies it (``spark_jobs.staging``), so a run that fails before that leaves the
+    table as it was. A partitioning change is made at once (it may need the new schema: then both are).
     """
     name = ".".join(identifier)
     try:
@@ -360,7 +368,7 @@ def ensure_table(
                     identifier,
                     schema=schema,
                     partition_spec=partition_spec(schema, partition_by),
-                    properties=TABLE_PROPERTIES,
+                    properties={**TABLE_PROPERTIES, **(properties or {})},
                 )
         except TableAlreadyExistsError:
             with catalog_call(catalog, f"load table {name}"):
@@ -372,31 +380,52 @@ def ensure_table(
             f"{shown}, but {pending} batch(es) staged for the current partitioning are not committed yet; nothing "
             "was changed: run krishiv commit first, then start again"
         )
+    if defer_schema and not partitioning_differs(table, partition_by):
+        planned_schema(table, schema, name)  # a conflict is refused now; the change waits for the first batch
+        with catalog_call(catalog, f"update table {name}"):
+            return _with_metadata_properties(table)
+
+    def evolve(table: Table) -> Table:
+        evolved = evolve_schema(table, schema, name, properties)
+        return _with_metadata_properties(evolve_partitioning(evolved, partition_by, name))
+
     attempts = 5  # a concurrent metadata change won the commit: reload, compare again (bounded)
     with catalog_call(catalog, f"update table {name}"):
         for _ in range(attempts - 1):
             try:
-                return _with_metadata_properties(
-                    evolve_partitioning(evolve_schema(table, schema, name), partition_by, name)
-                )
+                return evolve(table)
             except CommitFailedException:
                 table = catalog.load_table(identifier)
-        return _with_metadata_properties(evolve_partitioning(evolve_schema(table, schema, name), partition_by, name))
+        return evolve(table)
 
 
 def ensure_pipeline_tables(
-    catalog: Catalog, spec: KrishivSpec, pipeline: PipelineSpec, pending: Callable[[str], int] | None = None
+    catalog: Catalog,
+    spec: KrishivSpec,
+    pipeline: PipelineSpec,
+    pending: Callable[[str], int] | None = None,
+    *,
+    defer_schema: bool = False,
 ) -> dict[str, Table]:
     """Every table the pipeline writes (``krishiv_core.tables.output_tables``), by unqualified name, created from
     the spec if missing and evolved to it otherwise. ``pending``: how many batches of a (qualified) table are staged
-    and not committed (see :func:`ensure_table`)."""
-    return {
-        t.name: ensure_table(
+    and not committed (see :func:`ensure_table`). A row table records what it was created for
+    (``krishiv_core.table_purpose``), and a spec that changes that is refused first, naming the pipeline.
+    ``defer_schema``: check schema changes without making them (see :func:`ensure_table`)."""
+    tables = {}
+    for t in output_tables(pipeline):
+        identifier = table_identifier(spec, t.name)
+        purpose = None if t.rejects else purpose_properties(pipeline)
+        if purpose is not None:
+            with contextlib.suppress(NoSuchTableError), catalog_call(catalog, f"load table {'.'.join(identifier)}"):
+                check_purpose(pipeline, qualified(spec, t.name), catalog.load_table(identifier).properties)
+        tables[t.name] = ensure_table(
             catalog,
-            table_identifier(spec, t.name),
+            identifier,
             t.schema,
             partition_by=t.partition_by,
             pending=pending(qualified(spec, t.name)) if pending else 0,
+            properties=purpose,
+            defer_schema=defer_schema,
         )
-        for t in output_tables(pipeline)
-    }
+    return tables

@@ -90,6 +90,8 @@ class OutboxEntry:
     created_at: datetime | None = None
     committed_at: datetime | None = None
     operation: CommitOperation = CommitOperation()
+    #: The Iceberg schema id of the table schema the files were staged for (their field ids); None if unknown.
+    schema_id: int | None = None
 
     @property
     def key(self) -> tuple[str, str, int]:

@@ -28,7 +28,7 @@ partitions of the new spec rather than registering it under a wrong value.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,26 +142,53 @@ def schema_changes(
     return changes
 
 
-def evolve_schema(table: Table, wanted: Schema, table_name: str) -> Table:
-    """Apply :func:`schema_changes` to ``table`` in one metadata commit; returns the table (unchanged if nothing to do).
+def _stage_changes(tx: Any, table: Table, changes: SchemaChanges) -> None:
+    """Stage ``changes`` in the transaction ``tx`` (one schema update, and the relaxed columns' property).
+
+    A column the spec no longer has is made optional and remembered as relaxed too, so that putting the field back
+    as required (a reverted spec) is not taken for an optional -> required change.
+    """
+    with tx.update_schema() as update:
+        for f in changes.add:
+            update.add_column(f.name, f.field_type, doc=f.doc, required=False)
+        for name, field_type in changes.widen:
+            update.update_column(name, field_type=field_type)
+        for name in changes.make_optional:
+            update.make_column_optional(name)
+    if changes.relax or changes.make_optional:
+        schema = tx.table_metadata.schema()
+        relaxed = _relaxed_ids(table) | {
+            schema.find_field(name).field_id for name in (*changes.relax, *changes.make_optional)
+        }
+        tx.set_properties({RELAXED_PROPERTY: ",".join(str(i) for i in sorted(relaxed))})
+
+
+def planned_schema(table: Table, wanted: Schema, table_name: str) -> Schema:
+    """The schema :func:`evolve_schema` would give ``table`` (with the field ids it would assign), computed in a
+    transaction that is never committed: the table is not changed. Raises SchemaConflict as evolve_schema does."""
+    changes = schema_changes(table_name, table.schema(), wanted, _relaxed_ids(table))
+    if not changes:
+        return table.schema()
+    tx = table.transaction()  # never committed
+    _stage_changes(tx, table, changes)
+    return tx.table_metadata.schema()
+
+
+def evolve_schema(table: Table, wanted: Schema, table_name: str, properties: Mapping[str, str] | None = None) -> Table:
+    """Apply :func:`schema_changes` to ``table``, and set ``properties`` it lacks or holds otherwise, in one
+    metadata commit; returns the table (unchanged if nothing to do).
 
     A concurrent change surfaces as pyiceberg's ``CommitFailedException``: reload the table and call again.
     """
     changes = schema_changes(table_name, table.schema(), wanted, _relaxed_ids(table))
-    if not changes:
+    changed = {k: v for k, v in (properties or {}).items() if table.properties.get(k) != v}
+    if not changes and not changed:
         return table
     with table.transaction() as tx:
-        with tx.update_schema() as update:
-            for f in changes.add:
-                update.add_column(f.name, f.field_type, doc=f.doc, required=False)
-            for name, field_type in changes.widen:
-                update.update_column(name, field_type=field_type)
-            for name in changes.make_optional:
-                update.make_column_optional(name)
-        if changes.relax:
-            schema = tx.table_metadata.schema()
-            relaxed = _relaxed_ids(table) | {schema.find_field(name).field_id for name in changes.relax}
-            tx.set_properties({RELAXED_PROPERTY: ",".join(str(i) for i in sorted(relaxed))})
+        if changes:
+            _stage_changes(tx, table, changes)
+        if changed:
+            tx.set_properties(changed)
     return table
 
 

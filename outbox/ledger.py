@@ -373,12 +373,17 @@ _MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE outbox ADD COLUMN commit_ms DOUBLE;
     ALTER TABLE stager_lease ADD COLUMN committing BOOLEAN;
     """,
+    # 9: the Iceberg schema id of the table schema an entry's files were staged for (its columns' field ids);
+    # NULL for entries staged before this version.
+    """
+    ALTER TABLE outbox ADD COLUMN schema_id INTEGER;
+    """,
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 _COLUMNS = (
     "query_id, pipeline, table_name, batch_id, status, intended_snapshot_id, committed_snapshot_id, "
-    "offsets, files, metrics, created_at, committed_at, operation"
+    "offsets, files, metrics, created_at, committed_at, operation, schema_id"
 )
 _LEASE_COLUMNS = "pipeline, holder, host, pid, acquired_at, expires_at, token, node, committing"
 _SKIP_COLUMNS = (
@@ -404,6 +409,7 @@ def _row_to_entry(row: Sequence[Any]) -> OutboxEntry:
         created_at,
         committed_at,
         operation,
+        schema_id,
     ) = row
     return OutboxEntry(
         query_id=query_id,
@@ -419,6 +425,7 @@ def _row_to_entry(row: Sequence[Any]) -> OutboxEntry:
         created_at=created_at,
         committed_at=committed_at,
         operation=CommitOperation.from_json(json.loads(operation) if operation else None),
+        schema_id=schema_id,
     )
 
 
@@ -729,7 +736,7 @@ class Ledger:
                     continue
                 con.execute(
                     f"INSERT INTO outbox ({_COLUMNS}, record_count, {', '.join(METRIC_COLUMNS)}) "
-                    "VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, NULL, ?, ?, ?, ?, ?, ?)",
+                    "VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, NULL, ?, ?, ?, ?, ?, ?, ?)",
                     [
                         e.query_id,
                         e.pipeline,
@@ -742,6 +749,7 @@ class Ledger:
                         json.dumps(e.metrics, sort_keys=True),
                         now,
                         None if e.operation.to_json() is None else json.dumps(e.operation.to_json()),
+                        e.schema_id,
                         e.record_count,
                         *(int(e.metrics.get(m, 0)) for m in METRIC_COLUMNS),
                     ],

@@ -24,6 +24,6 @@ class EventsShape:
         self.targets = list(targets)
 
     def compute(self, valid: DataFrame, offsets: BatchOffsets, folder: Callable[[Target], str]) -> BatchResult:
-        writes = [WriteTarget.of(t.output.name, t.table, folder(t)) for t in self.targets]
+        writes = [WriteTarget.of(t.output.name, t.table, folder(t), schema=t.schema) for t in self.targets]
         files = write_in_tasks(valid, writes, TARGET)
         return BatchResult(sum(f.records for found in files.values() for f in found), files=files)

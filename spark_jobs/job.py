@@ -9,13 +9,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from krishiv_core.catalog import ensure_pipeline_tables, qualified
 from krishiv_core.errors import ConfigError
+from krishiv_core.evolution import planned_schema
 from krishiv_core.spec import EVENTS, WINDOWED, KrishivSpec, PipelineSpec
-from krishiv_core.tables import output_tables
+from krishiv_core.table_purpose import purpose_properties
+from krishiv_core.tables import OutputTable, output_tables
 from spark_jobs.checkpoint import Checkpoint
 from spark_jobs.errors import CheckpointMismatch
 from spark_jobs.events import EventsShape
@@ -24,7 +27,7 @@ from spark_jobs.ports import RecordedBatches, StagerLeaseHandle, StagingLedger
 from spark_jobs.staging import BatchShape, BatchStager, StagedBatch, Target
 from spark_jobs.transform import build_output
 from spark_jobs.upserts import UpsertShape
-from spark_jobs.window_state import WindowStateStore
+from spark_jobs.window_state import WindowStateStore, check_output_mode
 from spark_jobs.windowed import WindowedShape
 
 
@@ -164,8 +167,11 @@ def start_pipeline(
     checkpoint = Checkpoint(spec.checkpoint_dir(pipeline))
     anchor = qualified(spec, pipeline.rejects_table)  # every kind records a rejects entry for every batch
     _guard_checkpoint(checkpoint, ledger, pipeline, anchor)
-    tables = ensure_pipeline_tables(catalog, spec, pipeline, pending=lambda t: len(ledger.pending_batches([t])))
-    targets = [Target(qualified(spec, t.name), t, tables[t.name]) for t in output_tables(pipeline)]
+    check_output_mode(pipeline, checkpoint)
+    tables = ensure_pipeline_tables(
+        catalog, spec, pipeline, pending=lambda t: len(ledger.pending_batches([t])), defer_schema=True
+    )
+    targets = [_target(spec, pipeline, t, tables[t.name]) for t in output_tables(pipeline)]
     starting, identity = _pin_source(checkpoint, spec, pipeline)
 
     raw = kafka_stream(
@@ -192,6 +198,15 @@ def start_pipeline(
         else writer.trigger(processingTime=f"{pipeline.trigger_interval_ms} milliseconds")
     )
     return RunningPipeline(writer.start(), stager)
+
+
+def _target(spec: KrishivSpec, pipeline: PipelineSpec, output: OutputTable, table: Table) -> Target:
+    """A table as the stager stages it: a row table for the schema the spec gives it (applied with the first batch
+    staged) and with the ``krishiv.*`` properties of what it is written for."""
+    name = qualified(spec, output.name)
+    if output.rejects:
+        return Target(name, output, table)
+    return Target(name, output, table, planned_schema(table, output.schema, name), purpose_properties(pipeline))
 
 
 def shape_of(pipeline: PipelineSpec, targets: list[Target], checkpoint: Checkpoint) -> BatchShape:

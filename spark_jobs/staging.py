@@ -22,17 +22,20 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import pyarrow as pa
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from krishiv_core.entries import PENDING, OffsetSkip, OutboxEntry, StagedFile, new_snapshot_id
-from krishiv_core.errors import BatchReplayMismatch, KrishivError, StagerLeaseLost
+from krishiv_core.errors import BatchReplayMismatch, KrishivError, SchemaConflict, StagerLeaseLost
+from krishiv_core.evolution import evolve_schema
 from krishiv_core.faults import fault_point
 from krishiv_core.parquet_files import write_staged_files
 from krishiv_core.spec import WINDOWED, PipelineSpec
@@ -48,11 +51,23 @@ QUERY_REJECT_COLUMNS = tuple(c for c in REJECT_COLUMNS if c != "batch_id")  # th
 
 @dataclass(frozen=True)
 class Target:
-    """A table the pipeline writes, as phase 1 stages it: its qualified name, layout and loaded table."""
+    """A table the pipeline writes, as phase 1 stages it: its qualified name, layout and loaded table.
+
+    ``planned``: the schema the batches are staged for, when the spec changes the table's schema: the table's
+    schema after that change (``krishiv_core.evolution.planned_schema``, with the field ids it assigns), which the
+    first batch staged applies to the table (:meth:`BatchStager._apply_schemas`) together with ``properties``.
+    """
 
     name: str  # namespace.table, as the ledger and the relay name it
     output: OutputTable
     table: Table
+    planned: Schema | None = None
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def schema(self) -> Schema:
+        """The schema the batches are staged for."""
+        return self.planned if self.planned is not None else self.table.schema()
 
 
 @dataclass
@@ -121,9 +136,10 @@ def staging_folder(table: Table, query_id: str, batch_id: int) -> str:
     return f"{staging_root(table)}/query={query_id}/batch={batch_id:012d}"
 
 
-def write_parquet(table: Table, rows: pa.Table, folder: str) -> tuple[StagedFile, ...]:
-    """Write ``rows`` (cast to the table's schema, with Iceberg field ids) as new Parquet files, one per partition."""
-    return write_staged_files(table.io, table.schema(), table.spec(), rows, folder)
+def write_parquet(table: Table, rows: pa.Table, folder: str, schema: Schema | None = None) -> tuple[StagedFile, ...]:
+    """Write ``rows`` (cast to ``schema``, by default the table's, with Iceberg field ids) as new Parquet files, one
+    per partition."""
+    return write_staged_files(table.io, schema or table.schema(), table.spec(), rows, folder)
 
 
 class BatchStager:
@@ -152,6 +168,7 @@ class BatchStager:
         self._query_id: str | None = None
         self._skips: list[OffsetSkip] | None = None
         self.called = threading.Event()  # set when Spark first hands the sink a batch: its source is up
+        self._schemas_applied = False
 
     @property
     def query_id(self) -> str:
@@ -205,6 +222,13 @@ class BatchStager:
 
         files = {t.name: self._stage(t, result, batch_id) for t in self.targets}
         fault_point("stage.after_files", batch_id)
+        try:
+            self._apply_schemas(batch_id)
+        except BaseException:
+            for t in self.targets:  # nothing references them
+                for f in files[t.name]:
+                    t.table.io.delete(f.path)
+            raise
         ranges = {self.pipeline.topic: offsets.ranges()}
         first = self.rows_targets[0].name
         entries = [
@@ -218,6 +242,7 @@ class BatchStager:
                 new_snapshot_id(),
                 self._metrics(t, first, staged, result),
                 operation=t.output.operation,
+                schema_id=t.table.schema().schema_id,  # the schema the files were staged for, now the table's
             )
             for t in self.targets
         ]
@@ -231,6 +256,36 @@ class BatchStager:
         self._done(replace(staged, recorded=any(inserted)))
 
     # ------------------------------------------------------------------------------------ steps
+
+    def _apply_schemas(self, batch_id: int) -> None:
+        """Bring each table to the schema (and ``krishiv.*`` properties) its batches are staged for, once per run,
+        before the first batch's entries are recorded: a run that fails before this leaves its tables as they were.
+
+        The files were written with the planned schema's field ids; if the table's schema came out otherwise (another
+        writer changed it since the start), the batch is refused (its files removed) and the next run plans again.
+        """
+        if self._schemas_applied:
+            return
+        for target in self.rows_targets:
+            table = target.table
+            for attempt in range(5):
+                try:
+                    table.refresh()
+                    evolve_schema(table, target.output.schema, target.name, target.properties)
+                    break
+                except CommitFailedException:
+                    if attempt == 4:
+                        raise
+            have = table.schema()
+            for planned in target.schema.fields:
+                found = have.find_column_name(planned.field_id)
+                if found != planned.name or have.find_field(planned.field_id).field_type != planned.field_type:
+                    raise SchemaConflict(
+                        f"table {target.name}'s schema was changed by another writer while pipeline "
+                        f"{self.pipeline.name!r} staged batch {batch_id} (column {planned.name!r}); nothing was "
+                        "recorded: run again, and it stages for the table's new schema"
+                    )
+        self._schemas_applied = True
 
     def _offsets(self, batch_id: int) -> BatchOffsets:
         """The batch's offsets from the checkpoint, with the operator's skips the source applied to it.
@@ -273,7 +328,7 @@ class BatchStager:
         rows = result.rows.get(name)
         if rows is None or rows.num_rows == 0:
             return ()
-        return write_parquet(target.table, rows, staging_folder(target.table, self.query_id, batch_id))
+        return write_parquet(target.table, rows, staging_folder(target.table, self.query_id, batch_id), target.schema)
 
     @staticmethod
     def _files_gone(entry: OutboxEntry, target: Target) -> bool:
@@ -286,8 +341,11 @@ class BatchStager:
 
         The replay computes the same rows from the same offsets and state, so the entry keeps its offsets and
         intended snapshot id and only its file list changes; a COMMITTED entry is never touched. Files the tasks
-        wrote for the tables whose entries are whole are removed again.
+        wrote for the tables whose entries are whole are removed again. The new files are staged with this run's
+        schema, so the tables get it first (a later schema only adds, widens or relaxes the entry's columns).
         """
+        if missing:
+            self._apply_schemas(batch_id)
         for target in self.targets:
             if target not in missing:  # whole, or not the batch's: the files the tasks wrote for it go again
                 for f in result.files.get(target.output.name, ()):

@@ -85,9 +85,10 @@ def _write_task(targets: Sequence[WriteTarget], target_column: str):
                 schema = Schema.model_validate_json(target.schema_json)
                 spec = PartitionSpec.model_validate_json(target.spec_json)
                 io = load_io(target.io_properties, target.location)
-                for f in write_staged_files(
-                    io, schema, spec, mine.select(list(target.columns)), target.folder, target.content
-                ):
+                # A column of the table the rows lack (a field the spec removed or renamed: the table keeps it)
+                # is written as nulls by write_staged_files.
+                columns = [c for c in target.columns if c in mine.column_names]
+                for f in write_staged_files(io, schema, spec, mine.select(columns), target.folder, target.content):
                     out.append(
                         {
                             "target": target.name,

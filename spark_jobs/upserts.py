@@ -44,9 +44,10 @@ class UpsertShape:
     def compute(self, valid: DataFrame, offsets: BatchOffsets, folder: Callable[[Target], str]) -> BatchResult:
         records = valid.count()
         where = folder(self.target)
-        key_schema = self.target.table.schema().select(*self.pipeline.key)
+        schema = self.target.schema
+        key_schema = schema.select(*self.pipeline.key)
         writes = [
-            WriteTarget.of(DATA, self.target.table, where),
+            WriteTarget.of(DATA, self.target.table, where, schema=schema),
             WriteTarget.of(DELETE_KEYS, self.target.table, where, content=DELETE_KEYS, schema=key_schema),
         ]
         winners = latest_per_key(valid, self.pipeline)

@@ -20,8 +20,8 @@ leaves nothing closable unwritten (Spark's append mode needs a no-data batch for
 a function of the batch's records and the state before it, so a replay writes the same rows.
 
 Each batch's state is one Parquet file in the checkpoint, ``krishiv/window-state/<batch>.parquet``, with
-the watermark in its schema metadata, written through a temporary file of a unique name and an atomic
-rename. A replayed batch reads the state of the batch before it, so it computes the same windows again;
+the watermark and the output mode in its schema metadata, written through a temporary file of a unique name
+and an atomic rename. A replayed batch reads the state of the batch before it, so it computes the same windows again;
 a copy of the checkpoint carries its state with it. Like Spark's state store
 (``spark.sql.streaming.minBatchesToRetain``), the last 100 batches' states are kept.
 """
@@ -39,23 +39,67 @@ import pyarrow.parquet as pq
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from krishiv_core.spec import Aggregation, PipelineSpec
+from krishiv_core.spec import WINDOWED, Aggregation, PipelineSpec
+from krishiv_core.table_purpose import SpecChangeRefused
 from krishiv_core.tables import WINDOW_END, WINDOW_START, aggregate_type
+from spark_jobs.checkpoint import Checkpoint
 from spark_jobs.errors import WindowStateMissing
 from spark_jobs.transform import aggregate_expression
 
 STATE_DIR = "krishiv/window-state"
 RETAINED_BATCHES = 100
 WATERMARK_KEY = b"krishiv.watermark_ms"
+MODE_KEY = b"krishiv.output_mode"  # the output mode the open windows were written in (update: already written)
 _SUM, _COUNT = "__sum", "__count"
 
 
 @dataclass(frozen=True)
 class WindowState:
-    """The open windows after a batch, and the watermark that batch left behind (epoch ms; 0 before any)."""
+    """The open windows after a batch, the watermark that batch left behind (epoch ms; 0 before any), and the
+    output mode they were written in (None in a state saved before the mode was recorded)."""
 
     windows: pa.Table | None
     watermark_ms: int
+    output_mode: str | None = None
+
+    @property
+    def open_windows(self) -> int:
+        return 0 if self.windows is None else self.windows.num_rows
+
+
+def mode_switch_refused(pipeline: PipelineSpec, state: WindowState, where: str) -> SpecChangeRefused | None:
+    """The refusal of ``pipeline``'s output mode when ``state`` holds open windows of another mode, else None.
+
+    Update mode has written each open window's current row already (append would write it again when it closes);
+    append mode has written none (update would never write a window no later event touches)."""
+    old = state.output_mode
+    if old is None or old == pipeline.output_mode or not state.open_windows:
+        return None
+    return SpecChangeRefused(
+        f"pipeline {pipeline.name!r}: output_mode changed from {old!r} to {pipeline.output_mode!r} while "
+        f"{state.open_windows} window(s) are open in {where}; nothing was changed: set output_mode back to {old!r} "
+        "and run until the watermark closes them (no open windows), then switch; or start with a fresh checkpoint "
+        "and table"
+    )
+
+
+def check_output_mode(pipeline: PipelineSpec, checkpoint: Checkpoint) -> None:
+    """Refuse, before any work, an output mode switch of a windowed pipeline whose next batch starts from open
+    windows of the other mode (the state of the checkpoint's last finished batch, or of the one before a batch
+    Spark will run again)."""
+    if pipeline.kind != WINDOWED:
+        return
+    last = checkpoint.last_batch_id()
+    if last < 0:
+        return
+    committed = checkpoint.committed_batch_ids()
+    start = last if committed and committed[-1] == last else last - 1
+    store = WindowStateStore(checkpoint.path)
+    if start < 0 or not store.path(start).exists():
+        return
+    refused = mode_switch_refused(pipeline, store.load_before(start + 1), str(checkpoint.path))
+    if refused is not None:
+        raise refused
 
 
 def advance(watermark_ms: int, max_event_time_ms: int | None, delay_ms: int) -> int:
@@ -171,7 +215,12 @@ class WindowStateStore:
                 f"{path} has no watermark: it was written by an older Krishiv, whose windows closed one batch later; "
                 "start that pipeline from a new checkpoint and table"
             )
-        return WindowState(windows.replace_schema_metadata(None), int(metadata[WATERMARK_KEY]))
+        mode = metadata.get(MODE_KEY)
+        return WindowState(
+            windows.replace_schema_metadata(None),
+            int(metadata[WATERMARK_KEY]),
+            mode.decode() if mode is not None else None,
+        )
 
     def save(self, batch_id: int, state: WindowState) -> None:
         """Write the state after ``batch_id`` atomically, and drop states older than the retained batches.
@@ -184,7 +233,10 @@ class WindowStateStore:
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.path(batch_id)
         tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex}.tmp")
-        windows = state.windows.replace_schema_metadata({WATERMARK_KEY: str(state.watermark_ms).encode()})
+        metadata = {WATERMARK_KEY: str(state.watermark_ms).encode()}
+        if state.output_mode is not None:
+            metadata[MODE_KEY] = state.output_mode.encode()
+        windows = state.windows.replace_schema_metadata(metadata)
         try:
             pq.write_table(windows, tmp)
             tmp.replace(path)

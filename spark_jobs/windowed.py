@@ -33,6 +33,7 @@ from spark_jobs.window_state import (
     close,
     final_values,
     merge,
+    mode_switch_refused,
     partial_columns,
     window_key,
 )
@@ -67,6 +68,9 @@ class WindowedShape:
     def compute(self, valid: DataFrame, offsets: BatchOffsets, folder: Callable[[Target], str]) -> BatchResult:
         """One batch's windows to write, its late events, and the open windows it leaves (saved as its state)."""
         before = self.store.load_before(offsets.batch_id)
+        refused = mode_switch_refused(self.pipeline, before, str(self.store.folder))
+        if refused is not None:  # checked at start too; a batch never writes open windows in the other mode
+            raise refused
         windows = event_windows(self.pipeline)
         late = F.lit(False)
         if before.watermark_ms > 0:
@@ -96,7 +100,7 @@ class WindowedShape:
         partials = groups.filter(pc.invert(groups.column(_LATE))).drop_columns([_LATE, _LAST, _ROWS, _LATEST])
         merged = merge(before.windows, partials, self.pipeline)
         closed, still_open = close(merged, watermark)
-        self.store.save(offsets.batch_id, WindowState(still_open, watermark))
+        self.store.save(offsets.batch_id, WindowState(still_open, watermark, self.pipeline.output_mode))
         rows = final_values(
             closed if self.pipeline.output_mode == "append" else _touched(merged, partials, self.pipeline),
             self.pipeline,

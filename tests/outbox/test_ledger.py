@@ -1083,3 +1083,13 @@ def test_aggregate_reads_on_thousands_of_entries_agree_with_the_entries(tmp_path
     assert {t: actual(t) for t in tables} == expected_before
     assert ledger.end_offsets(BENCH_TABLE, TOPIC) == expected_before[BENCH_TABLE]["staged_offsets"]
     assert ledger.committed_batches(BENCH_TABLE).total_records == expected_before[BENCH_TABLE]["committed_records"]
+
+
+def test_an_entry_keeps_the_schema_id_it_was_staged_for_and_older_entries_read_none(ledger_path: Path) -> None:
+    _schema_7_ledger(ledger_path)  # staged before schema ids were recorded
+    ledger = Ledger(ledger_path, lock_timeout_s=10.0)
+    assert [e.schema_id for e in ledger.entries()] == [None, None]
+
+    staged = dataclasses.replace(_entry("q1", 2), schema_id=3)
+    assert ledger.record_batch([staged]) == [True]
+    assert ledger.batch("q1", 2)[staged.table].schema_id == 3

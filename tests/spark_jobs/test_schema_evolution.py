@@ -23,9 +23,12 @@ from krishiv.operations import TablesRefused, commit_pipelines, open_ledger, run
 from krishiv.produce import OrderEvent, ensure_topic, produce
 from krishiv_core.catalog import ensure_pipeline_tables, load_catalog, qualified
 from krishiv_core.entries import PENDING
-from krishiv_core.errors import SchemaConflict
+from krishiv_core.errors import KrishivError, SchemaConflict
 from krishiv_core.spec import KrishivSpec, load_spec
+from krishiv_core.table_purpose import SpecChangeRefused
+from spark_jobs.checkpoint import Checkpoint
 from spark_jobs.kafka_source import latest_offsets
+from spark_jobs.window_state import WindowStateStore
 from tests.spark_jobs.pipeline_helpers import krishiv_cli
 
 PARTITIONS = 2
@@ -365,3 +368,195 @@ def test_an_upsert_key_changed_on_an_existing_table_is_refused(tmp_path):
         ensure_pipeline_tables(load_catalog(spec), spec, spec.pipeline())
     assert "customer_id" in str(info.value) and "order_id" in str(info.value)
     assert _table(spec).schema().identifier_field_names() == {"customer_id"}
+
+
+# ------------------------------------------------------------------------------- a field removed or renamed
+
+
+UPSERT_BY_ORDER = 'kind = "upsert"\nkey = ["order_id"]\nkafka_metadata = ["partition", "offset"]\n'
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "change"),
+    [(EVENTS, "remove"), (EVENTS, "rename"), (UPSERT_BY_ORDER, "remove"), (UPSERT_BY_ORDER, "rename")],
+    ids=["events-remove", "events-rename", "upsert-remove", "upsert-rename"],
+)
+def test_a_removed_or_renamed_field_keeps_its_column_and_new_rows_leave_it_null(
+    tmp_path, broker, spark, topic, pipeline, change
+):
+    """README "Changing a spec": a removed field's column is kept (old rows keep their values, new rows have null);
+    a rename is a removal plus a new field. The oracle folds the produced events in offset order: an events table
+    has every event, an upsert table the last event of each order id (the second run updates some old orders)."""
+    with_plan = BASE_FIELDS + '\nplan = "string"'
+    spec = _spec(tmp_path, broker.bootstrap, topic, pipeline=pipeline, fields=with_plan)
+    first = [_order(s, plan=f"p{s % 3}") for s in range(60)]
+    _produce(spec, first, 0)
+    _run(spec)
+
+    fields = BASE_FIELDS + ('\ntier = "string"' if change == "rename" else "")
+    spec = _spec(tmp_path, broker.bootstrap, topic, pipeline=pipeline, fields=fields)
+    updates = [{**_order(s), "qty": 49} for s in range(0, 60, 10)]  # orders 0, 10, ... again: an upsert replaces them
+    second = [{**_order(s), **({"tier": f"t{s % 2}"} if change == "rename" else {})} for s in range(60, 120)]
+    second += [{**u, **({"tier": "t9"} if change == "rename" else {})} for u in updates]
+    _produce(spec, second, 60)
+    _run(spec)
+
+    table = _table(spec)
+    assert not table.schema().find_field("plan").required, "the removed field's column is kept, optional"
+    rows = table.scan().to_arrow()
+    produced = first + second  # offset order within each partition is production order
+    if pipeline == EVENTS:
+        _exactly_once(spec, rows)
+        want = [{"order_id": o["order_id"], "plan": o.get("plan"), "tier": o.get("tier")} for o in produced]
+    else:
+        latest: dict[str, dict[str, Any]] = {}
+        for o in produced:
+            latest[o["order_id"]] = o
+        want = [{"order_id": o["order_id"], "plan": o.get("plan"), "tier": o.get("tier")} for o in latest.values()]
+    columns = ["order_id", "plan", "tier"] if change == "rename" else ["order_id", "plan"]
+    got = sorted((tuple(r[c] for c in columns) for r in rows.to_pylist()), key=str)
+    assert got == sorted((tuple(w[c] for c in columns) for w in want), key=str)
+    if change == "rename":
+        assert not table.schema().find_field("tier").required
+
+
+def test_a_run_that_fails_before_its_first_batch_is_recorded_leaves_the_table_as_it_was(
+    tmp_path, broker, spark, topic, monkeypatch
+):
+    """A schema change reaches the table only with the first batch staged for it: a run of the new spec that fails
+    before (here: its first batch's files are written, then the stager fails) leaves the table's metadata as it was,
+    so the old spec still runs; the new spec then applies the change with its first batch, recorded with the schema
+    id the files were staged for; every offset lands once."""
+    with_plan = BASE_FIELDS + '\nplan = "string"'
+    spec = _spec(tmp_path, broker.bootstrap, topic, fields=with_plan)
+    _produce(spec, [_order(s, plan="gold") for s in range(40)], 0)
+    _run(spec)
+    before = _table(spec)
+
+    renamed = BASE_FIELDS + '\ntier = "string"'
+    spec = _spec(tmp_path, broker.bootstrap, topic, fields=renamed)
+    _produce(spec, [_order(s, plan="gold", tier="t") for s in range(40, 80)], 40)
+    monkeypatch.setenv("KRISHIV_FAULTS", "stage.after_files:raise")
+    with pytest.raises(KrishivError, match="query orders failed"):
+        run_pipelines(spec, [spec.pipeline()], once=True)
+    monkeypatch.delenv("KRISHIV_FAULTS")
+    after = _table(spec)
+    assert after.metadata_location == before.metadata_location, "the failed run changed the table"
+    assert after.schema().find_field("plan").required and "tier" not in after.schema().column_names
+
+    spec = _spec(tmp_path, broker.bootstrap, topic, fields=with_plan)  # the old spec still runs
+    _produce(spec, [_order(s, plan="gold") for s in range(80, 100)], 80)
+    _run(spec)
+    assert _table(spec).schema().find_field("plan").required
+
+    spec = _spec(tmp_path, broker.bootstrap, topic, fields=renamed)
+    _produce(spec, [_order(s, tier="t") for s in range(100, 120)], 100)
+    _run(spec)
+    table = _table(spec)
+    assert not table.schema().find_field("plan").required and "tier" in table.schema().column_names
+    rows = table.scan().to_arrow()
+    _exactly_once(spec, rows)
+    by_order = _by_order(rows)
+    # The failed run's events were staged again by the old spec's run (with their plan, no tier column then).
+    assert all(by_order[f"o-{s:06d}"]["plan"] == "gold" for s in range(100)), "an old row lost its value"
+    assert all(by_order[f"o-{s:06d}"]["tier"] is None for s in range(100))
+    assert all((by_order[f"o-{s:06d}"]["plan"], by_order[f"o-{s:06d}"]["tier"]) == (None, "t") for s in range(100, 120))
+    ledger = open_ledger(spec)
+    last = max(ledger.entries(table=qualified(spec, spec.pipeline().table)), key=lambda e: e.created_at)
+    assert last.schema_id == table.schema().schema_id
+
+
+# ------------------------------------------------------------------------- changes refused before any work
+
+
+def _refused_line(spec_file: Path) -> str:
+    refused = krishiv_cli(spec_file, "run", "--once")
+    assert refused.returncode != 0, refused.stdout[-2000:]
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    return lines[0]
+
+
+def test_a_kind_change_is_refused_in_one_line_before_spark_starts(tmp_path, broker):
+    spec = _spec(tmp_path, broker.bootstrap, "orders-unused")
+    ensure_pipeline_tables(load_catalog(spec), spec, spec.pipeline())
+    assert _table(spec).properties["krishiv.kind"] == "events", "the table records what it was created for"
+    metadata = _table(spec).metadata_location
+    _spec(tmp_path, broker.bootstrap, "orders-unused", pipeline='kind = "upsert"\nkey = ["order_id"]\n')
+
+    line = _refused_line(tmp_path / "krishiv.toml")
+
+    for fragment in ("pipeline 'orders'", "krishiv.orders", "kind 'events'", "kind 'upsert'", "new table"):
+        assert fragment in line, line
+    assert _table(spec).metadata_location == metadata
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "fragments"),
+    [
+        ('key = ["order_id"]', 'key = ["customer_id"]', ("('order_id')", "key is ('customer_id')")),
+        (
+            'key = ["order_id"]\nversion_field = "qty"',
+            'key = ["order_id"]',
+            ("version_field 'qty'", "none (Kafka offset order)"),
+        ),
+        ('key = ["order_id"]\nversion_field = "qty"', 'key = ["order_id"]\nversion_field = "amount"', ("'amount'",)),
+    ],
+    ids=["key", "version-field-dropped", "version-field-changed"],
+)
+def test_an_upsert_key_or_version_field_change_is_refused_naming_the_pipeline(tmp_path, before, after, fragments):
+    spec = _spec(tmp_path, "127.0.0.1:9092", "orders", pipeline=f'kind = "upsert"\n{before}\n')
+    ensure_pipeline_tables(load_catalog(spec), spec, spec.pipeline())
+    properties = _table(spec).properties
+
+    spec = _spec(tmp_path, "127.0.0.1:9092", "orders", pipeline=f'kind = "upsert"\n{after}\n')
+    with pytest.raises(SpecChangeRefused) as info:
+        ensure_pipeline_tables(load_catalog(spec), spec, spec.pipeline())
+
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("pipeline 'orders': table krishiv.orders"), message
+    for fragment in (*fragments, "nothing was changed", "new table"):
+        assert fragment in message, message
+    assert _table(spec).properties == properties
+
+
+def test_an_output_mode_switch_with_open_windows_is_refused_before_spark_starts(tmp_path, broker, spark, topic):
+    """Update mode wrote the open windows' rows already; append would write them again when they close. The mode
+    is recorded with the window state (and the table), and the switch is refused in one line while windows are
+    open, leaving checkpoint, ledger and table as they were."""
+    update = WINDOWED.format(extra='group_by = ["customer_id"]\noutput_mode = "update"')
+    spec = _spec(tmp_path, broker.bootstrap, topic, pipeline=update)
+    _produce(spec, [_order(s) for s in range(200)], 0)
+    _run(spec)
+    table = _table(spec)
+    assert table.properties["krishiv.output-mode"] == "update"
+    store = WindowStateStore(spec.checkpoint_dir(spec.pipeline()))
+    state = store.load_before(Checkpoint(spec.checkpoint_dir(spec.pipeline())).last_batch_id() + 1)
+    assert state.output_mode == "update" and state.open_windows > 0
+
+    _spec(tmp_path, broker.bootstrap, topic, pipeline=update.replace('"update"', '"append"'))
+    _produce(spec, [_order(s) for s in range(200, 300)], 200)
+    checkpoints, entries = _files(tmp_path / "checkpoints"), open_ledger(spec).entries()
+
+    line = _refused_line(tmp_path / "krishiv.toml")
+
+    for fragment in ("pipeline 'orders'", "from 'update' to 'append'", "window(s) are open", "fresh checkpoint"):
+        assert fragment in line, line
+    assert _files(tmp_path / "checkpoints") == checkpoints
+    assert open_ledger(spec).entries() == entries
+    assert _table(spec).metadata_location == table.metadata_location
+
+
+def test_a_windowed_group_by_field_removed_is_refused_naming_the_pipeline(tmp_path):
+    """A group_by field is part of a windowed table's key: removing it would merge rows of different groups."""
+    spec = _spec(tmp_path, "127.0.0.1:9092", "orders", pipeline=WINDOWED.format(extra='group_by = ["customer_id"]'))
+    ensure_pipeline_tables(load_catalog(spec), spec, spec.pipeline())
+    schema = _table(spec).schema()
+
+    spec = _spec(tmp_path, "127.0.0.1:9092", "orders", pipeline=WINDOWED.format(extra=""))
+    with pytest.raises(SpecChangeRefused) as info:
+        ensure_pipeline_tables(load_catalog(spec), spec, spec.pipeline())
+    message = str(info.value)
+    for fragment in ("pipeline 'orders'", "('customer_id')", "group_by is (nothing)", "new table"):
+        assert fragment in message, message
+    assert _table(spec).schema() == schema

@@ -23,6 +23,7 @@ from spark_jobs.window_state import (
     close,
     final_values,
     merge,
+    mode_switch_refused,
 )
 
 REPO_SPEC = Path(__file__).resolve().parents[2] / "krishiv.toml"
@@ -143,3 +144,23 @@ def test_a_state_file_without_a_watermark_is_refused_by_name(tmp_path: Path) -> 
     pq.write_table(merge(None, partials([(0, 1, "1.00", "1.00", "1.00", "1.00", 1)]), PIPELINE), store.path(0))
     with pytest.raises(WindowStateMissing, match=rf"{store.path(0)} has no watermark"):
         store.load_before(1)
+
+
+def test_the_state_keeps_its_output_mode_and_a_switch_is_refused_only_while_windows_are_open(tmp_path: Path) -> None:
+    """Update mode wrote its open windows already (append would write them again when they close); append wrote
+    none (update would never write one no later event touches). Closed windows are written either way."""
+    store = WindowStateStore(tmp_path)
+    open_windows = merge(None, partials([(0, 1, "1.00", "1.00", "1.00", "1.00", 1)]), PIPELINE)
+    store.save(0, WindowState(open_windows, T0_MS, "update"))
+    store.save(1, WindowState(open_windows.slice(0, 0), T0_MS + MINUTE_MS, "update"))
+    with_windows, without = store.load_before(1), store.load_before(2)
+    assert (with_windows.output_mode, with_windows.open_windows) == ("update", 1)
+    assert (without.output_mode, without.open_windows) == ("update", 0)
+
+    append = replace(PIPELINE, output_mode="append")
+    refused = mode_switch_refused(append, with_windows, "the checkpoint")
+    assert refused is not None and "from 'update' to 'append' while 1 window(s) are open" in str(refused)
+    assert mode_switch_refused(append, without, "the checkpoint") is None, "no open window: the switch is safe"
+    assert mode_switch_refused(replace(PIPELINE, output_mode="update"), with_windows, "the checkpoint") is None
+    unknown = WindowState(open_windows, T0_MS)  # saved before the mode was recorded: nothing to compare
+    assert mode_switch_refused(append, unknown, "the checkpoint") is None
