@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from krishiv.cli import main
+from krishiv.produce import ensure_topic
 from krishiv_core.entries import OutboxEntry
 from krishiv_core.errors import StagerLeaseLost
 from outbox.errors import StagerBusy
@@ -84,6 +85,8 @@ def test_the_context_renews_and_releases(ledger: Ledger) -> None:
 
 def test_krishiv_run_refuses_a_pipeline_staged_elsewhere(spec_file: Path, make_spec, capsys) -> None:
     spec = make_spec()
+    pipeline = spec.pipelines[0]
+    ensure_topic(spec.kafka.bootstrap_servers, pipeline.topic, spec.kafka.partitions)  # the topic check comes first
     holder = _holder(spec.resolve(spec.storage.ledger_path))
     try:
         assert main(["--spec", str(spec_file), "run", "--once"]) == 2
