@@ -5,8 +5,9 @@ The property test generates random streams over a few keys, each key in one part
 versions drawn from a few values and nulls (so ties and nulls are common), ``delete_field`` events and tombstones.
 Each stream is cut three ways (one batch; one event per batch; random cuts, independent per partition) and each
 cut is staged by the real phase 1 (``build_output`` over static DataFrames of Kafka-shaped rows, the stager with
-the upsert shape and its delete memory in a real checkpoint folder, the DuckDB ledger) and committed by the real
-phase 2 (the relay's merge) into its own table, on a SQLite and a PostgreSQL catalog.
+the upsert shape and its delete memory in a real checkpoint folder, the DuckDB ledger; the random cut's last batch
+replayed by a new stager) and committed by the real phase 2 (the relay's merge) into its own table, on a SQLite
+and a PostgreSQL catalog.
 ``KRISHIV_PROPERTY_EXAMPLES=<n>`` runs ``n`` streams per catalog instead of one (each about 20 s).
 
 The end-to-end test sends the issue's examples through the broker and the streaming query, as one batch and as
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import Producer
 
@@ -35,6 +37,7 @@ from krishiv_core.entries import PENDING
 from krishiv_core.spec import KrishivSpec, PipelineSpec, load_spec
 from krishiv_core.tables import output_tables
 from spark_jobs.checkpoint import Checkpoint
+from spark_jobs.delete_memory import DeleteMemoryStore
 from spark_jobs.job import shape_of
 from spark_jobs.kafka_source import SCHEMA as KAFKA_SCHEMA
 from spark_jobs.staging import BatchStager, Target
@@ -145,7 +148,9 @@ def _cuts(rng: random.Random, sizes: list[int], how: str, events: list[Event]) -
     return [[per_partition[p][b] for p in range(PARTITIONS)] for b in range(batches)]
 
 
-def _stage_static(spark, spec: KrishivSpec, pipeline: PipelineSpec, events: list[Event], cuts: list[list[int]]) -> None:
+def _stage_static(
+    spark, spec: KrishivSpec, pipeline: PipelineSpec, events: list[Event], cuts: list[list[int]], replay_last: bool
+) -> None:
     """Phase 1 of ``pipeline`` over ``events`` cut at ``cuts``: a checkpoint folder as Spark writes it (query id,
     pinned start, each batch's end offsets), each batch's Kafka rows as a DataFrame through ``build_output`` into
     the real stager."""
@@ -162,15 +167,23 @@ def _stage_static(spark, spec: KrishivSpec, pipeline: PipelineSpec, events: list
         (str(e.key).encode(), e.value(), pipeline.topic, e.partition, offset, datetime(2026, 1, 1, tzinfo=UTC))
         for offset, e in _offsets(events)
     ]
+    batches = []
     start = [0] * PARTITIONS
     for batch_id, ends in enumerate(cuts):
         (folder / "offsets" / str(batch_id)).write_text(
             "v1\n{}\n" + json.dumps({str(p): ends[p] for p in range(PARTITIONS)})
         )
-        rows = [r for r in records if start[r[3]] <= r[4] < ends[r[3]]]
-        stager(build_output(spark.createDataFrame(rows, KAFKA_SCHEMA), pipeline), batch_id)
+        batches.append([r for r in records if start[r[3]] <= r[4] < ends[r[3]]])
+        stager(build_output(spark.createDataFrame(batches[-1], KAFKA_SCHEMA), pipeline), batch_id)
         start = ends
     assert [b.batch_id for b in stager.history] == list(range(len(cuts)))
+    if replay_last:  # a restarted stager replays the last batch: the same deletes remembered, nothing recorded
+        memory = DeleteMemoryStore(folder).path(len(cuts) - 1)
+        before = pq.read_table(memory)
+        again = BatchStager(pipeline, ledger, checkpoint, targets, shape_of(pipeline, targets, checkpoint))
+        again(build_output(spark.createDataFrame(batches[-1], KAFKA_SCHEMA), pipeline), len(cuts) - 1)
+        assert [b.recorded for b in again.history] == [False]
+        assert pq.read_table(memory).sort_by("id").equals(before.sort_by("id"))
 
 
 WAYS = ("one batch", "one event per batch", "random cuts")
@@ -189,7 +202,7 @@ def test_any_cut_of_a_stream_gives_the_table_of_the_rule(catalog, tmp_path, spar
         spec = _spec(folder, uri, "127.0.0.1:9", "t", dict.fromkeys(names, 10))
         sizes = [sum(1 for e in events if e.partition == p) for p in range(PARTITIONS)]
         for way, pipeline in zip(WAYS, spec.pipelines, strict=True):
-            _stage_static(spark, spec, pipeline, events, _cuts(rng, sizes, way, events))
+            _stage_static(spark, spec, pipeline, events, _cuts(rng, sizes, way, events), way == "random cuts")
         commit_pipelines(spec, list(spec.pipelines))
         assert not open_ledger(spec).entries(status=PENDING)
         want = _oracle(events)
