@@ -31,6 +31,7 @@ from collections.abc import Callable
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructField, StructType
 
 from krishiv_core.entries import DATA, DELETE_KEYS, VERSIONED_DELETE_KEYS
 from krishiv_core.spec import PipelineSpec
@@ -141,20 +142,13 @@ class UpsertShape:
                 winners.unpersist()
         return BatchResult(records, files={self.target.output.name: tuple(f for w in writes for f in files[w.name])})
 
-    def _memory_schema(self, valid: DataFrame):
-        assert self.pipeline.version_field
-        fields = {f.name: f for f in valid.schema.fields}
-        columns = [*self.pipeline.key, self.pipeline.version_field]
-        return [fields[c] for c in columns]
-
     def _memory_frame(self, valid: DataFrame, memory: pa.Table) -> DataFrame:
         """The remembered deletes as a DataFrame of the key columns and ``__remembered``, in the batch's types."""
-        from pyspark.sql.types import StructField, StructType
-
-        fields = self._memory_schema(valid)
-        schema = StructType([*fields[:-1], StructField(_REMEMBERED, fields[-1].dataType)])
-        session = valid.sparkSession
-        return session.createDataFrame(memory.rename_columns(schema.fieldNames()), schema=schema)
+        assert self.pipeline.version_field
+        fields = {f.name: f for f in valid.schema.fields}
+        version = fields[self.pipeline.version_field]
+        schema = StructType([*(fields[k] for k in self.pipeline.key), StructField(_REMEMBERED, version.dataType)])
+        return valid.sparkSession.createDataFrame(memory.rename_columns(schema.fieldNames()), schema=schema)
 
     def _memory_after(self, valid: DataFrame, winners: DataFrame, before: pa.Table | None) -> pa.Table:
         """The remembered deletes after the batch: a key the batch decided (a tombstone, or a ``w`` that applied)
