@@ -4,9 +4,10 @@ Like :mod:`chaos.oracle`, each reads the topic's records back and replays the ba
 plain Python, from the semantics the README states, not from Krishiv's code:
 
 - ``events``: every valid order one row, in the table of its route (or the default table), exactly once;
-- ``upsert`` (key ``customer_id``, version ``event_time``): per batch, a key's winner is the record with the
-  highest version, then the highest offset, a tombstone (null value, key from the Kafka key) winning its batch;
-  across batches a table row with a higher version survives, a tombstone always deletes;
+- ``upsert``: the README's upsert rule, folded one event at a time (:func:`fold_upserts`): an event applies when
+  its version is at least the key's remembered one (a null is lower than every version), a row becomes the key's
+  row, a delete removes it and the key remembers its version, a tombstone (null value, key from the Kafka key)
+  removes it and forgets the version. The demo's upsert is key ``customer_id``, version ``event_time``;
 - ``windowed`` with ``group_by`` and hopping windows in update mode: the table holds, per (window, group), the
   aggregate of every event of a batch whose window had not ended at or before the watermark the batch before
   left; an event falls in every window of the slide grid that holds it;
@@ -17,8 +18,10 @@ plain Python, from the semantics the README states, not from Krishiv's code:
 from __future__ import annotations
 
 import json
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import Any
 
 from chaos.oracle import Records, parse
 from krishiv_core.entries import OutboxEntry
@@ -73,30 +76,66 @@ def expected_events(records: Records, pipeline: PipelineSpec) -> EventsExpected:
     return exp
 
 
-def expected_upsert(records: Records, keys: Records, entries: list[OutboxEntry], topic: str) -> dict[str, Order]:
-    """customer id -> the order the table must hold for it; ``keys`` holds each record's Kafka key."""
-    state: dict[str, Order] = {}
-    for _batch, offsets in _batches(entries, topic):
-        winners: dict[str, tuple[tuple, Order | None]] = {}
-        for p, o in offsets:
-            if records[(p, o)] is None:
-                key = (keys.get((p, o)) or b"").decode()
-                if key:
-                    winners[key] = ((2, 0, o, p), None)  # no version: the tombstone wins its batch
-                continue
-            found = order(records, p, o)
-            if found is None:
-                continue
-            rank = (1, found.event_time, o, p)
-            if found.customer_id not in winners or rank > winners[found.customer_id][0]:
-                winners[found.customer_id] = (rank, found)
-        for key, (_rank, won) in winners.items():
-            held = state.get(key)
-            if won is None:
-                state.pop(key, None)
-            elif held is None or held.event_time <= won.event_time:
-                state[key] = won
-    return state
+@dataclass(frozen=True)
+class UpsertEvent:
+    """One event of an upsert stream as the README's rule sees it: a row (``row`` set), a delete (``row`` None), or
+    a tombstone; ``version`` None is a null version (every event's, without a version field)."""
+
+    key: Hashable
+    version: Any = None
+    row: Any = None
+    tombstone: bool = False
+
+
+def _at_least(version: Any, remembered: Any) -> bool:
+    """``version >= remembered``, a null version being lower than every version (and equal to a null)."""
+    return remembered is None or (version is not None and version >= remembered)
+
+
+def fold_upserts(events: Iterable[UpsertEvent]) -> dict[Hashable, Any]:
+    """key -> row after folding ``events`` in order, by the README's rule, one event at a time."""
+    state: dict[Hashable, tuple[Any, Any]] = {}  # key -> (remembered version, row or None for a delete)
+    for e in events:
+        if e.tombstone:
+            state.pop(e.key, None)  # the row goes and the version is forgotten
+        elif e.key not in state or _at_least(e.version, state[e.key][0]):
+            state[e.key] = (e.version, e.row)  # a delete keeps its version, so an older event stays out
+    return {k: row for k, (_version, row) in state.items() if row is not None}
+
+
+def expected_upsert(
+    records: Records, keys: Records, entries: list[OutboxEntry] | None = None, topic: str | None = None
+) -> dict[str, Order]:
+    """customer id -> the order the table must hold for it (``keys``: each record's Kafka key), folding the
+    demo's orders and tombstones by :func:`fold_upserts`.
+
+    A key's events in one partition are folded in offset order, whatever the batches. The demo's producer spreads a
+    customer's orders over the partitions, which Kafka does not order among themselves: given the ledger's
+    ``entries``, records are taken in the order the batches read them and by (offset, partition) within a batch;
+    without them, by (offset, partition).
+    """
+    if entries is not None and topic is not None:
+        coordinates = [(p, o) for _batch, offsets in _batches(entries, topic) for p, o in sorted(offsets, key=_pos)]
+    else:
+        coordinates = sorted(records, key=_pos)
+    events = []
+    for p, o in coordinates:
+        if (p, o) not in records:  # a batch's range past the records read (a gap)
+            continue
+        if records[(p, o)] is None:
+            key = (keys.get((p, o)) or b"").decode()
+            if key:
+                events.append(UpsertEvent(key, tombstone=True))
+            continue
+        found = order(records, p, o)
+        if found is not None:
+            events.append(UpsertEvent(found.customer_id, found.event_time, found))
+    return fold_upserts(events)
+
+
+def _pos(coordinates: tuple[int, int]) -> tuple[int, int]:
+    partition, offset = coordinates
+    return (offset, partition)
 
 
 def expected_grouped_windows(

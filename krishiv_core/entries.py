@@ -3,7 +3,8 @@
 The Spark side builds these values and the ledger stores them; neither imports the other. An entry names its
 files and, in :class:`CommitOperation`, the one choice phase 2 makes per output: register the files as a plain
 append, or merge them (``MERGE INTO``: the table's rows with the entry's keys are replaced by the entry's rows,
-and keys staged as ``delete-keys`` are deleted). ``outbox.relay`` turns the operation into snapshots in one place.
+keys staged as ``delete-keys`` are deleted, and keys staged as ``versioned-delete-keys`` are deleted unless the
+table's row has a higher version). ``outbox.relay`` turns the operation into snapshots in one place.
 """
 
 from __future__ import annotations
@@ -19,9 +20,12 @@ COMMITTED = "COMMITTED"
 #: Per topic, per partition: ``[start, end)`` of the offsets a batch read.
 OffsetRanges = dict[str, dict[str, list[int]]]
 
-#: A staged file's content: rows the table receives, or the key columns of rows the commit deletes.
+#: A staged file's content: rows the table receives; the key columns of rows the commit deletes whatever their
+#: version (a tombstone); or the key and version columns of a delete that loses to a table row of a higher version
+#: (a ``delete_field`` event).
 DATA = "data"
 DELETE_KEYS = "delete-keys"
+VERSIONED_DELETE_KEYS = "versioned-delete-keys"
 
 #: Commit operations.
 APPEND = "append"
@@ -109,6 +113,10 @@ class OutboxEntry:
     @property
     def delete_key_files(self) -> tuple[StagedFile, ...]:
         return tuple(f for f in self.files if f.content == DELETE_KEYS)
+
+    @property
+    def versioned_delete_files(self) -> tuple[StagedFile, ...]:
+        return tuple(f for f in self.files if f.content == VERSIONED_DELETE_KEYS)
 
     @property
     def changes_nothing(self) -> bool:

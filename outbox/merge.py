@@ -2,10 +2,15 @@
 
 For ``CommitOperation(MERGE, key=K, version=V)`` the table after the commit is ``MERGE INTO`` 's result:
 
-* every table row whose key is among the entry's keys (its data rows' and its delete-key files') is removed,
-  and the entry's data rows are added;
-* with a version column, a key whose table row has a higher ``V`` than the entry's row keeps its table row,
-  and the entry's row for it is dropped (a null version never wins); a delete key always deletes.
+* every table row whose key is among the entry's keys (its data rows', its delete-key and its versioned
+  delete-key files') is removed, and the entry's data rows are added;
+* with a version column, a key whose table row has a higher ``V`` than the entry's row or versioned delete keeps
+  its table row, and the entry's row for it is dropped. A null version is lower than every version and ties
+  with a null: the table's row survives iff its ``V`` is not null and (the entry's is null or lower). A key of
+  a delete-key file (a tombstone) deletes whatever the versions; its data row, if the entry has one, is added.
+
+This is phase 2 of the README's upsert rule (PROTOCOL.md invariant 13); phase 1 (``spark_jobs.upserts``) stages
+at most one data row and one versioned delete per key, and drops what its remembered deletes ignore.
 
 How (copy-on-write, by a key anti-join rather than pyiceberg's ``delete(filter)``):
 
@@ -170,16 +175,24 @@ def plan_merge(table: Table, entry: OutboxEntry) -> MergePlan:
     entry_types = _arrow_types(table, entry_columns)
 
     data = [(f, _read_columns(table, entry, f, entry_columns, key, entry_types)) for f in entry.data_files]
+    # Without a version column a versioned delete has nothing to lose to: it deletes like a tombstone.
+    unconditional = [*entry.delete_key_files, *([] if version else entry.versioned_delete_files)]
     tombstones = _distinct(
-        _concat([_read_columns(table, entry, f, key, key, key_types) for f in entry.delete_key_files], key_types),
-        key,
+        _concat([_read_columns(table, entry, f, key, key, key_types) for f in unconditional], key_types), key
     )
     data_keys = _concat([rows for _, rows in data], entry_types)
+    versioned = _concat(
+        [_read_columns(table, entry, f, entry_columns, key, entry_types) for f in entry.versioned_delete_files]
+        if version
+        else [],
+        entry_types,
+    )
     if version:
         data_keys = data_keys.rename_columns([*key, _ENTRY_VERSION])
-    _refuse_duplicates(entry, data_keys, key)
+        versioned = versioned.rename_columns([*key, _ENTRY_VERSION])
+    _refuse_duplicates(entry, _concat([data_keys, versioned], data_keys.schema), key)
 
-    all_keys = _distinct(_concat([data_keys.select(key), tombstones], key_types), key)
+    all_keys = _distinct(_concat([data_keys.select(key), versioned.select(key), tombstones], key_types), key)
     plan = MergePlan(conflict_filter=_key_filter(table, all_keys, key), keys=all_keys.num_rows)
 
     # Which of the table's files hold a row of an entry's key, and those rows' keys (and versions).
@@ -196,14 +209,18 @@ def plan_merge(table: Table, entry: OutboxEntry) -> MergePlan:
                 tasks.append(task)
                 matched.append(rows.append_column(_FILE, pa.array([len(tasks) - 1] * rows.num_rows, pa.int64())))
 
-    # Keys whose table row is newer than the entry's keep it; a delete key deletes whatever the versions.
+    # Keys whose table row is newer than the entry's row or versioned delete keep it (nulls lowest, a tie goes to
+    # the entry); a delete key (a tombstone) deletes whatever the versions.
     losing = _empty(key_types)
     if version and matched:
-        joined = _concat(matched, [*entry_types, pa.field(_FILE, pa.int64())]).join(data_keys, key, join_type="inner")
-        newer = joined.filter(pc.greater(joined[version], joined[_ENTRY_VERSION]).fill_null(False))
+        challengers = _concat([data_keys, versioned], data_keys.schema)
+        joined = _concat(matched, [*entry_types, pa.field(_FILE, pa.int64())]).join(challengers, key, join_type="inner")
+        newer = joined.filter(table_row_wins(joined[version], joined[_ENTRY_VERSION]))
         losing = _distinct(newer.select(key), key).join(tombstones, key, join_type="left anti")
     plan.kept_keys = losing.num_rows
-    replaced = data_keys.select(key).join(losing, key, join_type="left anti")
+    replaced = _concat([data_keys.select(key), versioned.select(key)], key_types).join(
+        losing, key, join_type="left anti"
+    )
     deleted_keys = _distinct(_concat([replaced, tombstones], key_types), key)
     plan.deleted_keys = deleted_keys.num_rows
 
@@ -239,6 +256,13 @@ def plan_merge(table: Table, entry: OutboxEntry) -> MergePlan:
         _remove(table, plan.written)  # never referenced: the plan failed before any commit
         raise
     return plan
+
+
+def table_row_wins(table_version: pa.ChunkedArray | pa.Array, entry_version: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """Where a table row survives an entry's row or versioned delete of its key: its version is higher, a null
+    version being lower than every version (and a tie going to the entry, the later event)."""
+    higher = pc.or_kleene(pc.is_null(entry_version), pc.greater(table_version, entry_version))
+    return pc.and_kleene(pc.is_valid(table_version), higher).fill_null(False)
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -349,8 +373,8 @@ def _refuse_duplicates(entry: OutboxEntry, data_keys: pa.Table, key: Sequence[st
         sample = {c: repeated[c][0].as_py() for c in key}
         raise MergeKeyDuplicate(
             f"{entry.table} batch {entry.batch_id}: {repeated.num_rows} keys have more than one row in the staged "
-            f"data files (e.g. {sample}); a merge takes one row per key, so nothing was committed. Phase 1 "
-            "must keep the latest row per key; restage the batch"
+            f"data and versioned delete-key files (e.g. {sample}); a merge takes one row per key, so nothing was "
+            "committed. Phase 1 must keep the latest row per key; restage the batch"
         )
 
 

@@ -28,3 +28,7 @@ class CheckpointMismatch(KrishivError):
 
 class WindowStateMissing(CheckpointMismatch):
     """The open windows a batch starts from are not in the checkpoint (a partial copy, or older than kept)."""
+
+
+class DeleteMemoryMissing(CheckpointMismatch):
+    """The deletes an upsert batch must remember are not in the checkpoint (a partial copy, or older than kept)."""

@@ -20,6 +20,7 @@ from krishiv_core.spec import EVENTS, WINDOWED, KrishivSpec, PipelineSpec
 from krishiv_core.table_purpose import purpose_properties
 from krishiv_core.tables import OutputTable, output_tables
 from spark_jobs.checkpoint import Checkpoint
+from spark_jobs.delete_memory import DeleteMemoryStore
 from spark_jobs.errors import CheckpointMismatch
 from spark_jobs.events import EventsShape
 from spark_jobs.kafka_source import SOURCE_NAME, KafkaAdmin
@@ -216,4 +217,4 @@ def shape_of(pipeline: PipelineSpec, targets: list[Target], checkpoint: Checkpoi
         return WindowedShape(pipeline, rows[0], WindowStateStore(checkpoint.path))
     if pipeline.kind == EVENTS:
         return EventsShape(rows)
-    return UpsertShape(pipeline, rows[0])
+    return UpsertShape(pipeline, rows[0], DeleteMemoryStore(checkpoint.path))

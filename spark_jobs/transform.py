@@ -10,7 +10,7 @@ for a reject, the raw key and value. What else a row carries depends on the pipe
 - ``events``: every field and the Kafka metadata columns asked for, and :data:`TARGET`, the table the row goes to
   (a route's, the default table, or none: an event without a route is a reject when the spec says so).
 - ``upsert``: as ``events``, plus :data:`DELETE` (a tombstone: a null value, whose key fields come from the Kafka
-  key, or the spec's delete flag set).
+  key, or the spec's delete flag set) and :data:`TOMBSTONE` (the tombstones alone: they also forget the version).
 
 ``window_aggregates`` is Spark's own stateful aggregation of the same events, which the benchmark's at-least-once
 baseline uses.
@@ -38,7 +38,8 @@ from krishiv_core.tables import WINDOW_END, WINDOW_START, aggregate_type, spark_
 EVENT_TIME = "__event_time"
 CORRUPT = "_corrupt_record"
 TARGET = "__target"  # the (unqualified) table an events row goes to
-DELETE = "__delete"  # an upsert row that deletes its key
+DELETE = "__delete"  # an upsert row that deletes its key: a tombstone or a delete_field event
+TOMBSTONE = "__tombstone"  # an upsert row that is a tombstone (a null Kafka value): it deletes and forgets the version
 
 
 def _json_type(t: FieldType) -> DataType:
@@ -275,6 +276,7 @@ def build_output(raw: DataFrame, pipeline: PipelineSpec) -> DataFrame:
             *columns,
             *_metadata_columns(pipeline),
             F.when(reason.isNull(), deleting).alias(DELETE),
+            F.when(reason.isNull(), tombstone).alias(TOMBSTONE),
             *_reject_columns(reason),
         )
     is_reject = F.col("reason").isNotNull()

@@ -1,6 +1,7 @@
 """The MERGE commit operation on real catalogs (SQLite, and PostgreSQL with ``-m postgres``): an entry's rows
-replace the table's rows with the same key, delete keys delete, a newer version in the table wins, all in one
-snapshot with the intended id and the batch's summary; a lost race changes nothing."""
+replace the table's rows with the same key, delete keys delete, versioned delete keys delete unless the table's row
+is newer, a newer version in the table wins (a null version lowest), all in one snapshot with the intended id and
+the batch's summary; a lost race changes nothing."""
 
 from __future__ import annotations
 
@@ -26,7 +27,16 @@ from pyiceberg.typedef import Record
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestamptzType
 
 from krishiv_core.catalog import TABLE_PROPERTIES
-from krishiv_core.entries import DATA, DELETE_KEYS, MERGE, CommitOperation, OutboxEntry, StagedFile, new_snapshot_id
+from krishiv_core.entries import (
+    DATA,
+    DELETE_KEYS,
+    MERGE,
+    VERSIONED_DELETE_KEYS,
+    CommitOperation,
+    OutboxEntry,
+    StagedFile,
+    new_snapshot_id,
+)
 from outbox.errors import MergeKeyDuplicate, MergeKeyNull, MergeRetriesEnabled, OutboxError
 from outbox.merge import merge_commit
 from outbox.relay import SUMMARY_BATCH_ID, find_committed, high_water_property, snapshot_summary
@@ -73,6 +83,7 @@ class Stager:
         rows: list[dict[str, Any]] = (),  # type: ignore[assignment]
         deletes: list[dict[str, Any]] = (),  # type: ignore[assignment]
         operation: CommitOperation = BY_ID,
+        versioned_deletes: list[dict[str, Any]] = (),  # type: ignore[assignment]
     ) -> OutboxEntry:
         batch_id, self.batch_id = self.batch_id, self.batch_id + 1
         folder = self.folder / f"batch={batch_id}"
@@ -82,6 +93,13 @@ class Stager:
             files.append(self._write(folder / "part-0.parquet", rows, SCHEMA, DATA))
         if deletes:
             files.append(self._write(folder / "keys-0.parquet", deletes, SCHEMA.select(*operation.key), DELETE_KEYS))
+        if versioned_deletes:
+            columns = [*operation.key, *([operation.version] if operation.version else [])]
+            files.append(
+                self._write(
+                    folder / "vkeys-0.parquet", versioned_deletes, SCHEMA.select(*columns), VERSIONED_DELETE_KEYS
+                )
+            )
         return OutboxEntry(
             query_id=QUERY_ID,
             pipeline="p",
@@ -296,6 +314,85 @@ def test_a_tombstone_deletes_even_a_newer_row_and_losing_rows_alone_change_nothi
     assert {k: r["value"] for k, r in rows_by(reloaded, "id").items()} == {2: 2.0}
 
 
+def test_null_versions_are_lower_than_every_version_and_tie_with_each_other(catalog, table, stager) -> None:
+    merge(
+        table,
+        stager.entry(
+            [row(1, 1.0, version=5), row(2, 2.0), row(3, 3.0), row(4, 4.0, version=5)], operation=BY_ID_VERSIONED
+        ),
+    )
+    entry = stager.entry(
+        [row(1, 10.0), row(2, 20.0), row(3, 30.0, version=0), row(4, 40.0, version=5)], operation=BY_ID_VERSIONED
+    )
+    table, ids = merge(table, entry)
+    assert_committed(catalog, entry, ids, Operation.OVERWRITE)
+    assert {k: (r["version"], r["value"]) for k, r in rows_by(table, "id").items()} == {
+        1: (5, 1.0),  # a null version loses to 5
+        2: (None, 20.0),  # null against null: a tie, the later event's row
+        3: (0, 30.0),  # any version beats a null
+        4: (5, 40.0),  # a tie: the entry's
+    }
+
+
+def test_a_versioned_delete_loses_to_a_higher_table_row_and_wins_a_tie(catalog, table, stager) -> None:
+    merge(
+        table,
+        stager.entry(
+            [row(k, float(k), version=5) for k in (1, 2, 3)] + [row(4, 4.0), row(5, 5.0)], operation=BY_ID_VERSIONED
+        ),
+    )
+    entry = stager.entry(
+        [row(6, 6.0, version=1)],
+        operation=BY_ID_VERSIONED,
+        versioned_deletes=[
+            {"id": 1, "version": 4},  # lower: the table's row stays
+            {"id": 2, "version": 5},  # equal: deleted (the later event)
+            {"id": 3, "version": 9},  # higher: deleted
+            {"id": 4, "version": None},  # null against a null row: a tie, deleted
+            {"id": 7, "version": 1},  # no row: nothing to delete
+        ],
+    )
+    assert entry.record_count == 1 and len(entry.versioned_delete_files) == 1
+    table, ids = merge(table, entry)
+    assert_committed(catalog, entry, ids, Operation.OVERWRITE)
+    assert {k: (r["version"], r["value"]) for k, r in rows_by(table, "id").items()} == {
+        1: (5, 1.0),
+        5: (None, 5.0),
+        6: (1, 6.0),
+    }
+    null_delete = stager.entry(operation=BY_ID_VERSIONED, versioned_deletes=[{"id": 1, "version": None}])
+    table, ids = merge(table, null_delete)
+    assert_committed(catalog, null_delete, ids, Operation.APPEND)  # lost: nothing rewritten
+    assert sorted(rows_by(table, "id")) == [1, 5, 6]
+
+
+def test_a_tombstone_and_a_row_of_one_key_in_one_entry_replace_even_a_newer_row(catalog, table, stager) -> None:
+    merge(table, stager.entry([row(1, 1.0, version=9), row(2, 2.0, version=9)], operation=BY_ID_VERSIONED))
+    entry = stager.entry(
+        [row(1, 10.0, version=1), row(2, 20.0)], deletes=[{"id": 1}, {"id": 2}], operation=BY_ID_VERSIONED
+    )
+    table, ids = merge(table, entry)
+    assert_committed(catalog, entry, ids, Operation.OVERWRITE)
+    assert {k: (r["version"], r["value"]) for k, r in rows_by(table, "id").items()} == {1: (1, 10.0), 2: (None, 20.0)}
+
+
+def test_a_key_both_in_data_and_a_versioned_delete_is_refused(table, stager) -> None:
+    entry = stager.entry(
+        [row(1, 1.0, version=1)], operation=BY_ID_VERSIONED, versioned_deletes=[{"id": 1, "version": 2}]
+    )
+    with pytest.raises(MergeKeyDuplicate, match="1 keys have more than one row"):
+        merge(table, entry)
+
+
+def test_an_older_entry_of_delete_keys_without_versions_still_deletes(catalog, table, stager) -> None:
+    """Entries staged before versioned deletes (a delete_field event staged as a plain delete key) still commit."""
+    merge(table, stager.entry([row(1, 1.0, version=9)], operation=BY_ID_VERSIONED))
+    entry = stager.entry(deletes=[{"id": 1}], operation=BY_ID_VERSIONED)
+    table, ids = merge(table, entry)
+    assert_committed(catalog, entry, ids, Operation.OVERWRITE)
+    assert rows_by(table, "id") == {}
+
+
 def test_a_partitioned_table_rewrites_only_the_touched_partition(catalog, tmp_path) -> None:
     spec = PartitionSpec(PartitionField(source_id=2, field_id=1000, transform=IdentityTransform(), name="region"))
     table = catalog.create_table(("krishiv", "by_region"), SCHEMA, partition_spec=spec, properties=TABLE_PROPERTIES)
@@ -332,23 +429,40 @@ def test_a_partitioned_table_rewrites_only_the_touched_partition(catalog, tmp_pa
 # ---------------------------------------------------------------------------------------------- the oracle
 
 
+def _at_least(version: int | None, than: int | None) -> bool:
+    """The README's order of versions: a null is lower than every version; equal versions tie."""
+    return than is None or (version is not None and version >= than)
+
+
 def test_twenty_random_batches_equal_a_dict_of_the_latest_row_per_key(catalog, table, stager) -> None:
+    """Each entry as phase 1 stages it (at most one row or versioned delete per key, tombstones unconditional),
+    against the README's rule for a key's row: a row or versioned delete applies when its version is at least the
+    table row's (nulls lowest); a tombstone deletes, and its key's data row in the same entry is then added."""
     rng = random.Random(20240501)
-    oracle: dict[int, tuple[int, float]] = {}
+    oracle: dict[int, tuple[int | None, float]] = {}
     entries = []
+
+    def version() -> int | None:
+        return None if rng.random() < 0.15 else rng.randint(0, 30)
+
     for batch in range(20):
         keys = rng.sample(range(300), rng.randint(1, 60))
-        cut = len(keys) * 4 // 5 if batch % 3 else len(keys)  # every third batch without tombstones
-        data = [row(k, rng.random(), version=rng.randint(0, 30)) for k in keys[:cut]]
-        deletes = [{"id": k} for k in keys[cut:]]
-        entry = stager.entry(data, deletes=deletes, operation=BY_ID_VERSIONED)
+        cut = len(keys) * 3 // 5 if batch % 3 else len(keys)  # every third batch without deletes
+        data = [row(k, rng.random(), version=version()) for k in keys[:cut]]
+        middle = (cut + len(keys)) // 2
+        versioned = [{"id": k, "version": version()} for k in keys[cut:middle]]
+        deletes = [{"id": k} for k in keys[middle:]] + [{"id": r["id"]} for r in data if rng.random() < 0.05]
+        entry = stager.entry(data, deletes=deletes, operation=BY_ID_VERSIONED, versioned_deletes=versioned)
         entries.append(entry)
         table, ids = merge(table, entry)
         assert ids == [entry.intended_snapshot_id]
         for d in deletes:
             oracle.pop(d["id"], None)
+        for d in versioned:
+            if d["id"] in oracle and _at_least(d["version"], oracle[d["id"]][0]):
+                del oracle[d["id"]]
         for r in data:
-            if r["id"] not in oracle or oracle[r["id"]][0] <= r["version"]:
+            if r["id"] not in oracle or _at_least(r["version"], oracle[r["id"]][0]):
                 oracle[r["id"]] = (r["version"], r["value"])
         got = {k: (r["version"], r["value"]) for k, r in rows_by(table, "id").items()}
         assert got == oracle, f"after batch {batch}"

@@ -1,0 +1,77 @@
+"""What an upsert pipeline's keys remember of their deletes, carried from batch to batch in the checkpoint.
+
+By the upsert rule (README, PROTOCOL.md invariant 13) a ``delete_field`` event that applies removes its key's row
+and the key keeps the delete's version: a later event of a lower version is ignored. The table no longer holds a
+row to compare with, so phase 1 remembers those versions itself: one row per key whose state is a delete with a
+non-null version (the key columns and the version). A row that applies, or a tombstone, makes the key forget.
+Only a pipeline with both a ``version_field`` and a ``delete_field`` needs it: without a version every event
+applies, and without a delete field only tombstones delete, and they forget.
+
+As with the windowed kind's open windows (``spark_jobs.window_state``), each batch's memory is one Parquet file
+in the checkpoint, ``krishiv/upsert-deletes/<batch>.parquet``, the whole memory after that batch, written through
+a temporary file of a unique name and an atomic rename before the batch's ledger entry. A replayed batch reads
+the memory of the batch before it, so it stages the same files again. The last 100 batches' files are kept.
+
+A checkpoint without the folder at all (written by a Krishiv from before deletes were remembered) starts with an
+empty memory, with a warning; a folder without the previous batch's file is refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from spark_jobs.errors import DeleteMemoryMissing
+from spark_jobs.window_state import RETAINED_BATCHES
+
+log = logging.getLogger(__name__)
+
+STATE_DIR = "krishiv/upsert-deletes"
+
+
+class DeleteMemoryStore:
+    """The remembered deletes after each batch, one Parquet file per batch id inside a query's checkpoint."""
+
+    def __init__(self, checkpoint: Path) -> None:
+        self.folder = checkpoint / STATE_DIR
+
+    def path(self, batch_id: int) -> Path:
+        return self.folder / f"{batch_id:012d}.parquet"
+
+    def load_before(self, batch_id: int) -> pa.Table | None:
+        """The memory batch ``batch_id`` starts from; None when it is empty (batch 0)."""
+        if batch_id == 0:
+            return None
+        path = self.path(batch_id - 1)
+        if path.exists():
+            return pq.read_table(path)
+        if not self.folder.exists():
+            log.warning(
+                "%s does not exist: the checkpoint was written before upsert deletes were remembered, so batch %s "
+                "starts remembering none (a delete staged earlier does not block an older event)",
+                self.folder,
+                batch_id,
+            )
+            return None
+        raise DeleteMemoryMissing(
+            f"the remembered deletes after batch {batch_id - 1} are not in {self.folder}, so batch {batch_id} "
+            f"cannot be staged; restore the checkpoint with its {STATE_DIR} folder"
+        )
+
+    def save(self, batch_id: int, memory: pa.Table) -> None:
+        """Write the memory after ``batch_id`` atomically, and drop those older than the retained batches."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.path(batch_id)
+        tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex}.tmp")
+        try:
+            pq.write_table(memory, tmp)
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        for old in self.folder.glob("*.parquet"):
+            if old.stem.isdigit() and int(old.stem) <= batch_id - RETAINED_BATCHES:
+                old.unlink(missing_ok=True)
