@@ -288,6 +288,7 @@ def test_partition_by_changed_between_runs(tmp_path, broker, spark, topic):
 def test_a_conflicting_spec_is_refused_before_spark_starts(tmp_path, broker):
     """``krishiv run`` with a spec its table cannot take prints one line and nothing else (no JVM started)."""
     spec = _spec(tmp_path, broker.bootstrap, "orders-unused")
+    ensure_topic(broker.bootstrap, "orders-unused", PARTITIONS)  # krishiv run refuses a missing topic first
     ensure_pipeline_tables(load_catalog(spec), spec, spec.pipeline())
     _spec(tmp_path, broker.bootstrap, "orders-unused", fields=BASE_FIELDS.replace('qty = "int"', 'qty = "string"'))
 
@@ -479,6 +480,7 @@ def _refused_line(spec_file: Path) -> str:
 
 def test_a_kind_change_is_refused_in_one_line_before_spark_starts(tmp_path, broker):
     spec = _spec(tmp_path, broker.bootstrap, "orders-unused")
+    ensure_topic(broker.bootstrap, "orders-unused", PARTITIONS)  # krishiv run refuses a missing topic first
     ensure_pipeline_tables(load_catalog(spec), spec, spec.pipeline())
     assert _table(spec).properties["krishiv.kind"] == "events", "the table records what it was created for"
     metadata = _table(spec).metadata_location
