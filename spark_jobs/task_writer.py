@@ -75,9 +75,12 @@ def _write_task(targets: Sequence[WriteTarget], target_column: str):
     """The function each task runs: write its rows per target, yield one row per file."""
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        rows = pa.Table.from_batches(list(batches))
+        # A task whose rows were all rejects (or tombstones of another task's keys, or none at all) gets no batch:
+        # it writes nothing and says so with an empty row set, never an error.
+        received = list(batches)
+        rows = pa.Table.from_batches(received) if received else None
         out: list[dict[str, object]] = []
-        if rows.num_rows:
+        if rows is not None and rows.num_rows:
             for target in targets:
                 mine = rows.filter(pc.equal(rows.column(target_column), target.name))
                 if not mine.num_rows:
