@@ -132,7 +132,7 @@ def _tombstone_key(events: DataFrame, pipeline: PipelineSpec) -> tuple[DataFrame
     """The key fields of a tombstone (a null value), from the Kafka key, read as the record's fields are: the key
     itself for a one-field key (a string key as its text, any other as its JSON token), else a JSON object holding
     the key fields."""
-    text = F.col("key").cast("string")
+    text = F.when(F.col("value").isNull(), F.col("key").cast("string"))  # only a tombstone's key is read
     if len(pipeline.key) == 1:
         f = pipeline.field(pipeline.key[0])
         return read_fields(events, [key_field(text, f.name, f.type)], "__k")
