@@ -20,123 +20,42 @@ from __future__ import annotations
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import (
-    BooleanType,
-    DataType,
-    DoubleType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampType,
-)
 
-from krishiv_core.spec import EVENTS, KAFKA_METADATA_PREFIX, REJECTS, UPSERT, Aggregation, FieldType, PipelineSpec
+from krishiv_core.spec import EVENTS, KAFKA_METADATA_PREFIX, REJECTS, UPSERT, Aggregation, PipelineSpec
 from krishiv_core.tables import WINDOW_END, WINDOW_START, aggregate_type, spark_type
+from spark_jobs.json_fields import ParsedField, key_field, parse_record, read_fields, record_field
 
 EVENT_TIME = "__event_time"
-CORRUPT = "_corrupt_record"
 TARGET = "__target"  # the (unqualified) table an events row goes to
 DELETE = "__delete"  # an upsert row that deletes its key: a tombstone or a delete_field event
 TOMBSTONE = "__tombstone"  # an upsert row that is a tombstone (a null Kafka value): it deletes and forgets the version
 
 
-def _json_type(t: FieldType) -> DataType:
-    """How a field is read from JSON. Decimals are read as text and validated, so none is silently rounded."""
-    return {
-        "string": StringType(),
-        "long": LongType(),
-        "int": IntegerType(),
-        "double": DoubleType(),
-        "boolean": BooleanType(),
-        "timestamp_ms": LongType(),
-        "timestamp": TimestampType(),
-        "decimal": StringType(),
-    }[t.name]
-
-
-def _decimal_pattern(t: FieldType) -> str:
-    whole = t.precision - t.scale
-    fraction = rf"(\.[0-9]{{1,{t.scale}}})?" if t.scale else ""
-    return rf"^-?[0-9]{{1,{max(whole, 1)}}}{fraction}$"
-
-
-def _field_ok(raw: Column, t: FieldType) -> Column:
-    """True where a non-null raw JSON text is a valid value of type ``t``."""
-    if t.is_decimal:
-        return raw.rlike(_decimal_pattern(t))
-    if t.name == "string":
-        return F.lit(True)
-    target = {"timestamp_ms": "bigint", "timestamp": "timestamp"}.get(t.name, spark_type(t))
-    return raw.try_cast(target).isNotNull()
-
-
-def _json_token(text: Column, name: str) -> Column:
-    """What the JSON gave for field ``name``: ``a JSON string "12"``, ``a JSON number 12.5``, ``a JSON array``…"""
-    value = F.try_variant_get(F.try_parse_json(text), f"$.{name}", "variant")  # the spec's names are identifiers
-    kind = F.upper(F.schema_of_variant(value))
-    scalar = F.substring(F.to_json(value), 1, 40)
-    return (
-        F.when(kind.startswith("STRING"), F.concat(F.lit("a JSON string "), scalar))
-        .when(kind.startswith("BOOLEAN"), F.concat(F.lit("a JSON boolean "), scalar))
-        .when(kind.startswith("ARRAY"), F.lit("a JSON array"))
-        .when(kind.startswith("OBJECT"), F.lit("a JSON object"))
-        .otherwise(F.concat(F.lit("a JSON number "), scalar))
-    )
-
-
-def _mistyped(text: Column, as_map: Column, name: str, t: FieldType) -> Column:
-    """``amount (long, got a JSON string "12")`` where the record's ``name`` does not fit ``t``, else null.
-
-    A value can be wrong as text (``12.5`` for a long; a decimal with too many digits) or as a JSON token (a number
-    sent as a string, ``"12"``, which the text alone does not show); Spark's JSON reader refuses the latter, and
-    this parse of the one field tells which field it was.
-    """
-    wrong = ~_field_ok(as_map[name], t)
-    if not t.is_decimal and t.name != "string":
-        alone = StructType([StructField(name, _json_type(t)), StructField(CORRUPT, StringType())])
-        token = F.from_json(text, alone, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
-        wrong = wrong | token[CORRUPT].isNotNull()
-    if t.is_decimal:  # read as text, so every token fits: what the value says is what matters
-        return F.when(as_map[name].isNotNull() & wrong, F.lit(f"{name} ({t})"))
-    return F.when(
-        as_map[name].isNotNull() & wrong, F.concat(F.lit(f"{name} ({t}, got "), _json_token(text, name), F.lit(")"))
-    )
-
-
 def parse_events(raw: DataFrame, pipeline: PipelineSpec) -> DataFrame:
-    """Kafka rows -> typed event columns plus ``reason`` (null for a valid event)."""
-    json_schema = StructType(
-        [StructField(f.name, _json_type(f.type)) for f in pipeline.fields] + [StructField(CORRUPT, StringType())]
-    )
-    text = F.col("value").cast("string")
-    j = F.from_json(text, json_schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
-    df = raw.withColumn("__j", j)
+    """Kafka rows -> typed event columns plus ``reason`` (null for a valid event).
 
-    # Only rejected rows reach these branches, so the extra parses cost nothing on the happy path.
-    as_map = F.from_json(text, "map<string,string>")
-    mistyped = F.concat_ws(", ", *[_mistyped(text, as_map, f.name, f.type) for f in pipeline.fields])
-    reason = F.when(F.col("value").isNull(), F.lit("null value")).when(
-        F.col(f"__j.{CORRUPT}").isNotNull(),
-        F.when(as_map.isNull(), F.lit("malformed JSON")).otherwise(
-            F.when(mistyped != "", F.concat(F.lit("mistyped field: "), mistyped)).otherwise(F.lit("malformed JSON"))
-        ),
+    Every field is read by :mod:`spark_jobs.json_fields` from one VARIANT parse of the record, exactly (README,
+    "Field types"). The reason is the first of: ``null value``, ``malformed JSON`` (not a JSON object),
+    ``mistyped field: …`` (every field that does not fit, in spec order), ``null field: x`` / ``missing field: x``
+    (a required field, or the event time).
+    """
+    text = F.col("value").cast("string")
+    doc, is_object = parse_record(text)
+    df = raw.withColumn("__doc", doc).withColumn("__object", is_object)
+    sources = [record_field(F.col("__doc"), text, f.name, f.type) for f in pipeline.fields]
+    df, fields = read_fields(df, sources, "__f")
+    parsed = {f.name: p for f, p in zip(pipeline.fields, fields, strict=True)}
+    mistyped = F.concat_ws(", ", *[p.mistyped for p in fields])
+    reason = (
+        F.when(F.col("value").isNull(), F.lit("null value"))
+        .when(~F.col("__object"), F.lit("malformed JSON"))
+        .when(mistyped != "", F.concat(F.lit("mistyped field: "), mistyped))
     )
-    for f in pipeline.fields:
-        if f.type.is_decimal:
-            reason = reason.when(
-                F.col(f"__j.{f.name}").isNotNull() & ~F.col(f"__j.{f.name}").rlike(_decimal_pattern(f.type)),
-                F.lit(f"mistyped field: {f.name} ({f.type})"),
-            )
     for f in pipeline.fields:
         if f.required or f.name == pipeline.event_time_field:
-            reason = reason.when(
-                F.col(f"__j.{f.name}").isNull(),
-                F.when(F.map_contains_key(as_map, f.name), F.lit(f"null field: {f.name}")).otherwise(
-                    F.lit(f"missing field: {f.name}")
-                ),
-            )
+            p = parsed[f.name]
+            reason = reason.when(p.null, F.lit(f"null field: {f.name}"))
+            reason = reason.when(p.missing, F.lit(f"missing field: {f.name}"))
 
     columns = [
         F.col("topic"),
@@ -147,13 +66,7 @@ def parse_events(raw: DataFrame, pipeline: PipelineSpec) -> DataFrame:
         F.col("value"),
         reason.alias("reason"),
     ]
-    for f in pipeline.fields:
-        c = F.col(f"__j.{f.name}")
-        if f.type.is_decimal:
-            c = c.try_cast(spark_type(f.type))
-        elif f.type.name == "timestamp_ms":
-            c = F.timestamp_millis(c)
-        columns.append(c.alias(f.name))
+    columns += [parsed[f.name].value.alias(f.name) for f in pipeline.fields]
     return df.select(*columns)
 
 
@@ -216,29 +129,18 @@ def _route(events: DataFrame, pipeline: PipelineSpec) -> tuple[Column, Column]:
     return F.when(reason.isNull(), target), reason
 
 
-def _tombstone_key(pipeline: PipelineSpec) -> list[Column]:
-    """The key fields of a tombstone (a null value), from the Kafka key: the key itself for a one-field key, else
-    a JSON object holding the key fields."""
-    text = F.col("key").cast("string")
+def _tombstone_key(events: DataFrame, pipeline: PipelineSpec) -> tuple[DataFrame, list[ParsedField]]:
+    """The key fields of a tombstone (a null value), from the Kafka key, read as the record's fields are: the key
+    itself for a one-field key (a string key as its text, any other as its JSON token), else a JSON object holding
+    the key fields."""
+    text = F.when(F.col("value").isNull(), F.col("key").cast("string"))  # only a tombstone's key is read
     if len(pipeline.key) == 1:
         f = pipeline.field(pipeline.key[0])
-        value = text if f.type.name == "string" else text.try_cast(_json_type(f.type))
-        if f.type.name == "timestamp_ms":
-            value = F.timestamp_millis(value)
-        elif f.type.is_decimal:
-            value = text.try_cast(spark_type(f.type))
-        return [value.alias(f.name)]
-    schema = StructType([StructField(k, _json_type(pipeline.field(k).type)) for k in pipeline.key])
-    parsed = F.from_json(text, schema)
-    out = []
-    for k in pipeline.key:
-        c, t = parsed[k], pipeline.field(k).type
-        out.append(
-            (
-                F.timestamp_millis(c) if t.name == "timestamp_ms" else c.try_cast(spark_type(t)) if t.is_decimal else c
-            ).alias(k)
-        )
-    return out
+        return read_fields(events, [key_field(text, f.name, f.type)], "__k")
+    doc, is_object = parse_record(text)
+    events = events.withColumn("__key_doc", F.when(F.col("value").isNull() & is_object, doc))
+    sources = [record_field(F.col("__key_doc"), text, k, pipeline.field(k).type) for k in pipeline.key]
+    return read_fields(events, sources, "__k")
 
 
 def build_output(raw: DataFrame, pipeline: PipelineSpec) -> DataFrame:
@@ -254,20 +156,21 @@ def build_output(raw: DataFrame, pipeline: PipelineSpec) -> DataFrame:
         )
     if pipeline.kind == UPSERT:
         tombstone = F.col("value").isNull()
-        tombstone_key = _tombstone_key(pipeline)
+        events, tombstone_key = _tombstone_key(events, pipeline)
+        key_mistyped = F.concat_ws(", ", *[k.mistyped for k in tombstone_key])
         key_missing = F.lit(False)
-        for c in tombstone_key:
-            key_missing = key_missing | c.isNull()
+        for k in tombstone_key:
+            key_missing = key_missing | k.value.isNull()
         reason = F.when(
             tombstone,
-            F.when(
+            F.when(key_mistyped != "", F.concat(F.lit("mistyped field: "), key_mistyped)).when(
                 key_missing, F.lit(f"tombstone without a key: expected the Kafka key to hold {', '.join(pipeline.key)}")
             ),
         ).otherwise(F.col("reason"))
         deleting = tombstone | (
             F.coalesce(F.col(pipeline.delete_field), F.lit(False)) if pipeline.delete_field else F.lit(False)
         )
-        keys = {c: t for c, t in zip(pipeline.key, tombstone_key, strict=True)}
+        keys = {c: k.value for c, k in zip(pipeline.key, tombstone_key, strict=True)}
         columns = [
             F.when(tombstone, keys[f.name]).otherwise(F.col(f.name)).alias(f.name) if f.name in keys else F.col(f.name)
             for f in pipeline.fields

@@ -329,7 +329,7 @@ def test_a_number_sent_as_a_json_string_names_the_field_and_what_it_got(spark) -
     )
     values = {
         '{"id": "a", "amount": "12"}': 'mistyped field: amount (long, got a JSON string "12")',
-        '{"id": "a", "amount": 12.5}': "mistyped field: amount (long, got a JSON number 12.5)",
+        '{"id": "a", "amount": 12.5}': "mistyped field: amount (long, got a JSON number 12.5: not an integer)",
         '{"id": "a", "amount": 1, "price": "1.5"}': 'mistyped field: price (double, got a JSON string "1.5")',
         '{"id": "a", "at": "1767225600000"}': ('mistyped field: at (timestamp_ms, got a JSON string "1767225600000")'),
         '{"id": "a", "amount": "1", "price": [1]}': (
