@@ -1,5 +1,5 @@
 # The README's two commands: `make demo` and `make test`. Both set everything up first.
-.PHONY: setup demo dagster test bench lint clean
+.PHONY: setup demo dagster test test-heavy bench lint clean
 
 setup:
 	@bash scripts/setup.sh
@@ -14,6 +14,9 @@ test: setup
 	@bash scripts/setup-browser.sh
 	.venv/bin/ruff check .
 	.venv/bin/pytest
+
+test-heavy: setup
+	.venv/bin/pytest -m heavy
 
 bench: setup
 	.venv/bin/python -m benchmarks

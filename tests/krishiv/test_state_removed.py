@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.services.processes import stop
 from tests.spark_jobs.pipeline_helpers import ROOT, produce_orders
 
@@ -26,6 +28,7 @@ def _wait_for(condition, what: str, output: Path) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.heavy
 def test_a_state_folder_removed_under_a_run_is_one_line(make_spec, spec_file: Path, tmp_path: Path) -> None:
     spec = make_spec(catalog_uri="sqlite:///state/catalog.db", warehouse="state/warehouse", max_records=500)
     text = spec_file.read_text()

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.spark_jobs.pipeline_helpers import ROOT, assert_exactly_once, produce_orders
 
 #: Imported by every Python process started with this folder on PYTHONPATH (Spark passes the driver's PYTHONPATH on
@@ -24,6 +26,7 @@ if any("python_streaming_source_runner" in a for a in sys.orig_argv):
 """
 
 
+@pytest.mark.heavy
 def test_a_worker_that_connects_back_too_late_starts_the_query_again(
     make_spec, spec_file: Path, tmp_path: Path
 ) -> None:
