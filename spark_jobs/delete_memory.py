@@ -19,14 +19,13 @@ empty memory, with a warning; a folder without the previous batch's file is refu
 from __future__ import annotations
 
 import logging
-import uuid
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from spark_jobs.batch_state_files import save_batch_file
 from spark_jobs.errors import DeleteMemoryMissing
-from spark_jobs.window_state import RETAINED_BATCHES
 
 log = logging.getLogger(__name__)
 
@@ -64,14 +63,4 @@ class DeleteMemoryStore:
 
     def save(self, batch_id: int, memory: pa.Table) -> None:
         """Write the memory after ``batch_id`` atomically, and drop those older than the retained batches."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        path = self.path(batch_id)
-        tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex}.tmp")
-        try:
-            pq.write_table(memory, tmp)
-            tmp.replace(path)
-        finally:
-            tmp.unlink(missing_ok=True)
-        for old in self.folder.glob("*.parquet"):
-            if old.stem.isdigit() and int(old.stem) <= batch_id - RETAINED_BATCHES:
-                old.unlink(missing_ok=True)
+        save_batch_file(self.folder, self.path(batch_id), memory, batch_id)

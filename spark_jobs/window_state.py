@@ -29,7 +29,6 @@ a copy of the checkpoint carries its state with it. Like Spark's state store
 from __future__ import annotations
 
 import decimal
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,12 +41,12 @@ from pyspark.sql import functions as F
 from krishiv_core.spec import WINDOWED, Aggregation, PipelineSpec
 from krishiv_core.table_purpose import SpecChangeRefused
 from krishiv_core.tables import WINDOW_END, WINDOW_START, aggregate_type
+from spark_jobs.batch_state_files import save_batch_file
 from spark_jobs.checkpoint import Checkpoint
 from spark_jobs.errors import WindowStateMissing
 from spark_jobs.transform import aggregate_expression
 
 STATE_DIR = "krishiv/window-state"
-RETAINED_BATCHES = 100
 WATERMARK_KEY = b"krishiv.watermark_ms"
 MODE_KEY = b"krishiv.output_mode"  # the output mode the open windows were written in (update: already written)
 _SUM, _COUNT = "__sum", "__count"
@@ -230,18 +229,7 @@ class WindowStateStore:
         """
         if state.windows is None:
             raise ValueError("a saved window state needs its (possibly empty) table of windows")
-        self.folder.mkdir(parents=True, exist_ok=True)
-        path = self.path(batch_id)
-        tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex}.tmp")
         metadata = {WATERMARK_KEY: str(state.watermark_ms).encode()}
         if state.output_mode is not None:
             metadata[MODE_KEY] = state.output_mode.encode()
-        windows = state.windows.replace_schema_metadata(metadata)
-        try:
-            pq.write_table(windows, tmp)
-            tmp.replace(path)
-        finally:
-            tmp.unlink(missing_ok=True)
-        for old in self.folder.glob("*.parquet"):
-            if old.stem.isdigit() and int(old.stem) <= batch_id - RETAINED_BATCHES:
-                old.unlink(missing_ok=True)
+        save_batch_file(self.folder, self.path(batch_id), state.windows.replace_schema_metadata(metadata), batch_id)

@@ -11,9 +11,9 @@ import pyarrow as pa
 import pytest
 
 from krishiv_core.errors import KrishivError
+from spark_jobs.batch_state_files import RETAINED_BATCHES
 from spark_jobs.delete_memory import STATE_DIR, DeleteMemoryStore
 from spark_jobs.errors import DeleteMemoryMissing
-from spark_jobs.window_state import RETAINED_BATCHES
 
 
 def _memory(*pairs: tuple[int, int]) -> pa.Table:

@@ -14,9 +14,9 @@ import pyarrow as pa
 import pytest
 
 from krishiv_core.spec import Aggregation, load_spec
+from spark_jobs.batch_state_files import RETAINED_BATCHES
 from spark_jobs.errors import WindowStateMissing
 from spark_jobs.window_state import (
-    RETAINED_BATCHES,
     WindowState,
     WindowStateStore,
     advance,
