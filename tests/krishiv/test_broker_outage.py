@@ -5,10 +5,7 @@ its own behind a front that is cut and put back (:mod:`tests.services.tcp_front`
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +17,7 @@ from krishiv_core.spec import KrishivSpec
 from spark_jobs.kafka_source import latest_offsets
 from tests.services.processes import stop
 from tests.services.tcp_front import TcpFront, fronted_broker  # noqa: F401 - the fixture
-from tests.spark_jobs.pipeline_helpers import ROOT, assert_exactly_once, produce_orders
+from tests.spark_jobs.pipeline_helpers import assert_exactly_once, produce_orders, start_krishiv, wait_for
 
 TIMEOUT_S = 240.0  # a bound, not a target: Spark starts in a process of its own on a loaded 2-core machine
 OUTAGE_BOUND_S = 25
@@ -28,12 +25,8 @@ OUTAGE_S = 12.0  # the first outage: shorter than the bound
 SECOND_WAVE_START_MS = 1_767_225_600_000 + 400 * 50
 
 
-def _wait(condition: Callable[[], bool], what: str, output: Path) -> None:
-    deadline = time.monotonic() + TIMEOUT_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} within {TIMEOUT_S:.0f}s; the run said:\n{output.read_text()[-3000:]}")
-        time.sleep(0.2)
+def _wait(condition: Callable[[], object], what: str, output: Path) -> None:
+    wait_for(condition, what, output, TIMEOUT_S)
 
 
 def _all_committed(spec: KrishivSpec) -> bool:
@@ -58,17 +51,7 @@ def test_a_continuous_run_rides_out_a_broker_outage_and_stops_after_the_bound(
     spec_file.write_text(spec_file.read_text())  # the file the run reads is the one make_spec wrote
     produce_orders(spec, 400, malformed=4)
     output = tmp_path / "run.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KRISHIV_")}
-    env["KRISHIV_BROKER_OUTAGE_S"] = str(OUTAGE_BOUND_S)
-    with open(output, "w") as log:
-        run = subprocess.Popen(
-            [sys.executable, "-m", "krishiv.cli", "--spec", str(spec_file), "run"],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
+    run = start_krishiv(spec_file, "run", output=output, env={"KRISHIV_BROKER_OUTAGE_S": str(OUTAGE_BOUND_S)})
     try:
         _wait(lambda: _all_committed(spec), "the first wave was not committed", output)
 

@@ -4,28 +4,21 @@ with one line naming what disappeared and the README section with the way out, e
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
-import subprocess
-import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.services.processes import stop
-from tests.spark_jobs.pipeline_helpers import ROOT, produce_orders
+from tests.spark_jobs.pipeline_helpers import produce_orders, start_krishiv, wait_for
 
 TIMEOUT_S = 240.0  # a bound, not a target: Spark starts in a process of its own on a loaded 2-core machine
 
 
-def _wait_for(condition, what: str, output: Path) -> None:
-    deadline = time.monotonic() + TIMEOUT_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} within {TIMEOUT_S:.0f}s; the run said:\n{output.read_text()[-3000:]}")
-        time.sleep(0.2)
+def _wait_for(condition: Callable[[], object], what: str, output: Path) -> None:
+    wait_for(condition, what, output, TIMEOUT_S)
 
 
 @pytest.mark.heavy
@@ -36,16 +29,7 @@ def test_a_state_folder_removed_under_a_run_is_one_line(make_spec, spec_file: Pa
     spec_file.write_text(text.replace('checkpoint_location = "checkpoints"', 'checkpoint_location = "state/cp"'))
     produce_orders(spec, 300)
     output = tmp_path / "run.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KRISHIV_")}
-    with open(output, "w") as log:
-        run = subprocess.Popen(
-            [sys.executable, "-m", "krishiv.cli", "--spec", str(spec_file), "run"],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
+    run = start_krishiv(spec_file, "run", output=output)
     try:
         _wait_for(lambda: "committed batch 0" in output.read_text(), "batch 0 was not committed", output)
         assert (tmp_path / "state" / "cp").is_dir() and (tmp_path / "state" / "ledger.duckdb").is_file()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from chaos.checks import compare_with_oracle
@@ -45,6 +47,30 @@ def krishiv_cli(
         timeout=timeout,
         stdin=subprocess.DEVNULL,
     )
+
+
+def start_krishiv(spec_file: Path, *args: str, output: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start the real ``krishiv`` command in its own process, its stdout and stderr going to ``output``; the
+    environment is this one's without ``KRISHIV_*``, plus ``env``."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("KRISHIV_")}
+    with open(output, "w") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "krishiv.cli", "--spec", str(spec_file), *args],
+            cwd=ROOT,
+            env={**clean, **(env or {})},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+
+
+def wait_for(condition: Callable[[], object], what: str, output: Path, timeout_s: float) -> None:
+    """Wait until ``condition()`` holds, else fail with ``what`` and the end of the process's ``output``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} within {timeout_s:.0f}s; the process said:\n{output.read_text()[-3000:]}")
+        time.sleep(0.2)
 
 
 def assert_exactly_once(spec: KrishivSpec) -> Expected:
