@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
 
 
+@pytest.mark.heavy
 @pytest.mark.postgres
 @pytest.mark.timeout(1200)
 def test_a_tiny_benchmark_prints_all_seven_measurements(tmp_path: Path, postgres_uri: str):

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from krishiv.broker import free_port
+from krishiv.produce import ensure_topic
 from krishiv_core.errors import ConfigError, EnvironmentProblem
 from krishiv_core.spec import KrishivSpec, load_spec, parse_spec
 from spark_jobs.session import on_loopback, require_master, spark_conf
@@ -51,6 +52,7 @@ def on_cluster(spec_file: Path, cluster: SparkCluster, app_name: str, python: Pa
     return load_spec(spec_file, env={})
 
 
+@pytest.mark.heavy
 def test_pipeline_on_a_standalone_cluster_runs_its_tasks_on_the_worker_exactly_once(
     make_spec, spec_file, broker, spark_cluster, tmp_path
 ):
@@ -121,7 +123,8 @@ def test_a_driver_address_of_the_spec_wins_over_loopback():
 
 
 def test_a_master_that_does_not_answer_is_named_before_spark_starts(make_spec, spec_file, tmp_path):
-    make_spec()
+    spec = make_spec()
+    ensure_topic(spec.kafka.bootstrap_servers, spec.pipeline().topic, spec.kafka.partitions)  # checked first
     nobody = f"spark://127.0.0.1:{free_port()}"
     spec_file.write_text(spec_file.read_text().replace(LOCAL_MASTER, f'master = "{nobody}"'))
     refused = krishiv_cli(spec_file, "run", "--once", timeout=120)

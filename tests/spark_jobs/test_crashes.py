@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import signal
 
+import pytest
+
 from krishiv.operations import commit_pipelines, open_ledger, run_pipelines
 from krishiv_core.catalog import load_catalog, qualified
 from krishiv_core.entries import PENDING
@@ -12,6 +14,7 @@ from tests.spark_jobs.pipeline_helpers import assert_exactly_once, krishiv_cli, 
 KILLED = -signal.SIGKILL
 
 
+@pytest.mark.heavy
 def test_driver_killed_during_batches_keeps_exactly_once(make_spec, spec_file, broker):
     spec = make_spec(max_records=1_000)
     produce_orders(spec, 4_000, late=10, malformed=8)
