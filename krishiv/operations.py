@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING
 
-from krishiv_core.errors import ConfigError, KrishivError
+from krishiv_core.env_settings import seconds_from_env
+from krishiv_core.errors import KrishivError
 from krishiv_core.spec import KrishivSpec, PipelineSpec
 from outbox.ledger import DEFAULT_LOCK_TIMEOUT_S, Ledger
 
@@ -94,22 +95,9 @@ LEDGER_LOCK_TIMEOUT_ENV = "KRISHIV_LEDGER_LOCK_TIMEOUT_S"
 STAGER_LEASE_TTL_ENV = "KRISHIV_STAGER_LEASE_TTL_S"
 
 
-def _seconds_from_env(variable: str, default: float) -> float:
-    raw = os.environ.get(variable)
-    if not raw:
-        return default
-    try:
-        seconds = float(raw)
-    except ValueError:
-        raise ConfigError(variable, f"expected a number of seconds, got {raw!r}") from None
-    if not seconds > 0:
-        raise ConfigError(variable, f"expected a positive number of seconds, got {raw!r}")
-    return seconds
-
-
 def ledger_lock_timeout_s() -> float:
     """How long a ledger call waits for another process's lock: ``KRISHIV_LEDGER_LOCK_TIMEOUT_S``, else 30 s."""
-    return _seconds_from_env(LEDGER_LOCK_TIMEOUT_ENV, DEFAULT_LOCK_TIMEOUT_S)
+    return seconds_from_env(LEDGER_LOCK_TIMEOUT_ENV, DEFAULT_LOCK_TIMEOUT_S)
 
 
 def open_ledger(spec: KrishivSpec) -> Ledger:
@@ -209,7 +197,7 @@ def run_pipelines(
 
     committing = commit and not once
     with ExitStack() as stack:
-        ttl_s = _seconds_from_env(STAGER_LEASE_TTL_ENV, LEASE_TTL_S)
+        ttl_s = seconds_from_env(STAGER_LEASE_TTL_ENV, LEASE_TTL_S)
         leases = {
             p.name: stack.enter_context(stager_lease(ledger, p.name, holder, ttl_s, committing=committing))
             for p in pipelines

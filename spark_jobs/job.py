@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,7 +13,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from krishiv_core.catalog import ensure_pipeline_tables, qualified
-from krishiv_core.errors import ConfigError
+from krishiv_core.env_settings import seconds_from_env
 from krishiv_core.evolution import planned_schema
 from krishiv_core.spec import EVENTS, WINDOWED, KrishivSpec, PipelineSpec
 from krishiv_core.table_purpose import purpose_properties
@@ -125,16 +124,7 @@ def broker_outage_s() -> float:
     """``KRISHIV_BROKER_OUTAGE_S``, else the source's default (:data:`spark_jobs.kafka_source.DEFAULT_OUTAGE_S`)."""
     from spark_jobs.kafka_source import DEFAULT_OUTAGE_S
 
-    raw = os.environ.get(BROKER_OUTAGE_ENV)
-    if not raw:
-        return DEFAULT_OUTAGE_S
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = 0.0
-    if not seconds > 0:
-        raise ConfigError(BROKER_OUTAGE_ENV, f"expected a positive number of seconds, got {raw!r}")
-    return seconds
+    return seconds_from_env(BROKER_OUTAGE_ENV, DEFAULT_OUTAGE_S)
 
 
 def kafka_stream(spark: SparkSession, spec: KrishivSpec, pipeline: PipelineSpec, **options: str) -> DataFrame:
