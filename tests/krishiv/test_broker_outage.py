@@ -5,7 +5,6 @@ its own behind a front that is cut and put back (:mod:`tests.services.tcp_front`
 
 from __future__ import annotations
 
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -73,9 +72,7 @@ def test_a_continuous_run_rides_out_a_broker_outage_and_stops_after_the_bound(
         code = run.wait(TIMEOUT_S)
         assert time.monotonic() - began >= OUTAGE_BOUND_S - 5, "stopped only after the bound"
     finally:
-        if run.poll() is None:
-            run.send_signal(signal.SIGTERM)
-            stop(run)
+        stop(run)  # SIGTERM, then SIGKILL; nothing if the run already exited
     said = output.read_text()
     assert code == 2, said
     failures = [line for line in said.splitlines() if line.startswith("krishiv run:")]
