@@ -17,6 +17,7 @@ import socket
 
 from krishiv_core.errors import ConfigError, KrishivError
 from krishiv_core.spec import KrishivSpec, PipelineSpec
+from outbox.ledger import Ledger
 
 
 def _operator() -> str:
@@ -27,8 +28,12 @@ def _operator() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-def stuck_offsets(spec: KrishivSpec, pipeline: PipelineSpec) -> dict[str, int]:
-    """Where each partition of the query stands: the start of the first batch Spark has not finished."""
+def stuck_offsets(spec: KrishivSpec, pipeline: PipelineSpec, ledger: Ledger) -> dict[str, int]:
+    """Where each partition of the query stands: the start of the first batch Spark has not finished.
+
+    A batch Spark planned but did not finish that the ledger recorded (the driver stopped after recording it) is
+    finished here: its entries stand, read from the offsets as they were, and Spark must not read it again from a
+    topic that can no longer give it the same records. The skip then applies to the batch after it."""
     from spark_jobs.checkpoint import Checkpoint
 
     checkpoint = Checkpoint(spec.checkpoint_dir(pipeline))
@@ -36,8 +41,11 @@ def stuck_offsets(spec: KrishivSpec, pipeline: PipelineSpec) -> dict[str, int]:
     if last < 0:
         return checkpoint.starting_offsets() or {}
     finished = checkpoint.committed_batch_ids()
-    planned_unfinished = not finished or finished[-1] < last
-    return checkpoint.batch(last).start if planned_unfinished else checkpoint.batch(last).end
+    if not finished or finished[-1] < last:
+        if not ledger.batch(checkpoint.query_id(), last):
+            return checkpoint.batch(last).start
+        checkpoint.finish(last)
+    return checkpoint.batch(last).end
 
 
 def skip_offsets(spec: KrishivSpec, pipeline: PipelineSpec, partition: int, to_offset: int, reason: str):
@@ -54,7 +62,7 @@ def skip_offsets(spec: KrishivSpec, pipeline: PipelineSpec, partition: int, to_o
         raise KrishivError(f"pipeline {pipeline.name!r} has no checkpoint at {checkpoint.path}: nothing to skip")
     ledger = open_ledger(spec)
     with stager_lease(ledger, pipeline.name, "krishiv skip-offsets"):
-        stuck = stuck_offsets(spec, pipeline)
+        stuck = stuck_offsets(spec, pipeline, ledger)
         key = str(partition)
         if key not in stuck:
             raise ConfigError("--partition", f"the query reads partitions {sorted(stuck, key=int)}, not {partition}")

@@ -484,7 +484,7 @@ def verify_pipelines(
     events pipeline with Kafka coordinates also has each offset in one table at most (``catalog``, ``ledger``:
     the spec's unless given)."""
     from krishiv.inputs import load_table
-    from krishiv.verify import checks_offsets, offset_violations, repeated_offsets, verify_output
+    from krishiv.verify import beyond_incarnations, checks_offsets, offset_violations, repeated_offsets, verify_output
     from krishiv_core.catalog import load_catalog, qualified
     from krishiv_core.tables import output_tables
 
@@ -500,6 +500,7 @@ def verify_pipelines(
         ]
         if checks_offsets(p):  # an event in two tables (two routes, or a route and the rejects) is counted twice
             repeats = repeated_offsets(tables, rejects=qualified(spec, p.rejects_table))
+            repeats = beyond_incarnations(repeats, ledger, p)
             for v in verified:
                 v.violations += offset_violations(repeats, v.table)
         results += verified

@@ -4,8 +4,10 @@ Per table of ``pipeline.all_tables``:
 
 - no two rows share the table's row key (:func:`row_key`): a windowed table's ``(window_start, window_end,
   *group_by)``, an upsert table's ``key``, a raw events table's ``(_kafka_partition, _kafka_offset)`` when it
-  has both metadata columns (each Kafka offset at most once); a rejects table has none. An events pipeline's
-  offsets are also checked across its tables (routes and rejects): an event is in one table only;
+  has both metadata columns (each Kafka offset at most once per incarnation of the topic: a topic deleted and
+  re-created reuses its offsets, and the ledger records which topic id each batch read); a rejects table has none.
+  An events pipeline's offsets are also checked across its tables (routes and rejects): an event is in one table
+  only;
 - lineage is linear: each snapshot's parent is the one before it, one snapshot per batch, batch ids rising; a
   snapshot that says it is Krishiv's maintenance carries no batch and adds exactly the rows it deletes;
 - ledger and table agree: every COMMITTED entry's snapshot is in the table (or expired, at or below the
@@ -160,6 +162,18 @@ def repeated_offsets(tables: Mapping[str, Table], rejects: str | None = None) ->
         where = tuple(sorted(zip(row["table_list"], row["count_all_list"], strict=True)))
         out.append(Duplicate((row[OFFSET_KEY[0]], row[OFFSET_KEY[1]]), row["count_all_sum"], where))
     return out
+
+
+def beyond_incarnations(duplicates: Sequence[Duplicate], ledger: Ledger, pipeline: PipelineSpec) -> list[Duplicate]:
+    """The Kafka offsets of ``duplicates`` held by more rows than the incarnations of the pipeline's topic its
+    committed batches read them from (the ledger records each batch's topic id): a topic deleted and re-created
+    starts its offsets at 0 again, so each incarnation may put an offset in one row, and only a row beyond that is
+    an event twice. An offset no committed batch read stays a duplicate from its second row."""
+    if not duplicates:
+        return []
+    offsets = [(int(d.values[0]), int(d.values[1])) for d in duplicates]
+    readers = ledger.incarnations_reading(pipeline.name, pipeline.topic, offsets)
+    return [d for d, at in zip(duplicates, offsets, strict=True) if d.rows > max(1, readers.get(at, 0))]
 
 
 def duplicate_sources(table: Table, key: Sequence[str], duplicates: Sequence[Duplicate]) -> dict[str, list[int]]:
@@ -352,13 +366,22 @@ def check_ledger_agreement(
 
 
 def verify_table(
-    table: Table, table_name: str, ledger: Ledger, *, key: Sequence[str] = (), merge: bool = False
+    table: Table,
+    table_name: str,
+    ledger: Ledger,
+    *,
+    key: Sequence[str] = (),
+    merge: bool = False,
+    pipeline: PipelineSpec | None = None,
 ) -> Verification:
-    """Duplicates by ``key`` (none checked if empty), lineage, and agreement with the ledger (``merge``: the
-    table is committed by merges, whose row counts are not the staged rows')."""
+    """Duplicates by ``key`` (none checked if empty; by Kafka offset, per incarnation of ``pipeline``'s topic when
+    given), lineage, and agreement with the ledger (``merge``: the table is committed by merges, whose row counts
+    are not the staged rows')."""
     result = Verification(table_name, rows=table_rows(table), snapshots=len(table.snapshots()), key=tuple(key))
     if key:
         result.duplicates = duplicate_rows(table, key)
+        if tuple(key) == OFFSET_KEY and pipeline is not None:
+            result.duplicates = beyond_incarnations(result.duplicates, ledger, pipeline)
         result.violations += _duplicate_violations(table, key, result.duplicates)
     result.violations += check_lineage(table)
     result.violations += check_ledger_agreement(table, table_name, ledger, merge=merge, rows_by_ledger=not key)
@@ -367,4 +390,5 @@ def verify_table(
 
 def verify_output(table: Table, table_name: str, ledger: Ledger, pipeline: PipelineSpec, output: OutputTable):
     """:func:`verify_table` with the row key and commit operation of one of the pipeline's tables."""
-    return verify_table(table, table_name, ledger, key=row_key(pipeline, output), merge=output.operation.kind == MERGE)
+    merge = output.operation.kind == MERGE
+    return verify_table(table, table_name, ledger, key=row_key(pipeline, output), merge=merge, pipeline=pipeline)

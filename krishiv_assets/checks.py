@@ -123,13 +123,15 @@ def _offsets_check(spec: KrishivSpec, pipeline: PipelineSpec, output: OutputTabl
         name=name,
         blocking=True,
         description=(
-            f"Each Kafka offset of {pipeline.topic} is in at most one row of {pipeline.name}'s tables (by "
-            "_kafka_partition and _kafka_offset; without them, the table holds the rows the ledger committed)."
+            f"Each Kafka offset of {pipeline.topic} is in at most one row of {pipeline.name}'s tables per "
+            "incarnation of the topic (by _kafka_partition and _kafka_offset; without them, the table holds the "
+            "rows the ledger committed)."
         ),
     )
     def check(iceberg: IcebergCatalogResource, ledger: LedgerResource) -> dg.AssetCheckResult:
         from krishiv.verify import (
             OFFSET_KEY,
+            beyond_incarnations,
             checks_offsets,
             describe_key,
             duplicate_sources,
@@ -154,6 +156,7 @@ def _offsets_check(spec: KrishivSpec, pipeline: PipelineSpec, output: OutputTabl
         names = [qualified(spec, t) for t in pipeline.all_tables]
         tables = {n: table if n == table_name else catalog.load_table(n) for n in names}
         repeats = [r for r in repeated_offsets(tables, rejects=names[-1]) if any(t == table_name for t, _ in r.tables)]
+        repeats = beyond_incarnations(repeats, ledger.ledger(), pipeline)
         sources = duplicate_sources(table, OFFSET_KEY, repeats[:LISTED])
         offending = {
             describe_key(OFFSET_KEY, r.values): {

@@ -96,6 +96,9 @@ class OutboxEntry:
     operation: CommitOperation = CommitOperation()
     #: The Iceberg schema id of the table schema the files were staged for (their field ids); None if unknown.
     schema_id: int | None = None
+    #: The Kafka topic id (incarnation) the batch was read from, as pinned in the checkpoint; None if the broker
+    #: reports none, or for entries staged before Krishiv recorded it.
+    topic_id: str | None = None
 
     @property
     def key(self) -> tuple[str, str, int]:

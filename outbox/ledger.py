@@ -378,12 +378,30 @@ _MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE outbox ADD COLUMN schema_id INTEGER;
     """,
+    # 10: the Kafka topic id (incarnation) each entry was read from, and the archive's offsets per incarnation, so
+    # the same (partition, offset) of a re-created topic is told apart from a duplicate ('' where unknown: entries
+    # staged before this version, brokers that report no topic id). The old archive ranges are kept under ''.
+    """
+    ALTER TABLE outbox ADD COLUMN topic_id VARCHAR;
+    CREATE TABLE outbox_archive_ranges (
+        query_id VARCHAR NOT NULL,
+        table_name VARCHAR NOT NULL,
+        topic VARCHAR NOT NULL,
+        topic_id VARCHAR NOT NULL,
+        partition VARCHAR NOT NULL,
+        start_offset BIGINT NOT NULL,
+        end_offset BIGINT NOT NULL,
+        PRIMARY KEY (query_id, table_name, topic, topic_id, partition)
+    );
+    INSERT INTO outbox_archive_ranges
+    SELECT query_id, table_name, topic, '', partition, start_offset, end_offset FROM outbox_archive_offsets;
+    """,
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 _COLUMNS = (
     "query_id, pipeline, table_name, batch_id, status, intended_snapshot_id, committed_snapshot_id, "
-    "offsets, files, metrics, created_at, committed_at, operation, schema_id"
+    "offsets, files, metrics, created_at, committed_at, operation, schema_id, topic_id"
 )
 _LEASE_COLUMNS = "pipeline, holder, host, pid, acquired_at, expires_at, token, node, committing"
 _SKIP_COLUMNS = (
@@ -410,6 +428,7 @@ def _row_to_entry(row: Sequence[Any]) -> OutboxEntry:
         committed_at,
         operation,
         schema_id,
+        topic_id,
     ) = row
     return OutboxEntry(
         query_id=query_id,
@@ -426,6 +445,7 @@ def _row_to_entry(row: Sequence[Any]) -> OutboxEntry:
         committed_at=committed_at,
         operation=CommitOperation.from_json(json.loads(operation) if operation else None),
         schema_id=schema_id,
+        topic_id=topic_id,
     )
 
 
@@ -736,7 +756,7 @@ class Ledger:
                     continue
                 con.execute(
                     f"INSERT INTO outbox ({_COLUMNS}, record_count, {', '.join(METRIC_COLUMNS)}) "
-                    "VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, NULL, ?, ?, ?, ?, ?, ?, ?)",
+                    "VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, NULL, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [
                         e.query_id,
                         e.pipeline,
@@ -750,6 +770,7 @@ class Ledger:
                         now,
                         None if e.operation.to_json() is None else json.dumps(e.operation.to_json()),
                         e.schema_id,
+                        e.topic_id,
                         e.record_count,
                         *(int(e.metrics.get(m, 0)) for m in METRIC_COLUMNS),
                     ],
@@ -921,6 +942,18 @@ class Ledger:
             FROM outbox_offsets f JOIN compacting c USING (query_id, table_name, batch_id)
             GROUP BY f.query_id, f.table_name, f.topic, f.partition
             ON CONFLICT (query_id, table_name, topic, partition) DO UPDATE SET
+                start_offset = least(start_offset, excluded.start_offset),
+                end_offset = greatest(end_offset, excluded.end_offset)
+            """
+        )
+        con.execute(
+            """
+            INSERT INTO outbox_archive_ranges
+            SELECT f.query_id, f.table_name, f.topic, coalesce(c.topic_id, ''), f.partition, min(f.start_offset),
+                max(f.end_offset)
+            FROM outbox_offsets f JOIN compacting c USING (query_id, table_name, batch_id)
+            GROUP BY f.query_id, f.table_name, f.topic, coalesce(c.topic_id, ''), f.partition
+            ON CONFLICT (query_id, table_name, topic, topic_id, partition) DO UPDATE SET
                 start_offset = least(start_offset, excluded.start_offset),
                 end_offset = greatest(end_offset, excluded.end_offset)
             """
@@ -1130,6 +1163,34 @@ class Ledger:
             staged_offsets={p: int(e) for p, e, _ in results[2]} if topic is not None else {},
             committed_offsets={p: int(c) for p, _, c in results[2] if c is not None} if topic is not None else {},
         )
+
+    def incarnations_reading(
+        self, pipeline: str, topic: str, offsets: Sequence[tuple[int, int]]
+    ) -> dict[tuple[int, int], int]:
+        """For each ``(partition, offset)`` of ``offsets`` that a COMMITTED batch of ``pipeline`` read: from how many
+        incarnations of ``topic`` (distinct topic ids; an unknown id counts as one), archive included. A topic
+        deleted and re-created starts its offsets at 0 again, so each incarnation may put an offset in one row."""
+        if not offsets:
+            return {}
+        rows = self._read(
+            """
+            WITH wanted AS (SELECT unnest(?::BIGINT[]) AS p, unnest(?::BIGINT[]) AS o),
+            ranges AS (
+                SELECT f.partition, f.start_offset, f.end_offset, coalesce(e.topic_id, '') AS topic_id
+                FROM outbox_offsets f JOIN outbox e USING (query_id, table_name, batch_id)
+                WHERE e.pipeline = ? AND e.status = ? AND f.topic = ?
+                UNION ALL
+                SELECT r.partition, r.start_offset, r.end_offset, r.topic_id
+                FROM outbox_archive_ranges r JOIN outbox_archive a USING (query_id, table_name)
+                WHERE a.pipeline = ? AND r.topic = ?
+            )
+            SELECT w.p, w.o, count(DISTINCT r.topic_id) FROM wanted w JOIN ranges r
+                ON r.partition = CAST(w.p AS VARCHAR) AND w.o >= r.start_offset AND w.o < r.end_offset
+            GROUP BY w.p, w.o
+            """,
+            [[int(p) for p, _ in offsets], [int(o) for _, o in offsets], pipeline, COMMITTED, topic, pipeline, topic],
+        )
+        return {(int(p), int(o)): int(n) for p, o, n in rows}
 
     def committed_batches(self, table: str) -> CommittedBatches:
         """The table's COMMITTED batches with their staged record counts (keys only, no JSON), archive included."""

@@ -52,6 +52,16 @@ class Checkpoint:
         commits = self.path / "commits"
         return sorted(int(p.name) for p in commits.iterdir() if p.name.isdigit()) if commits.is_dir() else []
 
+    def finish(self, batch_id: int) -> None:
+        """Write batch ``batch_id`` into Spark's commit log, as Spark does once the batch's sink returned (the query
+        is stateless: no watermark of Spark's own). For a batch the ledger recorded whose topic can no longer give
+        it the same records (``krishiv skip-offsets``): Spark must not run it again, its entries stand."""
+        commits = self.path / "commits"
+        commits.mkdir(exist_ok=True)
+        temporary = commits / f".{batch_id}.krishiv.tmp"
+        temporary.write_text('v1\n{"nextBatchWatermarkMs":0}')
+        temporary.replace(commits / str(batch_id))
+
     def rewind(self, batches: int) -> int:
         """Forget the last ``batches`` batches' offsets and commits (with Spark's checksum files), as a restore
         of an older checkpoint would; Spark then plans and runs them again. Returns the last batch before."""

@@ -231,6 +231,7 @@ class BatchStager:
             raise
         ranges = {self.pipeline.topic: offsets.ranges()}
         first = self.rows_targets[0].name
+        topic_id = (self.checkpoint.source_identity() or {}).get("topic_id")  # the one the source checked it read
         entries = [
             OutboxEntry(
                 self.query_id,
@@ -243,6 +244,7 @@ class BatchStager:
                 self._metrics(t, first, staged, result),
                 operation=t.output.operation,
                 schema_id=t.table.schema().schema_id,  # the schema the files were staged for, now the table's
+                topic_id=topic_id,
             )
             for t in self.targets
         ]

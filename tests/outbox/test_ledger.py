@@ -1093,3 +1093,24 @@ def test_an_entry_keeps_the_schema_id_it_was_staged_for_and_older_entries_read_n
     staged = dataclasses.replace(_entry("q1", 2), schema_id=3)
     assert ledger.record_batch([staged]) == [True]
     assert ledger.batch("q1", 2)[staged.table].schema_id == 3
+
+
+def test_the_incarnations_that_read_an_offset_are_counted_by_topic_id_through_the_archive(ledger: Ledger) -> None:
+    """A topic re-created reuses its offsets: the ledger says from how many topic ids (incarnations) committed batches
+    read each one, also after compaction folded the batches into the archive; a pending batch counts for nothing."""
+    batches = [
+        dataclasses.replace(_entry("q", 0, offsets={"t": {"0": [0, 10]}}), topic_id="old"),
+        dataclasses.replace(_entry("q", 1, offsets={"t": {"0": [0, 5]}}), topic_id="new"),
+        dataclasses.replace(_entry("q", 2, offsets={"t": {"0": [5, 8]}}), topic_id="new"),
+        dataclasses.replace(_entry("q", 3, offsets={"t": {"0": [8, 9]}}), topic_id="new"),
+    ]
+    for e in batches:
+        ledger.record_batch([e])
+    for e in batches[:3]:
+        ledger.mark_committed(e, 1)
+    asked = [(0, 3), (0, 7), (0, 8), (0, 9), (0, 10), (1, 3)]
+    expected = {(0, 3): 2, (0, 7): 2, (0, 8): 1, (0, 9): 1}  # 8 by "old" only: batch 3 is pending
+    assert ledger.incarnations_reading("orders_per_minute", "t", asked) == expected
+    assert ledger.incarnations_reading("another_pipeline", "t", asked) == {}
+    assert ledger.compact(0, now=datetime.now(UTC) + timedelta(seconds=1)).entries_archived == 3
+    assert ledger.incarnations_reading("orders_per_minute", "t", asked) == expected
