@@ -42,7 +42,7 @@ from krishiv.lineage import LineageRow, lineage
 from krishiv.operations import LEDGER_LOCK_TIMEOUT_ENV, STAGER_LEASE_TTL_ENV
 from krishiv_core.catalog import load_catalog, qualified
 from krishiv_core.entries import COMMITTED, PENDING
-from krishiv_core.spec import PipelineSpec
+from krishiv_core.spec import WINDOWED, PipelineSpec, load_spec
 from outbox.compaction import COMPACTION
 from outbox.errors import LedgerBusyError
 from outbox.ledger import Ledger
@@ -911,6 +911,44 @@ def kinds_relay_killed(ctx: Context) -> None:
     ctx.finish()
 
 
+#: The field a user adds to every pipeline of the kinds spec in ``kinds-spec-changed``: optional, in no event.
+ADDED_FIELD = "coupon"
+
+
+def kinds_spec_changed(ctx: Context) -> None:
+    """A user's spec change between runs, with the driver killed around it. Every kind stages and commits the first
+    half of the topic; then the spec gains an optional field (``coupon``: a new column of the events and upsert
+    tables) and the rest arrives; the driver is SIGKILLed after writing the files of its first batch for the new
+    schema, then after recording a batch in the ledger (before Spark's commit log); then recovery. Every event once,
+    by the oracle; the new column is in those tables and null in every row (no event carries it)."""
+    orders = max(100, round(KINDS_ORDERS * ctx.size.scale))
+    ctx.ws.write_kinds_spec(max_records=-(-orders // KINDS_BATCHES))
+    first = orders // 2
+    ctx.ws.produce(first, seed=ctx.rng.randrange(1 << 30), late=first // 400, malformed=first // 800)
+    ctx.stage()
+    ctx.commit()
+    text = ctx.ws.spec_file.read_text()
+    added = f'{ADDED_FIELD} = {{ type = "string", required = false }}\n'
+    ctx.ws.spec_file.write_text(text.replace("[pipelines.fields]\n", "[pipelines.fields]\n" + added))
+    ctx.ws.spec = load_spec(ctx.ws.spec_file, env={})
+    ctx.external_faults.append(f"spec changed: optional field {ADDED_FIELD!r} added to every pipeline")
+    rest = orders - first
+    ctx.ws.produce(rest, seed=ctx.rng.randrange(1 << 30), late=rest // 400, malformed=rest // 800)
+    for point in ("stage.after_files", "stage.after_ledger"):
+        ctx.stage(faults=point, expect=KILLED)
+        if not any(f["point"] == point for f in fired(ctx.ws)):
+            raise ScenarioError(f"the driver was killed, but not at {point}")
+    ctx.finish()
+    catalog = load_catalog(ctx.ws.spec)
+    for pipeline in ctx.ws.spec.pipelines:
+        if pipeline.kind == WINDOWED:
+            continue  # its columns are the windows and aggregates, not the fields
+        for name in pipeline.tables:
+            column = catalog.load_table(qualified(ctx.ws.spec, name)).scan(selected_fields=(ADDED_FIELD,)).to_arrow()
+            if column.num_columns != 1 or column.column(0).null_count != column.num_rows:
+                raise ScenarioError(f"{name}: column {ADDED_FIELD!r} is missing or holds values no event carried")
+
+
 # ------------------------------------------------------------ maintenance and the committer beside the query
 
 #: Each maintenance command's options in the scenarios: compact any two small files, expire every snapshot but the
@@ -1206,6 +1244,7 @@ MATRIX: tuple[Scenario, ...] = (
     Scenario("stager-lost-its-lease", stager_lost_its_lease, ("stage.after_files",), exclusive=True),
     Scenario("kinds-driver-killed", kinds_driver_killed, KINDS_STAGE_POINTS, weight=2),
     Scenario("kinds-relay-killed", kinds_relay_killed, KINDS_RELAY_POINTS, weight=2),
+    Scenario("kinds-spec-changed", kinds_spec_changed, ("stage.after_files", "stage.after_ledger")),
     Scenario(
         "maintenance-beside-the-relay",
         maintenance_beside_the_relay,
