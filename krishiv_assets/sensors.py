@@ -19,6 +19,9 @@
   staged, unless a staging run is in flight or ``krishiv run`` stages the pipeline continuously (it holds
   the pipeline's stager lease).
 
+A pipeline removed from the spec has neither; ``krishiv_removed_pipelines_sensor`` takes its pending batches
+(:mod:`krishiv_assets.removed_pipelines`), with :func:`commit_request` as the outbox sensor does.
+
 Both skip with a reason that names what they saw, including an unreachable broker, a busy ledger or a file
 that is not a ledger. Each tick reads only what it needs from the ledger (PENDING keys, or the staged end
 offsets per partition), so it stays short however many batches the ledger has recorded.
