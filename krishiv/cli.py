@@ -28,6 +28,7 @@ from krishiv.operations import (
     commit_pipelines,
     open_existing_ledger,
     open_writable_ledger,
+    removed_pipelines_pending,
     run_pipelines,
     verify_pipelines,
 )
@@ -264,8 +265,7 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
             err_console.print(f"  [red]broker: {escape(broker_error)}[/]")
         _show(lag_table(s), args.wide)
     if args.pipeline is None:  # a pipeline removed from the spec whose batches are still pending
-        known = {p.name for p in spec.pipelines}
-        for name in (n for n in ledger.pending_pipelines() if n not in known):
+        for name in removed_pipelines_pending(spec, ledger):
             console.print(f"[bold]{escape(name)}[/] (no longer in the spec; `krishiv commit` commits what it staged)")
             for table in ledger.pending_tables([name]):
                 t = ledger.table_summary(table, pipeline=name)

@@ -435,6 +435,14 @@ def _wait_for_source(running: RunningPipeline) -> None:
         time.sleep(0.1)
 
 
+def removed_pipelines_pending(spec: KrishivSpec, ledger: Ledger) -> list[str]:
+    """The pipelines the spec no longer has whose batches the ledger holds PENDING, in name order: what
+    ``krishiv commit`` (without ``--pipeline``) and Dagster's removed-pipelines commit run commit, each batch to
+    the tables it was staged for, and what ``krishiv status`` lists apart."""
+    known = {p.name for p in spec.pipelines}
+    return [name for name in ledger.pending_pipelines() if name not in known]
+
+
 def commit_pipelines(
     spec: KrishivSpec,
     pipelines: list[PipelineSpec],
@@ -466,8 +474,7 @@ def commit_pipelines(
     tables = [qualified(spec, t) for p in pipelines for t in p.all_tables]
     names = [p.name for p in pipelines]
     if removed_pipelines:
-        known = {p.name for p in spec.pipelines}
-        names += [n for n in ledger.pending_pipelines() if n not in known]
+        names += removed_pipelines_pending(spec, ledger)
     tables += [t for t in ledger.pending_tables(names) if t not in tables]
     reports = relay.run(tables)
     ledger.compact_if_due()  # committed entries past the retention fold into per-query totals, hourly at most

@@ -1,4 +1,5 @@
-"""The Dagster code location: every pipeline of the spec becomes its assets, checks, jobs and sensors.
+"""The Dagster code location: every pipeline of the spec becomes its assets, checks, jobs and sensors; and one
+fixed asset, check, job and sensor commit the pending batches of pipelines removed from the spec since.
 
 ``workspace.yaml`` loads this module. Importing it reads nothing and connects to nothing: Dagster calls
 :func:`defs` when it loads the code location. That reads the spec file (``$KRISHIV_SPEC`` or
@@ -21,6 +22,12 @@ import dagster as dg
 from krishiv_assets.assets import PipelineKeys, pipeline_assets
 from krishiv_assets.checks import DEFAULT_THRESHOLDS, CheckThresholds, pipeline_checks
 from krishiv_assets.maintenance import maintenance_asset, maintenance_job, maintenance_schedule
+from krishiv_assets.removed_pipelines import (
+    removed_pipelines_asset,
+    removed_pipelines_check,
+    removed_pipelines_job,
+    removed_pipelines_sensor,
+)
 from krishiv_assets.resources import (
     IcebergCatalogResource,
     KafkaResource,
@@ -81,6 +88,18 @@ def pipeline_definitions(
     )
 
 
+def removed_definitions(spec: KrishivSpec) -> PipelineDefinitions:
+    """The same whatever the spec: the commit of the pending batches of pipelines the spec no longer has
+    (:mod:`krishiv_assets.removed_pipelines`), whose names only the ledger knows."""
+    job = removed_pipelines_job()
+    return PipelineDefinitions(
+        assets=[removed_pipelines_asset(spec)],
+        checks=[removed_pipelines_check(spec)],
+        jobs=[job],
+        sensors=[removed_pipelines_sensor(spec, job)],
+    )
+
+
 def build_resources(spec: KrishivSpec, env_overrides: Collection[str] = ()) -> dict[str, dg.ConfigurableResource]:
     """The resources, from the spec's values, with ``EnvVar`` for each variable named in ``env_overrides``.
 
@@ -111,7 +130,7 @@ def build_resources(spec: KrishivSpec, env_overrides: Collection[str] = ()) -> d
 def build_definitions(
     spec: KrishivSpec, env_overrides: Collection[str] = (), thresholds: CheckThresholds = DEFAULT_THRESHOLDS
 ) -> dg.Definitions:
-    parts = [pipeline_definitions(spec, p, thresholds) for p in spec.pipelines]
+    parts = [*(pipeline_definitions(spec, p, thresholds) for p in spec.pipelines), removed_definitions(spec)]
     assets: dict[object, dg.AssetsDefinition | dg.AssetSpec] = {}
     for a in (a for p in parts for a in p.assets):
         # A topic several pipelines read is one external asset (the same spec from each pipeline).

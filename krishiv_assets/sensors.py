@@ -19,6 +19,9 @@
   staged, unless a staging run is in flight or ``krishiv run`` stages the pipeline continuously (it holds
   the pipeline's stager lease).
 
+A pipeline removed from the spec has neither; ``krishiv_removed_pipelines_sensor`` takes its pending batches
+(:mod:`krishiv_assets.removed_pipelines`), with :func:`commit_request` as the outbox sensor does.
+
 Both skip with a reason that names what they saw, including an unreachable broker, a busy ledger or a file
 that is not a ledger. Each tick reads only what it needs from the ledger (PENDING keys, or the staged end
 offsets per partition), so it stays short however many batches the ledger has recorded.
@@ -71,6 +74,7 @@ class SensorCursor:
     requested_at: float = 0.0
     retries: int = 0
     commit_seq: int | None = None
+    shown: str | None = None  # what a sensor's check evaluation last showed (a digest), None before the first
 
     @classmethod
     def parse(cls, text: str | None) -> SensorCursor:
@@ -83,6 +87,7 @@ class SensorCursor:
             float(raw.get("requested_at", 0.0)),
             int(raw.get("retries", 0)),
             None if seq is None else int(seq),
+            raw.get("shown"),
         )
 
     def dumps(self) -> str:
@@ -93,6 +98,8 @@ class SensorCursor:
         }
         if self.commit_seq is not None:
             raw["commit_seq"] = self.commit_seq
+        if self.shown is not None:
+            raw["shown"] = self.shown
         return json.dumps(raw, sort_keys=True)
 
 
@@ -173,6 +180,55 @@ def _has_runs(context: SensorEvaluationContext, job_name: str, statuses: list[dg
     return bool(context.instance.get_run_records(filters=dg.RunsFilter(job_name=job_name, statuses=statuses), limit=1))
 
 
+def commit_request(
+    context: SensorEvaluationContext,
+    job_name: str,
+    run_key_prefix: str,
+    what: str,
+    cursor: SensorCursor,
+    pending: list[PendingBatch],
+    left: str | None,
+    tags: Mapping[str, str] | None = None,
+) -> tuple[dg.RunRequest | None, str]:
+    """The commit run of ``job_name`` to request for ``pending`` (updating ``cursor``), or None and why not.
+
+    A batch beyond the cursor's highest requested one (per query) is requested, with a run key naming the range,
+    unless a run of the job is waiting to start (the relay commits everything pending when it starts, so that run
+    takes them); a range still pending :data:`RETRY_AFTER_S` after its request, with no run in flight, is requested
+    again under a new run key. ``what`` names the tables in a reason; ``left`` says why other entries were left;
+    ``tags`` go on the run beside ``krishiv/batches``.
+    """
+    if not pending:
+        return None, left or f"no pending outbox entries for {what}"
+    batches: dict[str, list[int]] = {}
+    for e in pending:
+        batches.setdefault(e.query_id, []).append(e.batch_id)
+    new = {q: sorted(b for b in ids if b > cursor.requested.get(q, -1)) for q, ids in batches.items()}
+    new = {q: ids for q, ids in new.items() if ids}
+    if new and _has_runs(context, job_name, WAITING):
+        # The relay commits every pending entry when it starts, so the waiting run covers these too.
+        return None, f"a commit run of {what} is waiting to start; it will take these"
+    if new:
+        label = ",".join(f"{q[:8]}:{ids[0]}-{ids[-1]}" for q, ids in new.items())
+        cursor.requested.update({q: ids[-1] for q, ids in new.items()})
+        cursor.requested_at, cursor.retries = time.time(), 0
+        return dg.RunRequest(
+            run_key=f"{run_key_prefix}:commit:{label}", tags={**(tags or {}), "krishiv/batches": label}
+        ), ""
+    waited = time.time() - cursor.requested_at
+    if waited < RETRY_AFTER_S or _has_runs(context, job_name, IN_FLIGHT):
+        return None, f"{len(pending)} pending entries already requested {waited:.0f}s ago"
+    label = ",".join(f"{q[:8]}:{min(ids)}-{max(ids)}" for q, ids in batches.items())
+    cursor.requested_at, cursor.retries = time.time(), cursor.retries + 1
+    return (
+        dg.RunRequest(
+            run_key=f"{run_key_prefix}:commit:{label}:retry-{cursor.retries}",
+            tags={**(tags or {}), "krishiv/batches": label},
+        ),
+        "",
+    )
+
+
 def outbox_sensor(
     spec: KrishivSpec, pipeline: PipelineSpec, job: dg.UnresolvedAssetJobDefinition
 ) -> dg.SensorDefinition:
@@ -209,7 +265,7 @@ def outbox_sensor(
             cursor.commit_seq = commits[-1].commit_seq
         reported = f"; reported {len(events)} commits made outside Dagster" if events else ""
         due, left = left_to_committer(pending, lease)
-        request, reason = _commit_request(context, cursor, due, left)
+        request, reason = commit_request(context, job.name, pipeline.name, what, cursor, due, left)
         if request is None and not events and cursor.dumps() == SensorCursor.parse(context.cursor).dumps():
             return dg.SkipReason(reason)
         return dg.SensorResult(
@@ -217,37 +273,6 @@ def outbox_sensor(
             skip_reason=None if request is not None else (reason or "") + reported,
             asset_events=events,
             cursor=cursor.dumps(),
-        )
-
-    def _commit_request(
-        context: SensorEvaluationContext, cursor: SensorCursor, pending: list[PendingBatch], left: str | None
-    ) -> tuple[dg.RunRequest | None, str]:
-        """The commit run to request for ``pending`` (updating ``cursor``), or None and why not."""
-        if not pending:
-            return None, left or f"no pending outbox entries for {what}"
-        batches: dict[str, list[int]] = {}
-        for e in pending:
-            batches.setdefault(e.query_id, []).append(e.batch_id)
-        new = {q: sorted(b for b in ids if b > cursor.requested.get(q, -1)) for q, ids in batches.items()}
-        new = {q: ids for q, ids in new.items() if ids}
-        if new and _has_runs(context, job.name, WAITING):
-            # The relay commits every pending entry when it starts, so the waiting run covers these too.
-            return None, f"a commit run of {what} is waiting to start; it will take these"
-        if new:
-            label = ",".join(f"{q[:8]}:{ids[0]}-{ids[-1]}" for q, ids in new.items())
-            cursor.requested.update({q: ids[-1] for q, ids in new.items()})
-            cursor.requested_at, cursor.retries = time.time(), 0
-            return dg.RunRequest(run_key=f"{pipeline.name}:commit:{label}", tags={"krishiv/batches": label}), ""
-        waited = time.time() - cursor.requested_at
-        if waited < RETRY_AFTER_S or _has_runs(context, job.name, IN_FLIGHT):
-            return None, f"{len(pending)} pending entries already requested {waited:.0f}s ago"
-        label = ",".join(f"{q[:8]}:{min(ids)}-{max(ids)}" for q, ids in batches.items())
-        cursor.requested_at, cursor.retries = time.time(), cursor.retries + 1
-        return (
-            dg.RunRequest(
-                run_key=f"{pipeline.name}:commit:{label}:retry-{cursor.retries}", tags={"krishiv/batches": label}
-            ),
-            "",
         )
 
     return sensor

@@ -75,7 +75,18 @@ def test_every_pipeline_gets_its_assets_checks_jobs_and_sensors():
         "krishiv_commit_orders_per_minute",
         "krishiv_stage_refunds_per_minute",
         "krishiv_commit_refunds_per_minute",
+        "krishiv_commit_removed_pipelines",
     }
+
+    # Whatever the spec, one asset, check, job and sensor for the pending batches of pipelines it no longer has.
+    removed = dg.AssetKey(["krishiv", "removed_pipelines"])
+    assert graph.get(removed).group_name == "krishiv" and not graph.get(removed).parent_keys
+    assert {k.name for k in graph.get_check_keys_for_assets({removed})} == {"nothing_pending"}
+    assert repo.get_job("krishiv_removed_pipelines_commit_job").asset_layer.selected_asset_keys == {removed}
+    assert repo.get_job("krishiv_removed_pipelines_commit_job").tags["krishiv/step"] == "commit"
+    sensor = repo.get_sensor_def("krishiv_removed_pipelines_sensor")
+    assert sensor.job_name == "krishiv_removed_pipelines_commit_job"
+    assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
 
 
 def every_kind():
