@@ -33,6 +33,7 @@ def recreate_topic(bootstrap: str, topic: str) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.heavy  # make test keeps the re-created topic with the batch in flight below; the matrix names skips
 def test_a_recreated_topic_stops_the_query_and_a_recorded_skip_moves_past_it(make_spec, spec_file, spark, capsys):
     spec = make_spec(max_records=5_000)
     pipeline = spec.pipeline()
