@@ -99,6 +99,10 @@ class OutboxEntry:
     #: The Kafka topic id (incarnation) the batch was read from, as pinned in the checkpoint; None if the broker
     #: reports none, or for entries staged before Krishiv recorded it.
     topic_id: str | None = None
+    #: The Iceberg schema (its JSON) the files were staged for, when it changes the table's: phase 1 applies it right
+    #: after recording the entry, and the relay brings the table to it before committing the batch if that did not
+    #: happen (the stager died in between). None when the table already had it.
+    schema_change: str | None = None
 
     @property
     def key(self) -> tuple[str, str, int]:

@@ -28,6 +28,7 @@ partitions of the new spec rather than registering it under a wrong value.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -189,6 +190,70 @@ def evolve_schema(table: Table, wanted: Schema, table_name: str, properties: Map
             _stage_changes(tx, table, changes)
         if changed:
             tx.set_properties(changed)
+    return table
+
+
+def _columns(schema: Schema) -> set[tuple[int, str, str, bool]]:
+    return {(f.field_id, f.name, str(f.field_type), f.required) for f in schema.fields}
+
+
+def holds_schema_of(schema: Schema, staged_for: Schema) -> bool:
+    """Whether ``schema`` has every column of ``staged_for`` as it is there: same id, name, type and optionality
+    (the columns files staged for ``staged_for`` carry)."""
+    return _columns(staged_for) <= _columns(schema)
+
+
+def holds_schema(table: Table, staged_for: Schema) -> bool:
+    """:func:`holds_schema_of` the table's current schema."""
+    return holds_schema_of(table.schema(), staged_for)
+
+
+@dataclass(frozen=True)
+class SchemaChange:
+    """The schema change a batch's files need, as its ledger entry records it: the spec's schema (what
+    :func:`evolve_schema` is asked for, so the change is the one phase 1 makes, relaxed columns remembered), the
+    schema the files were staged for (:func:`planned_schema`'s, with the field ids they carry) and the ``krishiv.*``
+    properties set in the same metadata commit."""
+
+    spec: Schema
+    staged: Schema
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "spec": json.loads(self.spec.model_dump_json()),
+                "staged": json.loads(self.staged.model_dump_json()),
+                "properties": dict(self.properties),
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> SchemaChange:
+        doc = json.loads(text)
+        return cls(
+            Schema.model_validate(doc["spec"]), Schema.model_validate(doc["staged"]), doc.get("properties", {})
+        )
+
+
+def bring_to_staged_schema(table: Table, change: SchemaChange, table_name: str, what: str) -> Table:
+    """Make ``change`` on ``table`` (one metadata commit) unless the table holds the staged schema already; raises
+    :class:`SchemaConflict` naming ``what`` (the batch) if the table then still lacks a column as staged (another
+    writer changed the schema meanwhile, so the ids the files carry now name other columns). A concurrent commit
+    raises pyiceberg's CommitFailedException."""
+    if holds_schema(table, change.staged):
+        return table
+    evolve_schema(table, change.spec, table_name, change.properties)
+    have = table.schema()
+    for f in change.staged.fields:
+        if (f.field_id, f.name, str(f.field_type), f.required) not in _columns(have):
+            shown = have.find_column_name(f.field_id)
+            raise SchemaConflict(
+                f"table {table_name}'s schema was changed by another writer after {what} was staged for it: the "
+                f"files' column {f.name!r} ({f.field_type}, id {f.field_id}) is "
+                + (f"{shown!r} in the table now" if shown else "not in the table")
+                + "; the batch stays pending until the table's column is back as it was"
+            )
     return table
 
 

@@ -380,9 +380,11 @@ _MIGRATIONS: tuple[str, ...] = (
     """,
     # 10: the Kafka topic id (incarnation) each entry was read from, and the archive's offsets per incarnation, so
     # the same (partition, offset) of a re-created topic is told apart from a duplicate ('' where unknown: entries
-    # staged before this version, brokers that report no topic id). The old archive ranges are kept under ''.
+    # staged before this version, brokers that report no topic id). The old archive ranges are kept under ''. And
+    # the Iceberg schema (JSON) an entry's files were staged for, when it changes the table's.
     """
     ALTER TABLE outbox ADD COLUMN topic_id VARCHAR;
+    ALTER TABLE outbox ADD COLUMN schema_change VARCHAR;
     CREATE TABLE outbox_archive_ranges (
         query_id VARCHAR NOT NULL,
         table_name VARCHAR NOT NULL,
@@ -401,7 +403,7 @@ SCHEMA_VERSION = len(_MIGRATIONS)
 
 _COLUMNS = (
     "query_id, pipeline, table_name, batch_id, status, intended_snapshot_id, committed_snapshot_id, "
-    "offsets, files, metrics, created_at, committed_at, operation, schema_id, topic_id"
+    "offsets, files, metrics, created_at, committed_at, operation, schema_id, topic_id, schema_change"
 )
 _LEASE_COLUMNS = "pipeline, holder, host, pid, acquired_at, expires_at, token, node, committing"
 _SKIP_COLUMNS = (
@@ -429,6 +431,7 @@ def _row_to_entry(row: Sequence[Any]) -> OutboxEntry:
         operation,
         schema_id,
         topic_id,
+        schema_change,
     ) = row
     return OutboxEntry(
         query_id=query_id,
@@ -446,6 +449,7 @@ def _row_to_entry(row: Sequence[Any]) -> OutboxEntry:
         operation=CommitOperation.from_json(json.loads(operation) if operation else None),
         schema_id=schema_id,
         topic_id=topic_id,
+        schema_change=schema_change,
     )
 
 
@@ -756,7 +760,7 @@ class Ledger:
                     continue
                 con.execute(
                     f"INSERT INTO outbox ({_COLUMNS}, record_count, {', '.join(METRIC_COLUMNS)}) "
-                    "VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, NULL, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [
                         e.query_id,
                         e.pipeline,
@@ -771,6 +775,7 @@ class Ledger:
                         None if e.operation.to_json() is None else json.dumps(e.operation.to_json()),
                         e.schema_id,
                         e.topic_id,
+                        e.schema_change,
                         e.record_count,
                         *(int(e.metrics.get(m, 0)) for m in METRIC_COLUMNS),
                     ],

@@ -59,6 +59,7 @@ from krishiv_core.catalog import (
 )
 from krishiv_core.entries import MERGE, OffsetSkip, OutboxEntry
 from krishiv_core.errors import CatalogUnavailable, ConfigError, KrishivError
+from krishiv_core.evolution import SchemaChange, bring_to_staged_schema
 from krishiv_core.faults import fault_point
 from outbox.data_files import data_file
 from outbox.errors import (
@@ -351,6 +352,9 @@ class CommitRelay:
                 continue
             started = time.perf_counter()
             try:
+                if entry.schema_change is not None:  # the stager may have died between the record and the change
+                    change = SchemaChange.from_json(entry.schema_change)
+                    table = bring_to_staged_schema(table, change, entry.table, f"batch {entry.batch_id}")
                 fault_point("relay.before_catalog_commit", entry.batch_id)
                 table = commit_entry(
                     table,

@@ -35,7 +35,7 @@ from pyspark.sql import functions as F
 
 from krishiv_core.entries import PENDING, OffsetSkip, OutboxEntry, StagedFile, new_snapshot_id
 from krishiv_core.errors import BatchReplayMismatch, KrishivError, SchemaConflict, StagerLeaseLost
-from krishiv_core.evolution import evolve_schema
+from krishiv_core.evolution import SchemaChange, evolve_schema, holds_schema, holds_schema_of, planned_schema
 from krishiv_core.faults import fault_point
 from krishiv_core.parquet_files import write_staged_files
 from krishiv_core.spec import WINDOWED, PipelineSpec
@@ -223,7 +223,7 @@ class BatchStager:
         files = {t.name: self._stage(t, result, batch_id) for t in self.targets}
         fault_point("stage.after_files", batch_id)
         try:
-            self._apply_schemas(batch_id)
+            changing = self._schemas_to_record(batch_id)
         except BaseException:
             for t in self.targets:  # nothing references them
                 for f in files[t.name]:
@@ -243,8 +243,9 @@ class BatchStager:
                 new_snapshot_id(),
                 self._metrics(t, first, staged, result),
                 operation=t.output.operation,
-                schema_id=t.table.schema().schema_id,  # the schema the files were staged for, now the table's
+                schema_id=t.schema.schema_id,  # the schema the files were staged for
                 topic_id=topic_id,
+                schema_change=changing.get(t.name),
             )
             for t in self.targets
         ]
@@ -255,16 +256,43 @@ class BatchStager:
             raise
         self._remove_files(entries, inserted)
         fault_point("stage.after_ledger", batch_id)
+        self._apply_schemas(batch_id)  # recorded: the batch needs the schema (the relay applies it if this dies first)
         self._done(replace(staged, recorded=any(inserted)))
 
     # ------------------------------------------------------------------------------------ steps
 
+    def _schemas_to_record(self, batch_id: int) -> dict[str, str]:
+        """Before the first batch of a run is recorded: per table whose schema does not hold the one the batches are
+        staged for, the :class:`SchemaChange` (JSON) its entry records, after checking that the plan still stands:
+        planned again on the table as it is now, it gives the same columns. Another writer's change since the start
+        refuses the batch here, with nothing recorded (its files are removed), and the next run plans again."""
+        if self._schemas_applied:
+            return {}
+        changing = {}
+        for target in self.rows_targets:
+            table = target.table
+            table.refresh()
+            if holds_schema(table, target.schema):
+                continue
+            again = planned_schema(table, target.output.schema, target.name)
+            if not holds_schema_of(again, target.schema):
+                raise SchemaConflict(
+                    f"table {target.name}'s schema was changed by another writer while pipeline "
+                    f"{self.pipeline.name!r} staged batch {batch_id}; nothing was recorded: run again, and it "
+                    "stages for the table's new schema"
+                )
+            changing[target.name] = SchemaChange(target.output.schema, target.schema, target.properties).to_json()
+        return changing
+
     def _apply_schemas(self, batch_id: int) -> None:
         """Bring each table to the schema (and ``krishiv.*`` properties) its batches are staged for, once per run,
-        before the first batch's entries are recorded: a run that fails before this leaves its tables as they were.
+        right after the first batch's entries are recorded: a run that fails before that leaves its tables as they
+        were, and one that dies after it leaves the schema to the relay, which brings the table to the entry's
+        schema before committing the batch (:func:`krishiv_core.evolution.bring_to_staged_schema`).
 
         The files were written with the planned schema's field ids; if the table's schema came out otherwise (another
-        writer changed it since the start), the batch is refused (its files removed) and the next run plans again.
+        writer changed it in the instant since :meth:`_schemas_to_record` checked), the run stops naming it, and the
+        relay refuses the batch until the table's column is back as it was.
         """
         if self._schemas_applied:
             return
@@ -278,15 +306,12 @@ class BatchStager:
                 except CommitFailedException:
                     if attempt == 4:
                         raise
-            have = table.schema()
-            for planned in target.schema.fields:
-                found = have.find_column_name(planned.field_id)
-                if found != planned.name or have.find_field(planned.field_id).field_type != planned.field_type:
-                    raise SchemaConflict(
-                        f"table {target.name}'s schema was changed by another writer while pipeline "
-                        f"{self.pipeline.name!r} staged batch {batch_id} (column {planned.name!r}); nothing was "
-                        "recorded: run again, and it stages for the table's new schema"
-                    )
+            if not holds_schema(table, target.schema):
+                raise SchemaConflict(
+                    f"table {target.name}'s schema was changed by another writer while pipeline "
+                    f"{self.pipeline.name!r} staged batch {batch_id}: the batch is recorded for the schema it was "
+                    "staged for and stays pending until the table's columns are back as they were"
+                )
         self._schemas_applied = True
 
     def _offsets(self, batch_id: int) -> BatchOffsets:

@@ -467,6 +467,40 @@ def test_a_run_that_fails_before_its_first_batch_is_recorded_leaves_the_table_as
     assert last.schema_id == table.schema().schema_id
 
 
+def test_a_run_that_dies_after_recording_its_first_batch_leaves_the_schema_to_the_relay(
+    tmp_path, broker, spark, topic, monkeypatch
+):
+    """The stager records a batch staged for a new schema, then dies before changing the table: the table is as it
+    was, the entry carries the schema its files were staged for, and the relay brings the table to it in the commit
+    of that batch, so the new column's values arrive with it; every offset lands once."""
+    spec = _spec(tmp_path, broker.bootstrap, topic, fields=BASE_FIELDS)
+    _produce(spec, [_order(s) for s in range(30)], 0)
+    _run(spec)
+    before = _table(spec)
+
+    spec = _spec(tmp_path, broker.bootstrap, topic, fields=BASE_FIELDS + '\ntier = "string"')
+    _produce(spec, [_order(s, tier="t") for s in range(30, 60)], 30)
+    monkeypatch.setenv("KRISHIV_FAULTS", "stage.after_ledger:raise")
+    with pytest.raises(KrishivError, match="query orders failed"):
+        run_pipelines(spec, [spec.pipeline()], once=True)
+    monkeypatch.delenv("KRISHIV_FAULTS")
+    assert _table(spec).metadata_location == before.metadata_location, "the schema came before the relay"
+    ledger = open_ledger(spec)
+    (pending,) = ledger.pending(qualified(spec, spec.pipeline().table))
+    assert pending.schema_change is not None and "tier" in pending.schema_change
+
+    commit_pipelines(spec, [spec.pipeline()])
+    table = _table(spec)
+    assert "tier" in table.schema().column_names
+    assert table.schema().schema_id == pending.schema_id
+    _run(spec)  # the batch is replayed (recorded: nothing staged again) and the run goes on
+    rows = _table(spec).scan().to_arrow()
+    _exactly_once(spec, rows)
+    by_order = _by_order(rows)
+    assert all(by_order[f"o-{s:06d}"]["tier"] is None for s in range(30))
+    assert all(by_order[f"o-{s:06d}"]["tier"] == "t" for s in range(30, 60)), "the batch's new column lost"
+
+
 # ------------------------------------------------------------------------- changes refused before any work
 
 
