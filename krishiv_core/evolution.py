@@ -39,6 +39,7 @@ from pyiceberg.types import DecimalType, DoubleType, FloatType, IcebergType, Int
 
 from krishiv_core.errors import SchemaConflict
 from krishiv_core.partitioning import IDENTITY, PartitionField, describe_spec, from_iceberg
+from krishiv_core.runbook import runbook
 
 #: Field ids of the columns Krishiv added as optional although the spec declared them required.
 RELAXED_PROPERTY = "krishiv.optional-by-evolution"
@@ -83,7 +84,10 @@ def _relaxed_ids(table: Table) -> set[int]:
 
 
 def _conflict(table_name: str, column: str, detail: str) -> SchemaConflict:
-    return SchemaConflict(f"table {table_name}: column {column!r} {detail}; nothing was changed. {ALLOWED_CHANGES}.")
+    return SchemaConflict(
+        f"table {table_name}: column {column!r} {detail}; nothing was changed. {ALLOWED_CHANGES}: set the field back, "
+        f"or start over in a new table under a new pipeline name {runbook('A spec change the table cannot take')}"
+    )
 
 
 def schema_changes(
@@ -98,8 +102,8 @@ def schema_changes(
         raise SchemaConflict(
             f"table {table_name}: its rows are keyed by ({', '.join(map(repr, have_key)) or 'nothing'}) and the spec "
             f"keys them by ({', '.join(map(repr, want_key)) or 'nothing'}) (an upsert's key, or a window's group_by); "
-            "a table's key cannot "
-            "change, so nothing was changed: give the pipeline a new table"
+            "a table's key cannot change, so nothing was changed: set it back, or start over in a new table under a "
+            f"new pipeline name {runbook('A spec change the table cannot take')}"
         )
     wanted_names = {f.name for f in wanted.fields}
     for spec_field in wanted.fields:
@@ -230,7 +234,8 @@ def evolve_partitioning(table: Table, partition_by: Sequence[PartitionField], ta
         shown = "[" + ", ".join(str(p) for p in wanted) + "]" if wanted else "unpartitioned"
         raise SchemaConflict(
             f"table {table_name} is partitioned by {describe_spec(spec, schema)} and the spec asks for {shown}, "
-            f"which pyiceberg cannot evolve the table to ({exc}); nothing was changed. Create a new table for the "
-            "new partitioning, or change it with an engine that can (Spark's ALTER TABLE … PARTITION FIELD)"
+            f"which pyiceberg cannot evolve the table to ({exc}); nothing was changed: set partition_by back, change "
+            "it with an engine that can (Spark's ALTER TABLE … PARTITION FIELD), or start over in a new table under a "
+            f"new pipeline name {runbook('A spec change the table cannot take')}"
         ) from exc
     return table

@@ -36,6 +36,7 @@ from pyiceberg.typedef import Record
 from krishiv_core.errors import SchemaConflict
 from krishiv_core.parquet_files import describe_record, split_by_partition
 from krishiv_core.partitioning import describe_spec
+from krishiv_core.runbook import runbook
 from outbox.errors import StagedFileMissing
 
 _FIELD_ID = b"PARQUET:field_id"
@@ -119,6 +120,6 @@ def _partition(table: Table, spec: PartitionSpec, schema: Schema, sources: pa.Ta
             f"staged file {path} holds rows of {len(parts)} partitions ({shown}{more}) under table "
             f"{'.'.join(table.name())}'s partitioning {describe_spec(spec, schema)}: it was staged for another "
             "partitioning, and a data file must hold one partition; set partition_by back until the relay has "
-            "committed the batch, then change it"
+            f"committed the batch, then change it {runbook('A spec change the table cannot take')}"
         )
     return parts[0][0]

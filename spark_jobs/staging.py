@@ -38,6 +38,7 @@ from krishiv_core.errors import BatchReplayMismatch, KrishivError, SchemaConflic
 from krishiv_core.evolution import evolve_schema
 from krishiv_core.faults import fault_point
 from krishiv_core.parquet_files import write_staged_files
+from krishiv_core.runbook import runbook
 from krishiv_core.spec import WINDOWED, PipelineSpec
 from krishiv_core.staging_paths import staging_root_of
 from krishiv_core.tables import REJECT_COLUMNS, OutputTable
@@ -283,7 +284,8 @@ class BatchStager:
                     raise SchemaConflict(
                         f"table {target.name}'s schema was changed by another writer while pipeline "
                         f"{self.pipeline.name!r} staged batch {batch_id} (column {planned.name!r}); nothing was "
-                        "recorded: run again, and it stages for the table's new schema"
+                        "recorded: run again, and it stages for the table's new schema "
+                        + runbook("A spec change the table cannot take")
                     )
         self._schemas_applied = True
 

@@ -39,7 +39,7 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from krishiv_core.spec import WINDOWED, Aggregation, PipelineSpec
-from krishiv_core.table_purpose import SpecChangeRefused
+from krishiv_core.table_purpose import SPEC_CHANGE, SpecChangeRefused
 from krishiv_core.tables import WINDOW_END, WINDOW_START, aggregate_type
 from spark_jobs.batch_state_files import save_batch_file
 from spark_jobs.checkpoint import Checkpoint
@@ -76,9 +76,9 @@ def mode_switch_refused(pipeline: PipelineSpec, state: WindowState, where: str) 
         return None
     return SpecChangeRefused(
         f"pipeline {pipeline.name!r}: output_mode changed from {old!r} to {pipeline.output_mode!r} while "
-        f"{state.open_windows} window(s) are open in {where}; nothing was changed: set output_mode back to {old!r} "
-        "and run until the watermark closes them (no open windows), then switch; or start with a fresh checkpoint "
-        "and table"
+        f"{state.open_windows} window(s) are open in {where} (the newest event's window always is); nothing was "
+        f"changed: set output_mode back to {old!r}, or start over in a new table under a new pipeline name "
+        f"{SPEC_CHANGE}"
     )
 
 
