@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from krishiv_core.env_settings import seconds_from_env
 from krishiv_core.errors import KrishivError
-from krishiv_core.runbook import runbook
+from krishiv_core.runbook import before_pointer, runbook
 from krishiv_core.spec import KrishivSpec, PipelineSpec
 from outbox.ledger import DEFAULT_LOCK_TIMEOUT_S, Ledger
 
@@ -63,9 +63,13 @@ class CommitsStopped(KrishivError):
     their batches are staged and pending, waiting for what the message names to be put right."""
 
     def __init__(self, running: list[RunningPipeline], failures: dict[str, str]) -> None:
-        super().__init__(
-            "; ".join(f"{table}: {why}" for table, why in failures.items())
-            + "; the batches are staged and pending: put that right, then run krishiv commit"
+        super().__init__(  # each table's refusal keeps its runbook pointer last
+            "; ".join(
+                before_pointer(
+                    f"{table}: {why}", "; its batches are staged and pending: put that right, then run krishiv commit"
+                )
+                for table, why in failures.items()
+            )
         )
         self.running = running
         self.failures = failures
@@ -78,14 +82,16 @@ class TablesRefused(KrishivError):
     def __init__(self, reports: list[TableCommitReport]) -> None:
         self.reports = reports
         self.refused = {r.table: r.refused for r in reports if r.refused}
-        super().__init__(
-            "; ".join(f"{table}: {why}" for table, why in self.refused.items())
-            + "; their batches stay pending: put that right, then run krishiv commit again"
+        super().__init__(  # each table's refusal keeps its runbook pointer last
+            "; ".join(
+                before_pointer(f"{table}: {why}", "; its batches stay pending: put that right, then run krishiv commit")
+                for table, why in self.refused.items()
+            )
         )
 
     def lines(self) -> list[str]:
-        """One line per refused table: the table, why, and that its batches stay pending."""
-        return [f"{table}: {why}; its batches stay pending" for table, why in self.refused.items()]
+        """One line per refused table: the table, why, and that its batches stay pending (the pointer last)."""
+        return [before_pointer(f"{table}: {why}", "; its batches stay pending") for table, why in self.refused.items()]
 
 
 #: How long a command waits for a ledger another process holds (seconds; default 30).

@@ -306,7 +306,7 @@ def catalog_call(catalog: Catalog, doing: str) -> Iterator[None]:
         if status in REFUSED_STATUSES:
             raise CatalogRefused(
                 f"Iceberg catalog at {catalog_address(catalog)} refused to {doing} (HTTP {status}): {reason}"
-                f"{refusal_hint(status)}"
+                f"{refusal_hint(status)} {runbook('A catalog that refuses')}"
             ) from exc
         raise CatalogUnavailable(
             f"Iceberg catalog at {catalog_address(catalog)} failed to {doing}"

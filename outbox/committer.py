@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 
 from krishiv_core.catalog import CatalogRefused
 from krishiv_core.errors import CatalogUnavailable, KrishivError
+from krishiv_core.runbook import before_pointer
 from outbox.errors import (
     CommitConflict,
     CommittedBatchesMissing,
@@ -241,7 +242,11 @@ class Committer:
 
     def _refused(self, table: str, exc: BaseException) -> None:
         self.failures[table] = _first_line(exc)
-        self._say(f"commits of {table} stopped: {self.failures[table]}; its batches are still staged and stay pending")
+        self._say(
+            before_pointer(
+                f"commits of {table} stopped: {self.failures[table]}", "; its batches are still staged and stay pending"
+            )
+        )
 
     def _back_off(self, why: str) -> None:
         self._backoff_s = BACKOFF_START_S if self._backoff_s == 0 else min(self._backoff_s * 2, BACKOFF_MAX_S)

@@ -57,9 +57,7 @@ def data_file(table: Table, path: str) -> DataFile:
             sources = _partition_sources(parquet, schema, spec)
         size = len(input_file)
     except FileNotFoundError as exc:
-        raise StagedFileMissing(
-            f"staged file {path} of a pending entry is missing; refusing to commit a partial batch"
-        ) from exc
+        raise StagedFileMissing(path) from exc
 
     _check_pyarrow_schema_compatible(
         schema, metadata.schema.to_arrow_schema(), format_version=table.metadata.format_version

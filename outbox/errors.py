@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from krishiv_core.errors import KrishivError
+from krishiv_core.runbook import runbook
 
 
 class OutboxError(KrishivError):
@@ -42,6 +43,13 @@ class LedgerSchemaError(OutboxError):
 class StagedFileMissing(OutboxError):
     """A staged file referenced by a pending entry is gone; committing would lose data, so the relay stops."""
 
+    def __init__(self, path: str) -> None:
+        super().__init__(
+            f"staged file {path} of a pending entry is missing; refusing to commit a partial batch: `krishiv restage` "
+            f"stages the batch again {runbook('A staged file that is gone')}"
+        )
+        self.path = path
+
 
 class CommitConflict(OutboxError):
     """Concurrent writers kept winning for longer than the retry budget."""
@@ -69,7 +77,8 @@ class MergeKeyNull(MergeRefused):
     def __init__(self, table: str, batch_id: int, column: str, path: str) -> None:
         super().__init__(
             f"{table} batch {batch_id}: key column {column!r} is null in staged file {path}; a merge cannot match "
-            "a null key, so nothing was committed. Phase 1 must drop or reject such rows; restage the batch"
+            "a null key, so nothing was committed. Phase 1 drops or rejects such rows: remove the batch's staged "
+            f"files and run krishiv restage {runbook('A merge the relay refuses')}"
         )
         self.table = table
         self.batch_id = batch_id

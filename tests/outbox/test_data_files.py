@@ -237,7 +237,10 @@ def test_a_missing_staged_file_stops_the_relay(catalog: SqlCatalog, tmp_path: Pa
     path = f"file://{tmp_path}/staging/part-gone.parquet"
     with pytest.raises(StagedFileMissing) as err:
         data_file(table, path)
-    assert str(err.value) == f"staged file {path} of a pending entry is missing; refusing to commit a partial batch"
+    assert str(err.value) == (
+        f"staged file {path} of a pending entry is missing; refusing to commit a partial batch: `krishiv restage` "
+        "stages the batch again (see README: Recovery runbook > A staged file that is gone)"
+    )
 
 
 def test_files_staged_before_the_partitioning_changed(catalog: SqlCatalog, tmp_path: Path) -> None:
