@@ -51,6 +51,7 @@ from krishiv_core.entries import (
     StagedFile,
 )
 from krishiv_core.errors import BatchReplayMismatch, StagerLeaseLost
+from krishiv_core.runbook import runbook
 from outbox.errors import (
     LedgerBusyError,
     LedgerCorrupt,
@@ -1344,7 +1345,10 @@ class Ledger:
             if row is not None:
                 current = StagerLease(*row)
                 if current.alive(now) and not current.mine:
-                    raise StagerBusy(f"pipeline {pipeline!r} is already being staged by {current.describe()}")
+                    raise StagerBusy(
+                        f"pipeline {pipeline!r} is already being staged by {current.describe()}: wait for it to "
+                        f"finish, or stop it, then run again {runbook('Another run holds the pipeline')}"
+                    )
             con.execute(
                 f"INSERT OR REPLACE INTO stager_lease ({_LEASE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
