@@ -86,7 +86,10 @@ def restage(spec: KrishivSpec, pipeline: PipelineSpec) -> Restaged:
         checkpoint = Checkpoint(spec.checkpoint_dir(pipeline))
         first, last = result.batches[0], checkpoint.last_batch_id()
         if first > last:
-            raise KrishivError(f"checkpoint {checkpoint.path} ends at batch {last}, before batch {first}")
+            raise KrishivError(
+                f"checkpoint {checkpoint.path} ends at batch {last}, before batch {first} "
+                + runbook("A checkpoint that does not match its ledger")
+            )
         state = WindowStateStore(checkpoint.path)
         if first > 0 and not state.path(first - 1).exists():
             raise KrishivError(

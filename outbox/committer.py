@@ -253,8 +253,10 @@ class Committer:
         self._retry_at = time.monotonic() + self._backoff_s
         if self._outage is None:
             self._say(
-                f"commits paused: {why}; staging goes on, retrying from {self._backoff_s:.0f}s up to "
-                f"every {BACKOFF_MAX_S:.0f}s"
+                before_pointer(
+                    f"commits paused: {why}",
+                    f"; staging goes on, retrying from {self._backoff_s:.0f}s up to every {BACKOFF_MAX_S:.0f}s",
+                )
             )
         self._outage = why
 

@@ -16,7 +16,7 @@ class LedgerBusyError(OutboxError):
     def __init__(self, path: str, waited_s: float, detail: str) -> None:
         super().__init__(
             f"ledger {path} stayed locked by another process for {waited_s:.1f}s (the retry budget); "
-            f"nothing was written. DuckDB said: {detail}"
+            f"nothing was written. DuckDB said: {detail} {runbook('A ledger that is locked or damaged')}"
         )
         self.path = path
 
@@ -30,7 +30,7 @@ class LedgerCorrupt(OutboxError):
     def __init__(self, path: str, found: str) -> None:
         super().__init__(
             f"ledger {path} is not a DuckDB ledger ({found}); restore it from a backup or point "
-            "storage.ledger_path at the right file"
+            f"storage.ledger_path at the right file {runbook('A ledger that is locked or damaged')}"
         )
         self.path = path
         self.found = found

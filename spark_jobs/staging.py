@@ -359,7 +359,7 @@ class BatchStager:
                 raise BatchReplayMismatch(
                     f"batch {batch_id} of query {self.query_id} staged {sum(f.records for f in entry.files)} rows for "
                     f"{target.name}, but its replay computes {sum(f.records for f in files)}; the checkpoint's state "
-                    "does not match"
+                    f"does not match {runbook('A checkpoint that does not match its ledger')}"
                 )
             if not self.ledger.replace_files(entry, files):
                 for f in files:
@@ -383,7 +383,8 @@ class BatchStager:
             if entry.offsets != ranges:
                 raise BatchReplayMismatch(
                     f"batch {offsets.batch_id} of query {self.query_id} was recorded for {entry.table} with offsets "
-                    f"{entry.offsets} but Spark replays it with {ranges}; the checkpoint does not match the ledger"
+                    f"{entry.offsets} but Spark replays it with {ranges}; the checkpoint does not match the ledger "
+                    + runbook("A checkpoint that does not match its ledger")
                 )
 
     def _done(self, staged: StagedBatch) -> None:

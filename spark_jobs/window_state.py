@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
+from krishiv_core.runbook import runbook
 from krishiv_core.spec import WINDOWED, Aggregation, PipelineSpec
 from krishiv_core.table_purpose import SPEC_CHANGE, SpecChangeRefused
 from krishiv_core.tables import WINDOW_END, WINDOW_START, aggregate_type
@@ -205,14 +206,16 @@ class WindowStateStore:
         if not path.exists():
             raise WindowStateMissing(
                 f"the open windows after batch {batch_id - 1} are not in {self.folder}, so batch {batch_id} cannot "
-                f"be aggregated; restore the checkpoint with its {STATE_DIR} folder"
+                f"be aggregated; restore the checkpoint with its {STATE_DIR} folder "
+                + runbook("A checkpoint that does not match its ledger")
             )
         windows = pq.read_table(path)
         metadata = windows.schema.metadata or {}
         if WATERMARK_KEY not in metadata:
             raise WindowStateMissing(
                 f"{path} has no watermark: it was written by an older Krishiv, whose windows closed one batch later; "
-                "start that pipeline from a new checkpoint and table"
+                "start over in a new table under a new pipeline name "
+                + runbook("A checkpoint that does not match its ledger")
             )
         mode = metadata.get(MODE_KEY)
         return WindowState(
