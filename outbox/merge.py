@@ -169,7 +169,8 @@ def plan_merge(table: Table, entry: OutboxEntry) -> MergePlan:
         if column not in top_level:
             raise MergeRefused(
                 f"{entry.table} batch {entry.batch_id}: merge column {column!r} is not in the table's schema "
-                f"({', '.join(sorted(top_level))}); nothing was committed"
+                f"({', '.join(sorted(top_level))}); nothing was committed: another engine dropped or renamed it; "
+                f"put it back {runbook('A merge the relay refuses')}"
             )
     key_types = _arrow_types(table, key)
     entry_columns = [*key, *([version] if version else [])]
