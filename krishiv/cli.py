@@ -33,6 +33,7 @@ from krishiv.operations import (
     verify_pipelines,
 )
 from krishiv_core.errors import BrokerUnavailable, ConfigError, KrishivError
+from krishiv_core.runbook import runbook
 from krishiv_core.spec import ENV_OVERRIDES, SPEC_FILE_ENV, KrishivSpec, PipelineSpec
 
 if TYPE_CHECKING:
@@ -808,7 +809,7 @@ def _state_removed(command: str, spec: KrishivSpec | None) -> str:
     return (
         f"; the {shown} ({', '.join(folders)}) disappeared while krishiv {command} ran: nothing more was written; "
         "restore them from a backup, or start over with a new state folder "
-        "(see README: Recovery runbook > A state folder removed while running)"
+        + runbook("A state folder removed while running")
     )
 
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from krishiv_core.env_settings import seconds_from_env
 from krishiv_core.errors import KrishivError
+from krishiv_core.runbook import before_pointer, runbook
 from krishiv_core.spec import KrishivSpec, PipelineSpec
 from outbox.ledger import DEFAULT_LOCK_TIMEOUT_S, Ledger
 
@@ -62,9 +63,13 @@ class CommitsStopped(KrishivError):
     their batches are staged and pending, waiting for what the message names to be put right."""
 
     def __init__(self, running: list[RunningPipeline], failures: dict[str, str]) -> None:
-        super().__init__(
-            "; ".join(f"{table}: {why}" for table, why in failures.items())
-            + "; the batches are staged and pending: put that right, then run krishiv commit"
+        super().__init__(  # each table's refusal keeps its runbook pointer last
+            "; ".join(
+                before_pointer(
+                    f"{table}: {why}", "; its batches are staged and pending: put that right, then run krishiv commit"
+                )
+                for table, why in failures.items()
+            )
         )
         self.running = running
         self.failures = failures
@@ -77,14 +82,16 @@ class TablesRefused(KrishivError):
     def __init__(self, reports: list[TableCommitReport]) -> None:
         self.reports = reports
         self.refused = {r.table: r.refused for r in reports if r.refused}
-        super().__init__(
-            "; ".join(f"{table}: {why}" for table, why in self.refused.items())
-            + "; their batches stay pending: put that right, then run krishiv commit again"
+        super().__init__(  # each table's refusal keeps its runbook pointer last
+            "; ".join(
+                before_pointer(f"{table}: {why}", "; its batches stay pending: put that right, then run krishiv commit")
+                for table, why in self.refused.items()
+            )
         )
 
     def lines(self) -> list[str]:
-        """One line per refused table: the table, why, and that its batches stay pending."""
-        return [f"{table}: {why}; its batches stay pending" for table, why in self.refused.items()]
+        """One line per refused table: the table, why, and that its batches stay pending (the pointer last)."""
+        return [before_pointer(f"{table}: {why}", "; its batches stay pending") for table, why in self.refused.items()]
 
 
 #: How long a command waits for a ledger another process holds (seconds; default 30).
@@ -129,7 +136,7 @@ def _catalog_address(catalog: Catalog) -> str:
 
 
 #: A Krishiv exception as Python prints it at the end of a traceback Spark carries: ``spark_jobs.errors.X: message``.
-_KRISHIV_ERROR_LINE = re.compile(r"^(?:spark_jobs|outbox|krishiv)(?:\.\w+)*\.(\w+): (.+)$")
+_KRISHIV_ERROR_LINE = re.compile(r"^(?:spark_jobs|outbox|krishiv_core|krishiv)(?:\.\w+)*\.(\w+): (.+)$")
 
 
 def _root_cause(exc: BaseException) -> str:
@@ -140,6 +147,19 @@ def _root_cause(exc: BaseException) -> str:
         if found:
             return f"{found.group(1)}: {found.group(2)}"
     return text.splitlines()[0] if text else repr(exc)
+
+
+#: The runbook section of a query whose Python worker did not connect back in time.
+WORKER_START_RUNBOOK = runbook("A query that did not start in time")
+
+
+def _query_failed(name: str, failure: BaseException) -> KrishivError:
+    """``query <name> failed: <cause>``; when every start timed out waiting for Spark's Python worker, with the
+    runbook's section."""
+    from spark_jobs.job import worker_start_timed_out
+
+    pointer = f" {WORKER_START_RUNBOOK}" if worker_start_timed_out(failure) else ""
+    return KrishivError(f"query {name} failed: {_root_cause(failure)}{pointer}")
 
 
 def run_pipelines(
@@ -249,7 +269,7 @@ def run_pipelines(
                     say(
                         f"query {name}: Spark's Python worker did not connect back within Spark's 10 s "
                         f"(a loaded machine?); starting the query again ({restarts[name] + 1} of "
-                        f"{WORKER_START_ATTEMPTS})"
+                        f"{WORKER_START_ATTEMPTS}) {WORKER_START_RUNBOOK}"
                     )
                     running[i] = start(by_name[name])
                     return True
@@ -271,8 +291,7 @@ def run_pipelines(
                             except StreamingQueryException as exc:
                                 if restarted(i):
                                     continue
-                                name = running[i].query.name
-                                raise KrishivError(f"query {name} failed: {_root_cause(exc)}") from exc
+                                raise _query_failed(running[i].query.name, exc) from exc
                 else:
                     while True:
                         try:
@@ -297,7 +316,7 @@ def run_pipelines(
                 raise
         for r in running:
             if r.query.exception() is not None:
-                raise KrishivError(f"query {r.query.name} failed: {_root_cause(r.query.exception())}")
+                raise _query_failed(r.query.name, r.query.exception())
     if committer is not None and (committer.failures or committer.error):
         failures = dict(committer.failures)
         if committer.error:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from krishiv_core.errors import BrokerUnavailable, CatalogUnavailable, KrishivError
+from krishiv_core.runbook import runbook
 from krishiv_core.spec import KrishivSpec, PipelineSpec
 
 if TYPE_CHECKING:
@@ -24,14 +25,6 @@ if TYPE_CHECKING:
 
 BROKER_TIMEOUT_S = 5.0
 CATALOG_TIMEOUT_S = 10.0
-
-#: Where README explains each refusal of this module and the way out (``README: Recovery runbook > ...``).
-RUNBOOK = "README: Recovery runbook"
-
-
-def runbook(section: str) -> str:
-    """``(see README: Recovery runbook > section)``: the pointer every refusal ends with."""
-    return f"(see {RUNBOOK} > {section})"
 
 
 class TopicMissing(KrishivError):

@@ -21,7 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from krishiv_core.errors import KrishivError
+from krishiv_core.runbook import runbook
 from krishiv_core.spec import KrishivSpec, PipelineSpec
+
+#: The runbook section of a pending batch whose staged files are gone.
+GONE = runbook("A staged file that is gone")
 
 #: A staged file younger than this may belong to a batch a live stager is about to record.
 DEFAULT_GRACE_S = 3600.0
@@ -61,7 +65,7 @@ def _missing_batches(spec: KrishivSpec, pipeline: PipelineSpec) -> list[int]:
             if find_committed(table, entry) is not None:
                 raise KrishivError(
                     f"{table_name} already holds batch {entry.batch_id}, whose staged files are gone: the table "
-                    "refers to deleted files; restore them from a backup, restaging cannot help"
+                    f"refers to deleted files; restore them from a backup, restaging cannot help {GONE}"
                 )
             missing.add(entry.batch_id)
     return sorted(missing)
@@ -82,12 +86,15 @@ def restage(spec: KrishivSpec, pipeline: PipelineSpec) -> Restaged:
         checkpoint = Checkpoint(spec.checkpoint_dir(pipeline))
         first, last = result.batches[0], checkpoint.last_batch_id()
         if first > last:
-            raise KrishivError(f"checkpoint {checkpoint.path} ends at batch {last}, before batch {first}")
+            raise KrishivError(
+                f"checkpoint {checkpoint.path} ends at batch {last}, before batch {first} "
+                + runbook("A checkpoint that does not match its ledger")
+            )
         state = WindowStateStore(checkpoint.path)
         if first > 0 and not state.path(first - 1).exists():
             raise KrishivError(
                 f"the open windows batch {first} starts from are no longer in {state.folder} (the last batches' "
-                f"are kept); batch {first} cannot be computed again"
+                f"are kept); batch {first} cannot be computed again {GONE}"
             )
         checkpoint.rewind(last - first + 1)
         result.rewound_to = first

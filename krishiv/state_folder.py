@@ -12,9 +12,12 @@ import shutil
 from pathlib import Path
 
 from krishiv_core.errors import KrishivError
+from krishiv_core.runbook import runbook
 
 DEMO_MARKER = ".krishiv-demo-state"
 BENCH_MARKER = ".krishiv-bench-state"
+#: The way out of every refusal here.
+NAME_ANOTHER = "name a new or empty folder " + runbook("Files a command will not delete")
 
 
 class FolderNotOurs(KrishivError):
@@ -29,22 +32,20 @@ def check_folder(folder: Path, marker: str, *, command: str, label: str, what: s
     deleted.
     """
     if folder.is_symlink():
-        raise FolderNotOurs(f"{label}: {what} is a symbolic link; name a new or empty folder")
+        raise FolderNotOurs(f"{label}: {what} is a symbolic link; {NAME_ANOTHER}")
     if not folder.exists():
         above = next((parent for parent in folder.parents if parent.exists()), None)
         if above is not None and not above.is_dir():
-            raise FolderNotOurs(f"{label}: {above} is a file, not a folder; name a new or empty folder")
+            raise FolderNotOurs(f"{label}: {above} is a file, not a folder; {NAME_ANOTHER}")
         return
     if not folder.is_dir():
-        raise FolderNotOurs(f"{label}: {what} is a file, not a folder; name a new or empty folder")
+        raise FolderNotOurs(f"{label}: {what} is a file, not a folder; {NAME_ANOTHER}")
     mark = folder / marker
     if mark.is_file() and not mark.is_symlink():
         return
     if next(folder.iterdir(), None) is None:
         return
-    raise FolderNotOurs(
-        f"{label}: {what} exists and was not made by {command} (no {marker} in it); name a new or empty folder"
-    )
+    raise FolderNotOurs(f"{label}: {what} exists and was not made by {command} (no {marker} in it); {NAME_ANOTHER}")
 
 
 def reset_folder(folder: Path, marker: str, *, command: str, label: str, what: str = "the folder") -> None:

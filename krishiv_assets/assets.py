@@ -36,6 +36,7 @@ from krishiv_assets.staging_run import (
 )
 from krishiv_core.catalog import qualified
 from krishiv_core.errors import KrishivError
+from krishiv_core.runbook import before_pointer
 from krishiv_core.spec import UPSERT, WINDOWED, KrishivSpec, PipelineSpec
 
 
@@ -259,7 +260,7 @@ def pipeline_assets(spec: KrishivSpec, pipeline: PipelineSpec) -> list[dg.Assets
         for key, name in names.items():
             report = by_table[name]
             if report.refused:
-                context.log.error(f"{name}: {report.refused}; its batches stay pending")
+                context.log.error(before_pointer(f"{name}: {report.refused}", "; its batches stay pending"))
                 continue
             table = catalog.load_table(name)
             current = table.current_snapshot()

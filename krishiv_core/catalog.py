@@ -39,6 +39,7 @@ from krishiv_core.client_settings import MASK, is_secret, resolve
 from krishiv_core.errors import CatalogUnavailable, ConfigError, KrishivError, SchemaConflict
 from krishiv_core.evolution import evolve_partitioning, evolve_schema, partitioning_differs, planned_schema
 from krishiv_core.partitioning import PartitionField, describe_spec, partition_spec
+from krishiv_core.runbook import runbook
 from krishiv_core.spec import KrishivSpec, PipelineSpec
 from krishiv_core.table_purpose import check_purpose, purpose_properties
 from krishiv_core.tables import output_tables
@@ -305,7 +306,7 @@ def catalog_call(catalog: Catalog, doing: str) -> Iterator[None]:
         if status in REFUSED_STATUSES:
             raise CatalogRefused(
                 f"Iceberg catalog at {catalog_address(catalog)} refused to {doing} (HTTP {status}): {reason}"
-                f"{refusal_hint(status)}"
+                f"{refusal_hint(status)} {runbook('A catalog that refuses')}"
             ) from exc
         raise CatalogUnavailable(
             f"Iceberg catalog at {catalog_address(catalog)} failed to {doing}"
@@ -378,7 +379,7 @@ def ensure_table(
         raise SchemaConflict(
             f"table {name} is partitioned by {describe_spec(table.spec(), table.schema())} and the spec asks for "
             f"{shown}, but {pending} batch(es) staged for the current partitioning are not committed yet; nothing "
-            "was changed: run krishiv commit first, then start again"
+            f"was changed: run krishiv commit first, then start again {runbook('A spec change the table cannot take')}"
         )
     if defer_schema and not partitioning_differs(table, partition_by):
         planned_schema(table, schema, name)  # a conflict is refused now; the change waits for the first batch

@@ -6,6 +6,8 @@ command line and the Dagster assets catch one class to print one line.
 
 from __future__ import annotations
 
+from krishiv_core.runbook import runbook
+
 
 class KrishivError(Exception):
     """Base class of every error Krishiv raises on purpose."""
@@ -41,7 +43,7 @@ class StagerLeaseLost(KrishivError):
     def __init__(self, pipeline: str, holder: str) -> None:
         super().__init__(
             f"the stager lease of pipeline {pipeline!r} is no longer held by this process ({holder}); "
-            "nothing was written, and this process must stop staging"
+            f"nothing was written, and this process must stop staging {runbook('Another run holds the pipeline')}"
         )
         self.pipeline = pipeline
         self.holder = holder

@@ -40,6 +40,7 @@ from pyiceberg.types import DecimalType, DoubleType, FloatType, IcebergType, Int
 
 from krishiv_core.errors import SchemaConflict
 from krishiv_core.partitioning import IDENTITY, PartitionField, describe_spec, from_iceberg
+from krishiv_core.runbook import runbook
 
 #: Field ids of the columns Krishiv added as optional although the spec declared them required.
 RELAXED_PROPERTY = "krishiv.optional-by-evolution"
@@ -84,7 +85,10 @@ def _relaxed_ids(table: Table) -> set[int]:
 
 
 def _conflict(table_name: str, column: str, detail: str) -> SchemaConflict:
-    return SchemaConflict(f"table {table_name}: column {column!r} {detail}; nothing was changed. {ALLOWED_CHANGES}.")
+    return SchemaConflict(
+        f"table {table_name}: column {column!r} {detail}; nothing was changed. {ALLOWED_CHANGES}: set the field back, "
+        f"or start over in a new table under a new pipeline name {runbook('A spec change the table cannot take')}"
+    )
 
 
 def schema_changes(
@@ -99,8 +103,8 @@ def schema_changes(
         raise SchemaConflict(
             f"table {table_name}: its rows are keyed by ({', '.join(map(repr, have_key)) or 'nothing'}) and the spec "
             f"keys them by ({', '.join(map(repr, want_key)) or 'nothing'}) (an upsert's key, or a window's group_by); "
-            "a table's key cannot "
-            "change, so nothing was changed: give the pipeline a new table"
+            "a table's key cannot change, so nothing was changed: set it back, or start over in a new table under a "
+            f"new pipeline name {runbook('A spec change the table cannot take')}"
         )
     wanted_names = {f.name for f in wanted.fields}
     for spec_field in wanted.fields:
@@ -231,9 +235,7 @@ class SchemaChange:
     @classmethod
     def from_json(cls, text: str) -> SchemaChange:
         doc = json.loads(text)
-        return cls(
-            Schema.model_validate(doc["spec"]), Schema.model_validate(doc["staged"]), doc.get("properties", {})
-        )
+        return cls(Schema.model_validate(doc["spec"]), Schema.model_validate(doc["staged"]), doc.get("properties", {}))
 
 
 def bring_to_staged_schema(table: Table, change: SchemaChange, table_name: str, what: str) -> Table:
@@ -252,7 +254,8 @@ def bring_to_staged_schema(table: Table, change: SchemaChange, table_name: str, 
                 f"table {table_name}'s schema was changed by another writer after {what} was staged for it: the "
                 f"files' column {f.name!r} ({f.field_type}, id {f.field_id}) is "
                 + (f"{shown!r} in the table now" if shown else "not in the table")
-                + "; the batch stays pending until the table's column is back as it was"
+                + "; the batch stays pending until the table's column is back as it was "
+                + runbook("A spec change the table cannot take")
             )
     return table
 
@@ -295,7 +298,8 @@ def evolve_partitioning(table: Table, partition_by: Sequence[PartitionField], ta
         shown = "[" + ", ".join(str(p) for p in wanted) + "]" if wanted else "unpartitioned"
         raise SchemaConflict(
             f"table {table_name} is partitioned by {describe_spec(spec, schema)} and the spec asks for {shown}, "
-            f"which pyiceberg cannot evolve the table to ({exc}); nothing was changed. Create a new table for the "
-            "new partitioning, or change it with an engine that can (Spark's ALTER TABLE … PARTITION FIELD)"
+            f"which pyiceberg cannot evolve the table to ({exc}); nothing was changed: set partition_by back, change "
+            "it with an engine that can (Spark's ALTER TABLE … PARTITION FIELD), or start over in a new table under a "
+            f"new pipeline name {runbook('A spec change the table cannot take')}"
         ) from exc
     return table

@@ -14,12 +14,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from krishiv_core.errors import SchemaConflict
+from krishiv_core.runbook import runbook
 from krishiv_core.spec import UPSERT, WINDOWED, PipelineSpec
 
 KIND = "krishiv.kind"
 KEY = "krishiv.key"
 VERSION_FIELD = "krishiv.version-field"
 OUTPUT_MODE = "krishiv.output-mode"
+
+
+#: The runbook section of every spec change a table cannot take (this module's, the schema's, the partitioning's).
+SPEC_CHANGE = runbook("A spec change the table cannot take")
 
 
 class SpecChangeRefused(SchemaConflict):
@@ -58,7 +63,8 @@ def check_purpose(pipeline: PipelineSpec, table: str, properties: Mapping[str, s
     if kind is not None and kind != pipeline.kind:
         raise SpecChangeRefused(
             f"{where} was created for kind {kind!r} and the spec now says kind {pipeline.kind!r}; a table's kind "
-            f"cannot change, so nothing was changed: set kind back to {kind!r}, or give the pipeline a new table"
+            f"cannot change, so nothing was changed: set kind back to {kind!r}, or start over in a new table under a "
+            f"new pipeline name {SPEC_CHANGE}"
         )
     key = properties.get(KEY)
     want = ",".join(_key(pipeline))
@@ -66,8 +72,8 @@ def check_purpose(pipeline: PipelineSpec, table: str, properties: Mapping[str, s
         name = "key" if pipeline.kind == UPSERT else "group_by"
         raise SpecChangeRefused(
             f"{where} is keyed by {_shown(key)} and the spec's {name} is {_shown(want)}; a table's key cannot change "
-            f"(its rows were merged by the old one), so nothing was changed: set {name} back, or give the pipeline a "
-            "new table"
+            f"(its rows were merged by the old one), so nothing was changed: set {name} back, or start over in a new "
+            f"table under a new pipeline name {SPEC_CHANGE}"
         )
     version = properties.get(VERSION_FIELD)
     if pipeline.kind == UPSERT and version is not None and version != (pipeline.version_field or ""):
@@ -75,6 +81,6 @@ def check_purpose(pipeline: PipelineSpec, table: str, properties: Mapping[str, s
         new = repr(pipeline.version_field) if pipeline.version_field else "none (Kafka offset order)"
         raise SpecChangeRefused(
             f"{where} keeps the row of the highest version_field {old} and the spec now says {new}; the rows already "
-            "merged were compared by the old one, so nothing was changed: set version_field back, or give the "
-            "pipeline a new table"
+            "merged were compared by the old one, so nothing was changed: set version_field back, or start over in a "
+            f"new table under a new pipeline name {SPEC_CHANGE}"
         )

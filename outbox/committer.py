@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 
 from krishiv_core.catalog import CatalogRefused
 from krishiv_core.errors import CatalogUnavailable, KrishivError
+from krishiv_core.runbook import before_pointer
 from outbox.errors import (
     CommitConflict,
     CommittedBatchesMissing,
@@ -241,15 +242,21 @@ class Committer:
 
     def _refused(self, table: str, exc: BaseException) -> None:
         self.failures[table] = _first_line(exc)
-        self._say(f"commits of {table} stopped: {self.failures[table]}; its batches are still staged and stay pending")
+        self._say(
+            before_pointer(
+                f"commits of {table} stopped: {self.failures[table]}", "; its batches are still staged and stay pending"
+            )
+        )
 
     def _back_off(self, why: str) -> None:
         self._backoff_s = BACKOFF_START_S if self._backoff_s == 0 else min(self._backoff_s * 2, BACKOFF_MAX_S)
         self._retry_at = time.monotonic() + self._backoff_s
         if self._outage is None:
             self._say(
-                f"commits paused: {why}; staging goes on, retrying from {self._backoff_s:.0f}s up to "
-                f"every {BACKOFF_MAX_S:.0f}s"
+                before_pointer(
+                    f"commits paused: {why}",
+                    f"; staging goes on, retrying from {self._backoff_s:.0f}s up to every {BACKOFF_MAX_S:.0f}s",
+                )
             )
         self._outage = why
 

@@ -36,6 +36,7 @@ from pyiceberg.typedef import Record
 from krishiv_core.errors import SchemaConflict
 from krishiv_core.parquet_files import describe_record, split_by_partition
 from krishiv_core.partitioning import describe_spec
+from krishiv_core.runbook import runbook
 from outbox.errors import StagedFileMissing
 
 _FIELD_ID = b"PARQUET:field_id"
@@ -56,9 +57,7 @@ def data_file(table: Table, path: str) -> DataFile:
             sources = _partition_sources(parquet, schema, spec)
         size = len(input_file)
     except FileNotFoundError as exc:
-        raise StagedFileMissing(
-            f"staged file {path} of a pending entry is missing; refusing to commit a partial batch"
-        ) from exc
+        raise StagedFileMissing(path) from exc
 
     _check_pyarrow_schema_compatible(
         schema, metadata.schema.to_arrow_schema(), format_version=table.metadata.format_version
@@ -119,6 +118,6 @@ def _partition(table: Table, spec: PartitionSpec, schema: Schema, sources: pa.Ta
             f"staged file {path} holds rows of {len(parts)} partitions ({shown}{more}) under table "
             f"{'.'.join(table.name())}'s partitioning {describe_spec(spec, schema)}: it was staged for another "
             "partitioning, and a data file must hold one partition; set partition_by back until the relay has "
-            "committed the batch, then change it"
+            f"committed the batch, then change it {runbook('A spec change the table cannot take')}"
         )
     return parts[0][0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from krishiv_core.errors import KrishivError
+from krishiv_core.runbook import runbook
 
 
 class OutboxError(KrishivError):
@@ -15,7 +16,7 @@ class LedgerBusyError(OutboxError):
     def __init__(self, path: str, waited_s: float, detail: str) -> None:
         super().__init__(
             f"ledger {path} stayed locked by another process for {waited_s:.1f}s (the retry budget); "
-            f"nothing was written. DuckDB said: {detail}"
+            f"nothing was written. DuckDB said: {detail} {runbook('A ledger that is locked or damaged')}"
         )
         self.path = path
 
@@ -29,7 +30,7 @@ class LedgerCorrupt(OutboxError):
     def __init__(self, path: str, found: str) -> None:
         super().__init__(
             f"ledger {path} is not a DuckDB ledger ({found}); restore it from a backup or point "
-            "storage.ledger_path at the right file"
+            f"storage.ledger_path at the right file {runbook('A ledger that is locked or damaged')}"
         )
         self.path = path
         self.found = found
@@ -41,6 +42,13 @@ class LedgerSchemaError(OutboxError):
 
 class StagedFileMissing(OutboxError):
     """A staged file referenced by a pending entry is gone; committing would lose data, so the relay stops."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(
+            f"staged file {path} of a pending entry is missing; refusing to commit a partial batch: `krishiv restage` "
+            f"stages the batch again {runbook('A staged file that is gone')}"
+        )
+        self.path = path
 
 
 class CommitConflict(OutboxError):
@@ -69,7 +77,8 @@ class MergeKeyNull(MergeRefused):
     def __init__(self, table: str, batch_id: int, column: str, path: str) -> None:
         super().__init__(
             f"{table} batch {batch_id}: key column {column!r} is null in staged file {path}; a merge cannot match "
-            "a null key, so nothing was committed. Phase 1 must drop or reject such rows; restage the batch"
+            "a null key, so nothing was committed. Phase 1 drops or rejects such rows: remove the batch's staged "
+            f"files and run krishiv restage {runbook('A merge the relay refuses')}"
         )
         self.table = table
         self.batch_id = batch_id

@@ -51,6 +51,7 @@ from krishiv_core.entries import (
     StagedFile,
 )
 from krishiv_core.errors import BatchReplayMismatch, StagerLeaseLost
+from krishiv_core.runbook import runbook
 from outbox.errors import (
     LedgerBusyError,
     LedgerCorrupt,
@@ -676,7 +677,7 @@ class Ledger:
                 if found > SCHEMA_VERSION:
                     raise LedgerSchemaError(
                         f"ledger {self.path} has schema version {found}, newer than this Krishiv's "
-                        f"{SCHEMA_VERSION}; upgrade Krishiv"
+                        f"{SCHEMA_VERSION}; upgrade Krishiv {runbook('A ledger that is locked or damaged')}"
                     )
                 con.execute("CREATE TABLE IF NOT EXISTS ledger_meta (key VARCHAR PRIMARY KEY, value VARCHAR)")
                 for version in range(found, SCHEMA_VERSION):
@@ -751,7 +752,8 @@ class Ledger:
                         raise BatchReplayMismatch(
                             f"batch {e.batch_id} of query {e.query_id} for table {e.table} was recorded with "
                             f"offsets {row[0]} but is now replayed with {json.dumps(e.offsets)}; the Spark "
-                            "checkpoint does not belong to this ledger"
+                            "checkpoint does not belong to this ledger "
+                            + runbook("A checkpoint that does not match its ledger")
                         )
                     inserted.append(False)
                     continue
@@ -816,7 +818,8 @@ class Ledger:
                         f"batch {e.batch_id} of query {e.query_id} for table {e.table} was compacted into the "
                         f"ledger's archive (batches up to {row[0]}, which committed {topic} partition {p} "
                         f"offsets [{lo}, {hi})) but is now replayed with {json.dumps(e.offsets)}; the Spark "
-                        "checkpoint was rewound past the ledger's retention"
+                        "checkpoint was rewound past the ledger's retention "
+                        + runbook("A checkpoint that does not match its ledger")
                     )
         return True
 
@@ -1324,7 +1327,8 @@ class Ledger:
                     raise OffsetSkipConflict(
                         f"query {query_id} already has a skip of {topic} partition {partition} from offset "
                         f"{from_offset} to {existing.to_offset} (by {existing.operator}); not recording one to "
-                        f"{to_offset}"
+                        f"{to_offset}: run the query, which applies it, then skip again from where it stops "
+                        + runbook("Offsets a query cannot read exactly")
                     )
                 return existing
             skip = OffsetSkip(
@@ -1371,7 +1375,7 @@ class Ledger:
             if row is None:
                 raise OffsetSkipConflict(
                     f"no skip of {skip.topic} partition {skip.partition} from offset {skip.from_offset} is recorded "
-                    f"for query {skip.query_id}"
+                    f"for query {skip.query_id} {runbook('A checkpoint that does not match its ledger')}"
                 )
             current = OffsetSkip(*row)
             if current.applied_batch_id == batch_id:
@@ -1379,7 +1383,8 @@ class Ledger:
             if current.applied_batch_id is not None:
                 raise OffsetSkipConflict(
                     f"the skip of {skip.topic} partition {skip.partition} from offset {skip.from_offset} was applied "
-                    f"by batch {current.applied_batch_id} of query {skip.query_id}, not {batch_id}"
+                    f"by batch {current.applied_batch_id} of query {skip.query_id}, not {batch_id} "
+                    + runbook("A checkpoint that does not match its ledger")
                 )
             con.execute(f"UPDATE offset_skips SET applied_batch_id = ? {where}", [batch_id, *key])
         return OffsetSkip(*(*row[:-1], batch_id))
@@ -1410,7 +1415,10 @@ class Ledger:
             if row is not None:
                 current = StagerLease(*row)
                 if current.alive(now) and not current.mine:
-                    raise StagerBusy(f"pipeline {pipeline!r} is already being staged by {current.describe()}")
+                    raise StagerBusy(
+                        f"pipeline {pipeline!r} is already being staged by {current.describe()}: wait for it to "
+                        f"finish, or stop it, then run again {runbook('Another run holds the pipeline')}"
+                    )
             con.execute(
                 f"INSERT OR REPLACE INTO stager_lease ({_LEASE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [

@@ -77,6 +77,7 @@ from pyiceberg.table import FileScanTask, Table, TableProperties
 from pyiceberg.utils.properties import property_as_int
 
 from krishiv_core.entries import MERGE, OutboxEntry, StagedFile
+from krishiv_core.runbook import runbook
 from outbox.data_files import data_file
 from outbox.errors import (
     MergeKeyDuplicate,
@@ -168,7 +169,8 @@ def plan_merge(table: Table, entry: OutboxEntry) -> MergePlan:
         if column not in top_level:
             raise MergeRefused(
                 f"{entry.table} batch {entry.batch_id}: merge column {column!r} is not in the table's schema "
-                f"({', '.join(sorted(top_level))}); nothing was committed"
+                f"({', '.join(sorted(top_level))}); nothing was committed: another engine dropped or renamed it; "
+                f"put it back {runbook('A merge the relay refuses')}"
             )
     key_types = _arrow_types(table, key)
     entry_columns = [*key, *([version] if version else [])]
@@ -291,7 +293,7 @@ def _read_table_file(table: Table, entry: OutboxEntry, reader: ArrowScan, task: 
         raise TableFileMissing(
             f"{entry.table} batch {entry.batch_id}: data file {path} of the table's current snapshot {head} is "
             "missing (removed outside Iceberg); merging would lose its rows, so nothing was committed. Restore "
-            "the file or the table"
+            f"the file or the table {runbook('A merge the relay refuses')}"
         ) from exc
 
 
@@ -303,7 +305,8 @@ def _refuse_pyiceberg_retries(table: Table, entry: OutboxEntry) -> None:
         raise MergeRetriesEnabled(
             f"{entry.table} batch {entry.batch_id}: the table's {TableProperties.COMMIT_NUM_RETRIES} is {retries}; "
             "pyiceberg would retry a merge against a newer head with a plan made for the older one. Set it to 0 "
-            "(Krishiv's tables are created so): the relay re-checks and re-plans before each retry"
+            "(Krishiv's tables are created so): the relay re-checks and re-plans before each retry "
+            + runbook("A merge the relay refuses")
         )
 
 
@@ -347,7 +350,10 @@ def _read_columns(
     try:
         rows = _read_staged(table, staged, columns=list(columns))
     except pa.ArrowInvalid as exc:  # a column missing from the file
-        raise MergeRefused(f"{entry.table} batch {entry.batch_id}: staged file {staged.path}: {exc}") from exc
+        raise MergeRefused(
+            f"{entry.table} batch {entry.batch_id}: staged file {staged.path}: {exc}; remove the batch's staged files "
+            f"and run krishiv restage {runbook('A merge the relay refuses')}"
+        ) from exc
     for column in key:
         if rows[column].null_count:
             raise MergeKeyNull(entry.table, entry.batch_id, column, staged.path)
@@ -359,9 +365,7 @@ def _read_staged(table: Table, staged: StagedFile, columns: list[str] | None = N
         with table.io.new_input(staged.path).open() as stream:
             return pq.read_table(stream, columns=columns)
     except FileNotFoundError as exc:
-        raise StagedFileMissing(
-            f"staged file {staged.path} of a pending entry is missing; refusing to commit a partial batch"
-        ) from exc
+        raise StagedFileMissing(staged.path) from exc
 
 
 def _refuse_duplicates(entry: OutboxEntry, data_keys: pa.Table, key: Sequence[str]) -> None:
@@ -374,7 +378,8 @@ def _refuse_duplicates(entry: OutboxEntry, data_keys: pa.Table, key: Sequence[st
         raise MergeKeyDuplicate(
             f"{entry.table} batch {entry.batch_id}: {repeated.num_rows} keys have more than one row in the staged "
             f"data and versioned delete-key files (e.g. {sample}); a merge takes one row per key, so nothing was "
-            "committed. Phase 1 must keep the latest row per key; restage the batch"
+            "committed. Phase 1 keeps the latest row per key: remove the batch's staged files and run krishiv restage "
+            + runbook("A merge the relay refuses")
         )
 
 

@@ -42,6 +42,7 @@ from pyiceberg.table import Table
 
 from krishiv_core.errors import KrishivError
 from krishiv_core.faults import fault_point
+from krishiv_core.runbook import runbook
 from krishiv_core.spec import MIN_ORPHAN_GRACE_MS
 from krishiv_core.staging_paths import STAGING_DIR, staging_root_of
 from outbox.ledger import Ledger
@@ -187,7 +188,8 @@ def check_grace(grace_s: float, *, force: bool = False) -> None:
     if grace_s < floor_s and not force:
         raise GraceTooShort(
             f"grace period {grace_s:g}s is below {floor_s / 60:g}m: a file being staged or committed is not "
-            "recorded yet and would be removed; give a longer grace, or force it when nothing writes the table"
+            "recorded yet and would be removed; give a longer grace, or force it when nothing writes the table "
+            + runbook("Files a command will not delete")
         )
 
 

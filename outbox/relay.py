@@ -61,6 +61,7 @@ from krishiv_core.entries import MERGE, OffsetSkip, OutboxEntry
 from krishiv_core.errors import CatalogUnavailable, ConfigError, KrishivError
 from krishiv_core.evolution import SchemaChange, bring_to_staged_schema
 from krishiv_core.faults import fault_point
+from krishiv_core.runbook import runbook
 from outbox.data_files import data_file
 from outbox.errors import (
     CommitConflict,
@@ -68,7 +69,6 @@ from outbox.errors import (
     LedgerBusyError,
     LedgerCorrupt,
     LedgerSchemaError,
-    StagedFileMissing,
 )
 from outbox.ledger import Ledger
 from outbox.merge import merge_commit
@@ -101,8 +101,6 @@ RUN_STOPS: tuple[type[Exception], ...] = (
     LedgerSchemaError,
 )
 TABLE_STOPS: tuple[type[Exception], ...] = (KrishivError,)
-#: The way out of a refusal whose message does not name one.
-_WAY_OUT: dict[type[Exception], str] = {StagedFileMissing: "; `krishiv restage` stages the batch again"}
 
 #: The identity of a committed batch in the table: the snapshot that recorded it, None if expired.
 _EXPIRED = -1
@@ -269,7 +267,7 @@ class CommitRelay:
             except RUN_STOPS:
                 raise
             except TABLE_STOPS as exc:
-                report.refused = _first_line(exc) + _WAY_OUT.get(type(exc), "")
+                report.refused = _first_line(exc)
                 log.warning("commits of %s stopped: %s", name, report.refused)
             reports.append(report)
         return reports
@@ -306,7 +304,8 @@ class CommitRelay:
                 raise CatalogRefused(
                     f"table {table_name} is not in the Iceberg catalog at {self.catalog_address} "
                     f"({self._shown(exc)}); its pending entries stay pending: check [iceberg] namespace and the "
-                    "catalog's prefix or warehouse, or run krishiv run to create it"
+                    "catalog's prefix or warehouse, or run krishiv run to create it "
+                    + runbook("A catalog that refuses")
                 ) from exc
             except KrishivError as exc:
                 if not isinstance(exc, CatalogUnavailable) or time.monotonic() >= deadline:
@@ -316,7 +315,8 @@ class CommitRelay:
                 if status in REFUSED_STATUSES:
                     raise CatalogRefused(
                         f"Iceberg catalog at {self.catalog_address} refused to load table {table_name} "
-                        f"(HTTP {status}): {self._shown(exc)}{refusal_hint(status)}; pending entries stay pending"
+                        f"(HTTP {status}): {self._shown(exc)}{refusal_hint(status)}; pending entries stay pending "
+                        + runbook("A catalog that refuses")
                     ) from exc
                 self._give_up_after(deadline, table_name, exc)
             except Exception as exc:
@@ -382,7 +382,8 @@ class CommitRelay:
                 if isinstance(exc, RESTError) and http_status(exc) in REFUSED_STATUSES:
                     raise CatalogRefused(
                         f"Iceberg catalog at {self.catalog_address} refused the commit of {entry.table} batch "
-                        f"{entry.batch_id} (HTTP {http_status(exc)}): {self._shown(exc)}; the entry stays pending"
+                        f"{entry.batch_id} (HTTP {http_status(exc)}): {self._shown(exc)}; the entry stays pending "
+                        + runbook("A catalog that refuses")
                     ) from exc
                 ambiguous += 1
                 if ambiguous > MAX_AMBIGUOUS_RECHECKS:
@@ -442,5 +443,6 @@ class CommitRelay:
             f"{entry.table} shows no trace of query {entry.query_id} (no krishiv.high-water property, no "
             f"snapshot), but ledger {self.ledger.path} holds its batches up to {committed} as COMMITTED; the "
             "table was dropped, re-created or restored from an older copy. Refusing to append batch "
-            f"{entry.batch_id}; restore the table, or stage the pipeline into a new table"
+            f"{entry.batch_id}; restore the table, or start over in a new table under a new pipeline name "
+            + runbook("A catalog that is missing")
         )

@@ -24,6 +24,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from krishiv_core.runbook import runbook
 from spark_jobs.batch_state_files import save_batch_file
 from spark_jobs.errors import DeleteMemoryMissing
 
@@ -58,7 +59,8 @@ class DeleteMemoryStore:
             return None
         raise DeleteMemoryMissing(
             f"the remembered deletes after batch {batch_id - 1} are not in {self.folder}, so batch {batch_id} "
-            f"cannot be staged; restore the checkpoint with its {STATE_DIR} folder"
+            f"cannot be staged; restore the checkpoint with its {STATE_DIR} folder "
+            + runbook("A checkpoint that does not match its ledger")
         )
 
     def save(self, batch_id: int, memory: pa.Table) -> None:

@@ -15,6 +15,7 @@ from pyspark.sql.streaming import StreamingQuery
 from krishiv_core.catalog import ensure_pipeline_tables, qualified
 from krishiv_core.env_settings import seconds_from_env
 from krishiv_core.evolution import planned_schema
+from krishiv_core.runbook import runbook
 from krishiv_core.spec import EVENTS, WINDOWED, KrishivSpec, PipelineSpec
 from krishiv_core.table_purpose import purpose_properties
 from krishiv_core.tables import OutputTable, output_tables
@@ -42,20 +43,29 @@ def _guard_checkpoint(checkpoint: Checkpoint, ledger: StagingLedger, pipeline: P
 
     - A fresh checkpoint over a ledger that already holds this pipeline's batches restarts batch ids and loses
       the open windows, so its output would repeat or miss rows already committed: restore the checkpoint
-      (or point the pipeline at a new table).
+      (or start over under a new pipeline name and table).
     - A checkpoint whose finished batches are not all in the ledger (a ledger restored from an older backup,
       deleted, or a process given another ``KRISHIV_LEDGER_PATH``): those batches would never be committed,
       and Spark would not run them again. Point every process at the ledger the checkpoint was staged into.
+      If the ledger holds the query's batches, only for other tables, the spec renamed the pipeline's table.
     """
     if checkpoint.has_batches():
         finished = checkpoint.committed_batch_ids()
         missing = ledger.missing_batches(checkpoint.query_id(), table, finished) if finished else []
+        if missing and len(missing) == len(finished) and checkpoint.query_id() in ledger.query_ids(pipeline.name):
+            raise CheckpointMismatch(
+                f"checkpoint {checkpoint.path} staged the batches of pipeline {pipeline.name!r} into other tables than "
+                f"the spec's {table} (ledger {ledger.path}): the pipeline's table changed, and its checkpoint belongs "
+                "to the old one; set table back, or start over in a new table under a new pipeline name "
+                + runbook("A spec change the table cannot take")
+            )
         if missing:
             shown = ", ".join(map(str, missing[:20])) + (f" and {len(missing) - 20} more" if len(missing) > 20 else "")
             raise CheckpointMismatch(
                 f"checkpoint {checkpoint.path} has finished batches {shown} of pipeline {pipeline.name!r} that ledger "
                 f"{ledger.path} does not hold; they would never be committed. Point storage.ledger_path (or "
-                "KRISHIV_LEDGER_PATH) at the ledger this checkpoint staged into, for every process"
+                "KRISHIV_LEDGER_PATH) at the ledger this checkpoint staged into, for every process "
+                + runbook("A checkpoint that does not match its ledger")
             )
         return
     known = ledger.query_ids(pipeline.name)
@@ -65,7 +75,8 @@ def _guard_checkpoint(checkpoint: Checkpoint, ledger: StagingLedger, pipeline: P
         return
     raise CheckpointMismatch(
         f"checkpoint {checkpoint.path} is empty, but ledger {ledger.path} already holds batches of pipeline "
-        f"{pipeline.name!r} from query {known[-1]}; restore that checkpoint, or give the pipeline a new table"
+        f"{pipeline.name!r} from query {known[-1]}; restore that checkpoint, or start over in a new table under a new "
+        f"pipeline name {runbook('A checkpoint that does not match its ledger')}"
     )
 
 

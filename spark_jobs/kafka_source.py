@@ -55,6 +55,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from krishiv_core.errors import BrokerUnavailable
+from krishiv_core.runbook import runbook
 from krishiv_core.spec import FORCED_CONSUMER_SETTINGS
 from spark_jobs.checkpoint import Checkpoint
 from spark_jobs.errors import KafkaSourceError, OffsetsDeleted, OffsetsMovedBackwards, SourceChanged
@@ -83,8 +84,8 @@ WATERMARK_RECHECK_DELAYS_S: tuple[float, ...] = (0.1, 0.2, 0.3, 0.5, 0.9)
 UNKNOWN_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"
 SKIP_HINT = 'krishiv skip-offsets --pipeline {pipeline} --partition {partition} --to {offset} --reason "{reason}"'
 #: Where README explains these refusals and the ways out.
-RUNBOOK_OFFSETS = "(see README: Recovery runbook > Offsets a query cannot read exactly)"
-RUNBOOK_OUTAGE = "(see README: Recovery runbook > A broker outage)"
+RUNBOOK_OFFSETS = runbook("Offsets a query cannot read exactly")
+RUNBOOK_OUTAGE = runbook("A broker outage")
 #: How long the source waits for a broker that does not answer before the query stops (seconds), and the pauses
 #: between attempts (doubling up to the last).
 DEFAULT_OUTAGE_S = 300.0

@@ -38,6 +38,7 @@ from krishiv_core.errors import BatchReplayMismatch, KrishivError, SchemaConflic
 from krishiv_core.evolution import SchemaChange, evolve_schema, holds_schema, holds_schema_of, planned_schema
 from krishiv_core.faults import fault_point
 from krishiv_core.parquet_files import write_staged_files
+from krishiv_core.runbook import runbook
 from krishiv_core.spec import WINDOWED, PipelineSpec
 from krishiv_core.staging_paths import staging_root_of
 from krishiv_core.tables import REJECT_COLUMNS, OutputTable
@@ -279,7 +280,7 @@ class BatchStager:
                 raise SchemaConflict(
                     f"table {target.name}'s schema was changed by another writer while pipeline "
                     f"{self.pipeline.name!r} staged batch {batch_id}; nothing was recorded: run again, and it "
-                    "stages for the table's new schema"
+                    "stages for the table's new schema " + runbook("A spec change the table cannot take")
                 )
             changing[target.name] = SchemaChange(target.output.schema, target.schema, target.properties).to_json()
         return changing
@@ -310,7 +311,8 @@ class BatchStager:
                 raise SchemaConflict(
                     f"table {target.name}'s schema was changed by another writer while pipeline "
                     f"{self.pipeline.name!r} staged batch {batch_id}: the batch is recorded for the schema it was "
-                    "staged for and stays pending until the table's columns are back as they were"
+                    "staged for and stays pending until the table's columns are back as they were "
+                    + runbook("A spec change the table cannot take")
                 )
         self._schemas_applied = True
 
@@ -384,7 +386,7 @@ class BatchStager:
                 raise BatchReplayMismatch(
                     f"batch {batch_id} of query {self.query_id} staged {sum(f.records for f in entry.files)} rows for "
                     f"{target.name}, but its replay computes {sum(f.records for f in files)}; the checkpoint's state "
-                    "does not match"
+                    f"does not match {runbook('A checkpoint that does not match its ledger')}"
                 )
             if not self.ledger.replace_files(entry, files):
                 for f in files:
@@ -408,7 +410,8 @@ class BatchStager:
             if entry.offsets != ranges:
                 raise BatchReplayMismatch(
                     f"batch {offsets.batch_id} of query {self.query_id} was recorded for {entry.table} with offsets "
-                    f"{entry.offsets} but Spark replays it with {ranges}; the checkpoint does not match the ledger"
+                    f"{entry.offsets} but Spark replays it with {ranges}; the checkpoint does not match the ledger "
+                    + runbook("A checkpoint that does not match its ledger")
                 )
 
     def _done(self, staged: StagedBatch) -> None:

@@ -38,8 +38,9 @@ import pyarrow.parquet as pq
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
+from krishiv_core.runbook import runbook
 from krishiv_core.spec import WINDOWED, Aggregation, PipelineSpec
-from krishiv_core.table_purpose import SpecChangeRefused
+from krishiv_core.table_purpose import SPEC_CHANGE, SpecChangeRefused
 from krishiv_core.tables import WINDOW_END, WINDOW_START, aggregate_type
 from spark_jobs.batch_state_files import save_batch_file
 from spark_jobs.checkpoint import Checkpoint
@@ -76,9 +77,9 @@ def mode_switch_refused(pipeline: PipelineSpec, state: WindowState, where: str) 
         return None
     return SpecChangeRefused(
         f"pipeline {pipeline.name!r}: output_mode changed from {old!r} to {pipeline.output_mode!r} while "
-        f"{state.open_windows} window(s) are open in {where}; nothing was changed: set output_mode back to {old!r} "
-        "and run until the watermark closes them (no open windows), then switch; or start with a fresh checkpoint "
-        "and table"
+        f"{state.open_windows} window(s) are open in {where} (the newest event's window always is); nothing was "
+        f"changed: set output_mode back to {old!r}, or start over in a new table under a new pipeline name "
+        f"{SPEC_CHANGE}"
     )
 
 
@@ -205,14 +206,16 @@ class WindowStateStore:
         if not path.exists():
             raise WindowStateMissing(
                 f"the open windows after batch {batch_id - 1} are not in {self.folder}, so batch {batch_id} cannot "
-                f"be aggregated; restore the checkpoint with its {STATE_DIR} folder"
+                f"be aggregated; restore the checkpoint with its {STATE_DIR} folder "
+                + runbook("A checkpoint that does not match its ledger")
             )
         windows = pq.read_table(path)
         metadata = windows.schema.metadata or {}
         if WATERMARK_KEY not in metadata:
             raise WindowStateMissing(
                 f"{path} has no watermark: it was written by an older Krishiv, whose windows closed one batch later; "
-                "start that pipeline from a new checkpoint and table"
+                "start over in a new table under a new pipeline name "
+                + runbook("A checkpoint that does not match its ledger")
             )
         mode = metadata.get(MODE_KEY)
         return WindowState(

@@ -215,7 +215,8 @@ def test_a_folder_the_command_did_not_make_is_refused_and_kept(tmp_path, capsys,
     what = "the folder" if command == "demo" else f"its work folder {target}"
     assert err == (
         f"{_prefix(command)}: {option} {state}: {what} exists and was not made by {_maker(command)} "
-        f"(no .krishiv-{command}-state in it); name a new or empty folder\n"
+        f"(no .krishiv-{command}-state in it); name a new or empty folder "
+        "(see README: Recovery runbook > Files a command will not delete)\n"
     )
     assert _contents(target) == before
 
@@ -227,7 +228,10 @@ def test_a_file_or_a_link_where_the_folder_should_be_is_refused(tmp_path, capsys
     afile = tmp_path / "notes.txt"
     afile.write_text("keep me")
     assert _main(command, ["--spec", str(spec), option, str(afile)]) == 2
-    assert "is a file, not a folder; name a new or empty folder\n" in capsys.readouterr().err
+    assert (
+        "is a file, not a folder; name a new or empty folder (see README: Recovery runbook > Files a command will not "
+        "delete)\n"
+    ) in capsys.readouterr().err
     assert afile.read_text() == "keep me"
 
     real = tmp_path / "real"

@@ -3,17 +3,23 @@ again; files nothing refers to are removed after a grace period. Real broker, Sp
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from pyiceberg.table import Table
 
+from chaos.workspace import ORDER_FIELDS, SETTINGS_TEMPLATE
 from krishiv.cli import main
 from krishiv.operations import TablesRefused, commit_pipelines, open_ledger, run_pipelines
+from krishiv.produce import demo_orders, ensure_topic, produce
 from krishiv_core.catalog import load_catalog, qualified
 from krishiv_core.entries import PENDING
+from krishiv_core.spec import load_spec
 from spark_jobs.staging import staging_root
 from tests.spark_jobs.pipeline_helpers import assert_exactly_once, produce_orders
 
@@ -63,8 +69,9 @@ def test_orphan_removal_leaves_pending_files_and_restage_brings_back_deleted_one
     victim = pending[1]
     for f in victim.files:
         local(f.path).unlink()
-    with pytest.raises(TablesRefused, match=victim.files[0].path):  # StagedFileMissing, for that table only
+    with pytest.raises(TablesRefused, match=victim.files[0].path) as refused:  # StagedFileMissing, that table only
         commit_pipelines(spec, list(spec.pipelines))
+    assert str(refused.value).endswith("(see README: Recovery runbook > A staged file that is gone)")
     assert main(["--spec", str(spec_file), "restage"]) == 0
     assert f"staged batches [{victim.batch_id}] again" in capsys.readouterr().out
     again = ledger.get(victim.query_id, table_name, victim.batch_id)
@@ -98,3 +105,60 @@ def test_clean_staging_removes_only_old_files_nothing_refers_to(make_spec, spec_
     assert f"kept {len(kept)} referenced and 1 younger than 1h" in out
     assert not old.exists() and young.exists() and all(p.exists() for p in kept)
     assert_exactly_once(spec)
+
+
+UPSERT_SPEC = (
+    SETTINGS_TEMPLATE
+    + """
+[[pipelines]]
+name = "latest_order"
+kind = "upsert"
+topic = "{topic}"
+key = ["customer_id"]
+"""
+    + ORDER_FIELDS
+)
+
+
+def test_a_merge_refused_for_a_damaged_staged_file_goes_on_after_the_runbook_restage(
+    tmp_path, broker, topic, spark, capsys
+):
+    """README's runbook, "A merge the relay refuses": a staged file not as phase 1 writes it (here its rows twice) is
+    refused; its batch's staged files removed and ``krishiv restage`` run, the batch commits, each key's latest event
+    once."""
+    spec_file = tmp_path / "krishiv.toml"
+    spec_file.write_text(
+        UPSERT_SPEC.format(
+            bootstrap=broker.bootstrap,
+            partitions=1,
+            catalog_uri="sqlite:///catalog.db",
+            warehouse="warehouse",
+            topic=topic,
+        )
+    )
+    spec = load_spec(spec_file, env={})
+    events = demo_orders(8, partitions=1)
+    ensure_topic(broker.bootstrap, topic, 1)
+    produce(broker.bootstrap, topic, events)
+    run_pipelines(spec, [spec.pipeline()], once=True)
+    table_name = qualified(spec, spec.pipeline().table)
+    (entry,) = [e for e in open_ledger(spec).pending(table_name) if e.files]
+    damaged = local(entry.files[0].path)
+    rows = pq.read_table(damaged)
+    pq.write_table(pa.concat_tables([rows, rows]), damaged)
+
+    with pytest.raises(TablesRefused) as refused:
+        commit_pipelines(spec, [spec.pipeline()])
+    assert "more than one row" in str(refused.value)
+    assert str(refused.value).endswith("(see README: Recovery runbook > A merge the relay refuses)"), refused.value
+
+    for f in entry.files:  # the runbook's steps
+        local(f.path).unlink()
+    assert main(["--spec", str(spec_file), "restage"]) == 0
+    assert f"staged batches [{entry.batch_id}] again" in capsys.readouterr().out
+    commit_pipelines(spec, [spec.pipeline()])
+
+    latest = {e.key.decode(): e.value for e in events}  # one partition: offset order is the order produced
+    table = load_catalog(spec).load_table(table_name)
+    got = {r["customer_id"]: r["order_id"] for r in table.scan().to_arrow().to_pylist()}
+    assert got == {k: json.loads(v)["order_id"] for k, v in latest.items()}

@@ -12,8 +12,8 @@ import pytest
 from krishiv.cli import main
 from krishiv.inputs import read_spec
 from krishiv.operations import commit_pipelines, open_ledger, run_pipelines
-from krishiv.preflight import RUNBOOK
 from krishiv_core.catalog import load_catalog, qualified
+from krishiv_core.runbook import RUNBOOK
 from krishiv_core.spec import KrishivSpec
 from tests.spark_jobs.pipeline_helpers import produce_orders
 

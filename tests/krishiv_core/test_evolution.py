@@ -35,8 +35,10 @@ from krishiv_core.errors import SchemaConflict
 from krishiv_core.evolution import ALLOWED_CHANGES, RELAXED_PROPERTY
 from krishiv_core.parquet_files import write_staged_files
 from krishiv_core.partitioning import PartitionField
+from krishiv_core.runbook import runbook
 
 ID = ("ns", "orders")
+SPEC_CHANGE_RUNBOOK = runbook("A spec change the table cannot take")
 V1 = Schema(
     NestedField(1, "ts", TimestamptzType(), required=True),
     NestedField(2, "name", StringType(), required=False),
@@ -176,7 +178,10 @@ def test_other_changes_are_refused_and_change_nothing(
     wanted = schema(*(spec_field if f.name == column else f for f in V1.fields))
     with pytest.raises(SchemaConflict) as err:
         ensure_table(catalog, ID, wanted)
-    assert str(err.value) == f"table ns.orders: column {column!r} {detail}; nothing was changed. {ALLOWED_CHANGES}."
+    assert str(err.value) == (
+        f"table ns.orders: column {column!r} {detail}; nothing was changed. {ALLOWED_CHANGES}: set the field back, or "
+        f"start over in a new table under a new pipeline name {SPEC_CHANGE_RUNBOOK}"
+    )
     assert catalog.load_table(ID).metadata_location == location
 
 
@@ -189,7 +194,8 @@ def test_string_to_long_is_refused_with_this_exact_message(catalog: SqlCatalog) 
         "table ns.orders: column 'name' is string in the table and long in the spec; nothing was changed. "
         "Krishiv evolves a table only by adding optional columns, widening int to long, float to double and "
         "decimal(P,S) to a larger precision with the same scale, and making a required column optional; "
-        "it never drops a column."
+        "it never drops a column: set the field back, or start over in a new table under a new pipeline name "
+        "(see README: Recovery runbook > A spec change the table cannot take)"
     )
 
 
@@ -339,7 +345,7 @@ def test_a_partitioning_pyiceberg_cannot_evolve_to_is_refused(catalog: SqlCatalo
         "cannot evolve the table to ("
     )
     assert str(err.value).endswith(
-        "); nothing was changed. Create a new table for the new partitioning, or change it with an engine that can "
-        "(Spark's ALTER TABLE … PARTITION FIELD)"
+        "); nothing was changed: set partition_by back, change it with an engine that can (Spark's ALTER TABLE … "
+        f"PARTITION FIELD), or start over in a new table under a new pipeline name {SPEC_CHANGE_RUNBOOK}"
     )
     assert catalog.load_table(ID).metadata_location == location

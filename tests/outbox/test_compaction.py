@@ -324,8 +324,11 @@ def test_a_merge_planned_before_a_compaction_whose_files_were_removed_re_plans(
     (rewritten,) = [f for f in live_data_files(table) if "_krishiv_staging" not in f.file_path]
     table.io.delete(rewritten.file_path)
     entry = stage_merge(ledger, folder, 4, [row(2, 60.0, "eu")])
-    with pytest.raises(TableFileMissing, match="missing"):
+    with pytest.raises(TableFileMissing, match="missing") as info:
         merge_commit(table, entry, snapshot_summary(entry), {high_water_property(entry.query_id): "4"})
+    assert str(info.value).endswith(
+        "Restore the file or the table (see README: Recovery runbook > A merge the relay refuses)"
+    )
 
 
 def test_a_duplicate_in_a_compacted_file_is_traced_to_the_batches_that_added_it(sqlite: Catalog, ledger: Ledger):

@@ -38,6 +38,7 @@ from krishiv_core.catalog import ensure_table
 from krishiv_core.errors import SchemaConflict
 from krishiv_core.parquet_files import write_staged_files
 from krishiv_core.partitioning import parse_partition_by
+from krishiv_core.runbook import runbook
 from outbox.data_files import data_file
 from outbox.errors import StagedFileMissing
 
@@ -236,7 +237,10 @@ def test_a_missing_staged_file_stops_the_relay(catalog: SqlCatalog, tmp_path: Pa
     path = f"file://{tmp_path}/staging/part-gone.parquet"
     with pytest.raises(StagedFileMissing) as err:
         data_file(table, path)
-    assert str(err.value) == f"staged file {path} of a pending entry is missing; refusing to commit a partial batch"
+    assert str(err.value) == (
+        f"staged file {path} of a pending entry is missing; refusing to commit a partial batch: `krishiv restage` "
+        "stages the batch again (see README: Recovery runbook > A staged file that is gone)"
+    )
 
 
 def test_files_staged_before_the_partitioning_changed(catalog: SqlCatalog, tmp_path: Path) -> None:
@@ -255,7 +259,8 @@ def test_files_staged_before_the_partitioning_changed(catalog: SqlCatalog, tmp_p
     assert str(err.value) == (
         f"staged file {two_days[0]} holds rows of 2 partitions (ts_day=2024-05-01, ts_day=2024-05-02) under table "
         "ns.orders's partitioning [day(ts)]: it was staged for another partitioning, and a data file must hold one "
-        "partition; set partition_by back until the relay has committed the batch, then change it"
+        "partition; set partition_by back until the relay has committed the batch, then change it "
+        + runbook("A spec change the table cannot take")
     )
     append(table, [registered])
     assert by_key(table.scan().to_arrow().to_pylist()) == by_key([ROWS[1], ROWS[2], ROWS[7]])

@@ -83,7 +83,9 @@ def test_the_context_renews_and_releases(ledger: Ledger) -> None:
     assert ledger.live_lease("orders_per_minute") is None
 
 
-def test_krishiv_run_refuses_a_pipeline_staged_elsewhere(spec_file: Path, make_spec, capsys) -> None:
+def test_krishiv_run_refuses_a_pipeline_staged_elsewhere_and_goes_on_once_it_stops(
+    spec_file: Path, make_spec, spark, capsys
+) -> None:
     spec = make_spec()
     pipeline = spec.pipelines[0]
     ensure_topic(spec.kafka.bootstrap_servers, pipeline.topic, spec.kafka.partitions)  # the topic check comes first
@@ -93,9 +95,11 @@ def test_krishiv_run_refuses_a_pipeline_staged_elsewhere(spec_file: Path, make_s
         err = capsys.readouterr().err
         assert "pipeline 'orders_per_minute' is already being staged by krishiv run" in err
         assert f"pid {holder.pid}" in err
+        assert err.rstrip().endswith("(see README: Recovery runbook > Another run holds the pipeline)"), err
     finally:
-        holder.kill()
+        holder.kill()  # the runbook's way: the holder stopped, the run goes on
         holder.wait()
+    assert main(["--spec", str(spec_file), "run", "--once"]) == 0, capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------------- fencing
@@ -197,6 +201,7 @@ def test_a_stager_whose_expired_lease_was_taken_over_records_nothing(ledger: Led
         assert "pipeline 'orders_per_minute'" in message
         assert f"now held by krishiv run (pid {second.pid} on " in message
         assert "nothing was written" in message
+        assert message.endswith("(see README: Recovery runbook > Another run holds the pipeline)")
         assert [e.batch_id for e in ledger.entries()] == [0]
         assert not ledger.lease_held(old)
         assert not ledger.renew_lease(old, 30)

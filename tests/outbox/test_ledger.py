@@ -30,6 +30,7 @@ from outbox.ledger import _MIGRATIONS, SCHEMA_VERSION, Ledger
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TABLE = "orders_per_minute"
+RUNBOOK = "(see README: Recovery runbook"
 REJECTS = "orders_per_minute_rejects"
 CHILD_TIMEOUT_S = 120.0
 
@@ -138,6 +139,7 @@ def test_replay_with_other_offsets_raises_and_writes_nothing(ledger: Ledger) -> 
 
     message = str(info.value)
     assert "batch 0" in message and "q1" in message and TABLE in message
+    assert message.endswith(f"{RUNBOOK} > A checkpoint that does not match its ledger)")
     assert ledger.entries() == before
     assert ledger.get("q1", REJECTS, 0) is None
 
@@ -237,6 +239,7 @@ def test_newer_schema_version_is_refused(ledger: Ledger, ledger_path: Path) -> N
     message = str(info.value)
     assert str(ledger_path) in message
     assert str(newer) in message
+    assert message.endswith(f"upgrade Krishiv {RUNBOOK} > A ledger that is locked or damaged)")
 
     with pytest.raises(LedgerSchemaError):
         Ledger(ledger_path).record_batch([_entry("q1", 1)])
@@ -487,6 +490,7 @@ def test_write_blocked_by_another_process_fails_within_its_budget(
     assert str(ledger_path) in message
     assert "nothing was written" in message
     assert str(holder.pid) in message  # DuckDB's detail names the holding process
+    assert message.endswith(f"{RUNBOOK} > A ledger that is locked or damaged)")
 
     holder.send("release")
     assert holder.read_line(timeout=CHILD_TIMEOUT_S) == "released"
@@ -575,8 +579,11 @@ def test_a_file_that_is_not_duckdb_is_named_at_once(ledger_path: Path, content: 
             call()
         message = str(info.value)
         assert f"ledger {ledger_path} is not a DuckDB ledger ({found})" in message
-        assert "restore it from a backup or point storage.ledger_path at the right file" in message
-        assert "locked" not in message
+        assert message.endswith(
+            f"restore it from a backup or point storage.ledger_path at the right file {RUNBOOK} > A ledger that is "
+            "locked or damaged)"
+        )
+        assert "stayed locked" not in message
         assert info.value.path == str(ledger_path)
     assert time.monotonic() - started < 5.0  # not the 30 s lock budget
     assert ledger_path.read_bytes() == content
@@ -1019,8 +1026,9 @@ def test_offset_skips_are_recorded_once_and_applied_by_one_batch(ledger: Ledger)
 
     # The same skip again is the same record; another target for the same start is refused.
     assert ledger.record_skip("orders_per_minute", "q1", "orders", "2", 100, 500, "again", "bo") == skip
-    with pytest.raises(OffsetSkipConflict, match="from offset 100 to 500"):
+    with pytest.raises(OffsetSkipConflict, match="from offset 100 to 500") as info:
         ledger.record_skip("orders_per_minute", "q1", "orders", 2, 100, 700, "other", "bo")
+    assert str(info.value).endswith(f"{RUNBOOK} > Offsets a query cannot read exactly)")
     backwards = ledger.record_skip("orders_per_minute", "q1", "orders", 0, 9000, 0, "topic re-created", "ana")
     ledger.record_skip("orders_per_minute", "q1", "payments", 0, 5, 6, "x", "ana")
     ledger.record_skip("orders_per_minute", "q2", "orders", 2, 100, 500, "another query", "ana")
@@ -1031,8 +1039,9 @@ def test_offset_skips_are_recorded_once_and_applied_by_one_batch(ledger: Ledger)
     applied = ledger.mark_skip_applied(skip, 7)
     assert applied == dataclasses.replace(skip, applied_batch_id=7)
     assert ledger.mark_skip_applied(skip, 7) == applied  # a replay of batch 7
-    with pytest.raises(OffsetSkipConflict, match="applied by batch 7"):
+    with pytest.raises(OffsetSkipConflict, match="applied by batch 7") as info:
         ledger.mark_skip_applied(skip, 8)
+    assert str(info.value).endswith(f"{RUNBOOK} > A checkpoint that does not match its ledger)")
     assert ledger.skips("q1", "orders") == [backwards, applied]
     with pytest.raises(OffsetSkipConflict, match="no skip"):
         ledger.mark_skip_applied(dataclasses.replace(skip, from_offset=1), 7)

@@ -51,6 +51,7 @@ SCHEMA = Schema(
     NestedField(4, "version", LongType(), required=False),
     NestedField(5, "value", DoubleType(), required=False),
 )
+MERGE_RUNBOOK = "(see README: Recovery runbook > A merge the relay refuses)"
 BY_ID = CommitOperation(MERGE, key=("id",))
 BY_ID_VERSIONED = CommitOperation(MERGE, key=("id",), version="version")
 
@@ -522,6 +523,7 @@ def test_a_null_key_is_refused_naming_the_table_batch_and_column(catalog, table,
     assert isinstance(raised.value, OutboxError)
     message = str(raised.value)
     assert "krishiv.merged" in message and f"batch {entry.batch_id}" in message and "'id'" in message
+    assert message.endswith(f"run krishiv restage {MERGE_RUNBOOK}"), message
     assert catalog.load_table(IDENTIFIER).current_snapshot() is None
 
     tombstone = stager.entry([row(1, 1.0)], deletes=[{"id": None}])
@@ -530,15 +532,25 @@ def test_a_null_key_is_refused_naming_the_table_batch_and_column(catalog, table,
 
 
 def test_two_rows_for_one_key_are_refused(table, stager) -> None:
-    with pytest.raises(MergeKeyDuplicate, match="1 keys have more than one row"):
+    with pytest.raises(MergeKeyDuplicate, match="1 keys have more than one row") as raised:
         merge(table, stager.entry([row(1, 1.0), row(1, 2.0), row(2, 2.0)]))
+    assert str(raised.value).endswith(f"run krishiv restage {MERGE_RUNBOOK}")
 
 
-def test_a_table_with_pyiceberg_retries_on_is_refused(catalog, table, stager) -> None:
+def test_a_table_with_pyiceberg_retries_on_is_refused_until_they_are_set_to_0(catalog, table, stager) -> None:
     with table.transaction() as tx:
         tx.set_properties({"commit.retry.num-retries": "4"})
-    with pytest.raises(MergeRetriesEnabled, match=r"commit\.retry\.num-retries"):
-        merge(catalog.load_table(IDENTIFIER), stager.entry([row(1, 1.0)]))
+    entry = stager.entry([row(1, 1.0)])
+    with pytest.raises(MergeRetriesEnabled, match=r"commit\.retry\.num-retries") as raised:
+        merge(catalog.load_table(IDENTIFIER), entry)
+    assert str(raised.value).endswith(MERGE_RUNBOOK)
+
+    # The runbook's step, as written there; then the same entry is merged.
+    table = catalog.load_table(IDENTIFIER)
+    table.transaction().set_properties({"commit.retry.num-retries": "0"}).commit_transaction()
+    table, ids = merge(catalog.load_table(IDENTIFIER), entry)
+    assert ids == [entry.intended_snapshot_id]
+    assert {k: r["value"] for k, r in rows_by(table, "id").items()} == {1: 1.0}
 
 
 # ---------------------------------------------------------------------------------------------- cost

@@ -140,8 +140,9 @@ def test_a_table_with_no_trace_of_committed_batches_stops_the_relay(catalog: Cat
     CommitRelay(ledger, catalog).commit_table(TABLE)
     catalog.drop_table(TABLE)  # dropped and re-created: batch 0 is gone from the table
     entry = stage(catalog, ledger, 1, 1)
-    with pytest.raises(CommittedBatchesMissing, match=r"no trace of query q1 .* batches up to 0 as COMMITTED"):
+    with pytest.raises(CommittedBatchesMissing, match=r"no trace of query q1 .* batches up to 0 as COMMITTED") as info:
         CommitRelay(ledger, catalog).commit_table(TABLE)
+    assert str(info.value).endswith("(see README: Recovery runbook > A catalog that is missing)")
     assert ledger.get("q1", TABLE, 1).status == PENDING
     assert catalog.load_table(TABLE).metadata.snapshot_by_id(entry.intended_snapshot_id) is None
 
@@ -149,8 +150,11 @@ def test_a_table_with_no_trace_of_committed_batches_stops_the_relay(catalog: Cat
 def test_missing_staged_file_stops_without_committing(catalog: Catalog, ledger: Ledger) -> None:
     entry = stage(catalog, ledger, 0, 0)
     Path(entry.files[0].path.removeprefix("file://")).unlink()
-    with pytest.raises(StagedFileMissing, match="missing"):
+    with pytest.raises(StagedFileMissing, match="missing") as info:
         CommitRelay(ledger, catalog).commit_table(TABLE)
+    assert str(info.value).endswith(
+        "`krishiv restage` stages the batch again (see README: Recovery runbook > A staged file that is gone)"
+    )
     assert ledger.get("q1", TABLE, 0).status == PENDING
     assert catalog.load_table(TABLE).current_snapshot() is None
 

@@ -53,3 +53,4 @@ def test_a_missing_file_is_refused_and_a_checkpoint_from_before_starts_empty(tmp
     with pytest.raises(DeleteMemoryMissing, match=rf"after batch 4 are not in .*{STATE_DIR}.*batch 5") as raised:
         store.load_before(5)
     assert isinstance(raised.value, KrishivError) and "restore the checkpoint" in str(raised.value)
+    assert str(raised.value).endswith("(see README: Recovery runbook > A checkpoint that does not match its ledger)")

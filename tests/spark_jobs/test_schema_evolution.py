@@ -8,6 +8,7 @@ lands exactly once (``_kafka_partition``/``_kafka_offset`` of every row against 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -28,17 +29,18 @@ from krishiv_core.spec import KrishivSpec, load_spec
 from krishiv_core.table_purpose import SpecChangeRefused
 from spark_jobs.checkpoint import Checkpoint
 from spark_jobs.kafka_source import latest_offsets
-from spark_jobs.window_state import WindowStateStore
+from spark_jobs.window_state import WindowStateStore, mode_switch_refused
 from tests.spark_jobs.pipeline_helpers import krishiv_cli
 
 PARTITIONS = 2
+SPEC_CHANGE_RUNBOOK = "(see README: Recovery runbook > A spec change the table cannot take)"
 START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
 SPEC = (
     SETTINGS_TEMPLATE
     + """
 [[pipelines]]
-name = "orders"
+name = "{name}"
 topic = "{topic}"
 max_records_per_batch = 150
 {pipeline}
@@ -54,11 +56,18 @@ BASE_FIELDS = (
 
 
 def _spec(
-    tmp_path: Path, bootstrap: str, topic: str, *, pipeline: str = EVENTS, fields: str = BASE_FIELDS
+    tmp_path: Path,
+    bootstrap: str,
+    topic: str,
+    *,
+    pipeline: str = EVENTS,
+    fields: str = BASE_FIELDS,
+    name: str = "orders",
 ) -> KrishivSpec:
     """(Re)write the test's spec file and load it."""
     path = tmp_path / "krishiv.toml"
     text = SPEC.format(
+        name=name,
         bootstrap=bootstrap,
         partitions=PARTITIONS,
         catalog_uri="sqlite:///catalog.db",
@@ -209,6 +218,7 @@ def test_string_to_long_is_refused_by_the_cli_in_one_line_and_nothing_is_staged(
     line = krishiv_lines[0]
     for fragment in (table_name, "'customer_id'", "string", "long", "nothing was changed"):
         assert fragment in line, line
+    assert line.endswith(SPEC_CHANGE_RUNBOOK), line
     assert line.index("string") < line.index("long"), "the table's type, then the spec's"
     # Nothing staged, recorded or checkpointed; the table untouched.
     assert open_ledger(spec).entries() == entries
@@ -317,6 +327,7 @@ def test_partition_by_changed_while_batches_are_pending(tmp_path, broker, spark,
     line = refused.stderr.strip().splitlines()[-1]
     for fragment in ("not committed yet", "nothing was changed", "run krishiv commit first"):
         assert fragment in line, line
+    assert line.endswith(SPEC_CHANGE_RUNBOOK), line
     assert _table(spec).spec() == before, "the partitioning did not change"
 
     commit_pipelines(spec, [spec.pipeline()])  # as the message says: commit, then start again
@@ -338,6 +349,7 @@ def test_partition_by_changed_while_batches_are_pending(tmp_path, broker, spark,
     with pytest.raises(TablesRefused) as info:  # the table refused; any other table would still be committed
         commit_pipelines(spec, [spec.pipeline()])
     assert "holds rows of" in str(info.value) and "set partition_by back" in str(info.value), str(info.value)
+    assert str(info.value).endswith(SPEC_CHANGE_RUNBOOK), str(info.value)
     table_name = qualified(spec, spec.pipeline().table)
     still = [e for e in pending if e.table == table_name]
     assert still and open_ledger(spec).entries(status=PENDING) == still, "the refused table's batches stay pending"
@@ -512,19 +524,36 @@ def _refused_line(spec_file: Path) -> str:
     return lines[0]
 
 
-def test_a_kind_change_is_refused_in_one_line_before_spark_starts(tmp_path, broker):
-    spec = _spec(tmp_path, broker.bootstrap, "orders-unused")
-    ensure_topic(broker.bootstrap, "orders-unused", PARTITIONS)  # krishiv run refuses a missing topic first
-    ensure_pipeline_tables(load_catalog(spec), spec, spec.pipeline())
+def test_a_kind_change_is_refused_in_one_line_before_spark_starts_and_the_runbook_ways_out_go_on(
+    tmp_path, broker, spark, topic
+):
+    """The refusal names the runbook's section; both of its ways out work: the spec set back goes on where it
+    stopped, and a new pipeline name with a new table starts the new kind over from the topic's start."""
+    spec = _spec(tmp_path, broker.bootstrap, topic)
+    _produce(spec, [_order(s) for s in range(4)], 0)
+    _run(spec)
     assert _table(spec).properties["krishiv.kind"] == "events", "the table records what it was created for"
     metadata = _table(spec).metadata_location
-    _spec(tmp_path, broker.bootstrap, "orders-unused", pipeline='kind = "upsert"\nkey = ["order_id"]\n')
+    upsert = 'kind = "upsert"\nkey = ["order_id"]\n'
+    _spec(tmp_path, broker.bootstrap, topic, pipeline=upsert)
 
     line = _refused_line(tmp_path / "krishiv.toml")
 
-    for fragment in ("pipeline 'orders'", "krishiv.orders", "kind 'events'", "kind 'upsert'", "new table"):
+    for fragment in ("pipeline 'orders'", "krishiv.orders", "kind 'events'", "kind 'upsert'", "new pipeline name"):
         assert fragment in line, line
+    assert line.endswith(SPEC_CHANGE_RUNBOOK), line
     assert _table(spec).metadata_location == metadata
+
+    spec = _spec(tmp_path, broker.bootstrap, topic)  # the kind set back: the pipeline goes on where it stopped
+    _produce(spec, [_order(s) for s in range(4, 6)], 4)
+    _run(spec)
+    _exactly_once(spec, _table(spec).scan().to_arrow())
+
+    metadata = _table(spec).metadata_location
+    renamed = _spec(tmp_path, broker.bootstrap, topic, name="orders_v2", pipeline=upsert + 'table = "orders_v2"\n')
+    _run(renamed)  # a new pipeline name and table: the new kind, from the topic's start
+    assert sorted(_table(renamed).scan().to_arrow().column("order_id").to_pylist()) == [f"o-{s:06d}" for s in range(6)]
+    assert _table(spec).metadata_location == metadata, "the old table stays as it was"
 
 
 @pytest.mark.parametrize(
@@ -553,6 +582,7 @@ def test_an_upsert_key_or_version_field_change_is_refused_naming_the_pipeline(tm
     assert "\n" not in message and message.startswith("pipeline 'orders': table krishiv.orders"), message
     for fragment in (*fragments, "nothing was changed", "new table"):
         assert fragment in message, message
+    assert message.endswith(SPEC_CHANGE_RUNBOOK), message
     assert _table(spec).properties == properties
 
 
@@ -576,11 +606,21 @@ def test_an_output_mode_switch_with_open_windows_is_refused_before_spark_starts(
 
     line = _refused_line(tmp_path / "krishiv.toml")
 
-    for fragment in ("pipeline 'orders'", "from 'update' to 'append'", "window(s) are open", "fresh checkpoint"):
+    for fragment in ("pipeline 'orders'", "from 'update' to 'append'", "window(s) are open", "set output_mode back"):
         assert fragment in line, line
+    assert line.endswith(SPEC_CHANGE_RUNBOOK), line
     assert _files(tmp_path / "checkpoints") == checkpoints
     assert open_ledger(spec).entries() == entries
     assert _table(spec).metadata_location == table.metadata_location
+
+    # The window of the newest event is always open (it ends after the watermark), so the switch cannot wait for
+    # them to close: the runbook's way on is the mode set back, and the pipeline goes on where it stopped.
+    _produce(spec, [_order(1000, event_time=START_MS + 3_600_000)], 300)  # an hour later: earlier windows close
+    spec = _spec(tmp_path, broker.bootstrap, topic, pipeline=update)
+    _run(spec)
+    state = store.load_before(Checkpoint(spec.checkpoint_dir(spec.pipeline())).last_batch_id() + 1)
+    assert state.open_windows == 1, "the newest event's window stays open"
+    assert mode_switch_refused(replace(spec.pipeline(), output_mode="append"), state, "the checkpoint") is not None
 
 
 def test_a_windowed_group_by_field_removed_is_refused_naming_the_pipeline(tmp_path):
