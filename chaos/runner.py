@@ -166,12 +166,13 @@ Job = tuple[int, Scenario, int]
 
 
 def _run_in_lanes(jobs: list[Job], lanes: int, run: Callable[[Job], ScenarioReport], record) -> None:
-    """Run ``jobs``: the exclusive ones alone, first; then the others ``lanes`` at a time. ``record`` gets each
+    """Run ``jobs``: the exclusive ones alone, first; then the others ``lanes`` at a time, the long ones first (so
+    no lane is left with one at the end while the others idle). ``record`` gets each
     report in this (the calling) thread, as the scenarios finish. Interrupted, it stops every running step."""
     alone = [j for j in jobs if j[1].exclusive or lanes <= 1]
     for job in alone:
         record(run(job))
-    rest = [j for j in jobs if j not in alone]
+    rest = sorted((j for j in jobs if j not in alone), key=lambda j: not j[1].long)  # stable: the long ones first
     if not rest:
         return
     with ThreadPoolExecutor(lanes, thread_name_prefix="chaos-lane") as pool:

@@ -210,8 +210,13 @@ def run_pipelines(
 
     from krishiv_core.catalog import ensure_pipeline_tables, load_catalog
     from outbox.lease import LEASE_TTL_S, stager_lease
-    from spark_jobs.checkpoint import Checkpoint
-    from spark_jobs.job import WORKER_START_ATTEMPTS, start_pipeline, stop_between_batches, worker_start_timed_out
+    from spark_jobs.job import (
+        WORKER_START_ATTEMPTS,
+        check_checkpoint,
+        start_pipeline,
+        stop_between_batches,
+        worker_start_timed_out,
+    )
     from spark_jobs.session import build_session
     from spark_jobs.window_state import check_output_mode
 
@@ -225,7 +230,7 @@ def run_pipelines(
         catalog = load_catalog(spec) if catalog is None else catalog
         check_history(catalog, spec, pipelines, ledger)  # the ledger and the tables tell one history
         for p in pipelines:  # a table the spec cannot evolve, or a change unsafe now, is refused before Spark starts
-            check_output_mode(p, Checkpoint(spec.checkpoint_dir(p)))
+            check_output_mode(p, check_checkpoint(spec, p, ledger))
             ensure_pipeline_tables(
                 catalog, spec, p, pending=lambda t: len(ledger.pending_batches([t])), defer_schema=True
             )

@@ -155,6 +155,15 @@ def kafka_stream(spark: SparkSession, spec: KrishivSpec, pipeline: PipelineSpec,
     return reader.load()
 
 
+def check_checkpoint(spec: KrishivSpec, pipeline: PipelineSpec, ledger: StagingLedger) -> Checkpoint:
+    """The pipeline's checkpoint, once it and the ledger tell one history (:func:`_guard_checkpoint`, anchored on
+    the rejects table: every kind records a rejects entry for every batch). Run before any table is created, so a
+    refusal leaves nothing behind."""
+    checkpoint = Checkpoint(spec.checkpoint_dir(pipeline))
+    _guard_checkpoint(checkpoint, ledger, pipeline, qualified(spec, pipeline.rejects_table))
+    return checkpoint
+
+
 def start_pipeline(
     spark: SparkSession,
     spec: KrishivSpec,
@@ -166,9 +175,7 @@ def start_pipeline(
     on_batch: Callable[[StagedBatch], None] | None = None,
     lease: StagerLeaseHandle | None = None,
 ) -> RunningPipeline:
-    checkpoint = Checkpoint(spec.checkpoint_dir(pipeline))
-    anchor = qualified(spec, pipeline.rejects_table)  # every kind records a rejects entry for every batch
-    _guard_checkpoint(checkpoint, ledger, pipeline, anchor)
+    checkpoint = check_checkpoint(spec, pipeline, ledger)
     check_output_mode(pipeline, checkpoint)
     tables = ensure_pipeline_tables(
         catalog, spec, pipeline, pending=lambda t: len(ledger.pending_batches([t])), defer_schema=True
@@ -183,7 +190,7 @@ def start_pipeline(
         startingOffsets=json.dumps(starting),
         expectedIdentity=json.dumps(identity),
         checkpointPath=str(checkpoint.path),
-        recorded=_recorded(checkpoint, ledger, anchor, pipeline.topic).to_option(),
+        recorded=_recorded(checkpoint, ledger, qualified(spec, pipeline.rejects_table), pipeline.topic).to_option(),
     )
     stager = BatchStager(
         pipeline, ledger, checkpoint, targets, shape_of(pipeline, targets, checkpoint), on_batch, lease

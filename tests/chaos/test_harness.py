@@ -1,4 +1,4 @@
-"""The fault-injection harness: the whole crash-point matrix (at its CI size, two scenarios at a time) with
+"""The fault-injection harness: the whole crash-point matrix (at its CI size, three scenarios at a time) with
 0 violations, every fault point and every scenario kind reached; and the contract check really catches a broken
 table (the harness can fail)."""
 
@@ -31,12 +31,12 @@ ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 @pytest.mark.timeout(3600)
 def test_the_crash_point_matrix_keeps_exactly_once(tmp_path: Path, capsys):
     report_path = ARTIFACTS / "chaos-report.json"
-    args = ["--size", "ci", "--lanes", "2", "--seed", "2026", "--state", str(tmp_path / "chaos")]
+    args = ["--size", "ci", "--lanes", "3", "--seed", "2026", "--state", str(tmp_path / "chaos")]
     code = main([*args, "--report", str(report_path)])
     report = json.loads(report_path.read_text())
     assert report["violation_details"] == [], report["violation_details"]
     assert code == 0
-    assert (report["size"], report["lanes"]) == ("ci", 2)
+    assert (report["size"], report["lanes"]) == ("ci", 3)
     assert {s["name"] for s in report["scenarios"]} == {s.name for s in MATRIX}
     never = [p for p in FAULT_POINTS if report["fault_points_fired"][p] == 0]
     assert not never, f"fault points never reached: {never}"

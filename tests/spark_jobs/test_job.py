@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from krishiv.operations import open_ledger, run_pipelines
+from krishiv_core.catalog import load_catalog, qualified
 from krishiv_core.spec import load_spec
 from outbox.errors import LedgerCorrupt
 from spark_jobs.checkpoint import Checkpoint
@@ -66,6 +67,7 @@ def test_a_checkpoint_ahead_of_its_ledger_refuses_to_start_and_the_runbook_ways_
     with pytest.raises(CheckpointMismatch, match=r"into other tables than the spec's krishiv\.orders_v2_rejects") as no:
         run_pipelines(other, list(other.pipelines), once=True)
     assert str(no.value).endswith("(see README: Recovery runbook > A spec change the table cannot take)")
+    assert not load_catalog(other).table_exists(qualified(other, "orders_v2")), "refused before any table was made"
 
     produce_orders(spec, 500, seed=10, start_ms=1_767_225_600_000 + 3_500 * 50)
     run_pipelines(spec, list(spec.pipelines), once=True)
