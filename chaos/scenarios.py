@@ -1207,6 +1207,9 @@ class Scenario:
     exclusive: bool = False
     # Several Spark runs of every kind (minutes at the CI size): started before the others, so the lanes end together.
     long: bool = False
+    # Run by ``make test`` (tests/chaos/test_harness.py). The others' paths have focused tests there through the same
+    # components (named beside each); they run at the CI size with ``make test-heavy`` and at full size in the matrix.
+    in_ci: bool = True
 
     def reaches(self, size: Size) -> tuple[str, ...]:
         """The fault points a run of this scenario at ``size`` must reach."""
@@ -1226,7 +1229,8 @@ MATRIX: tuple[Scenario, ...] = (
     Scenario("broker-paused-mid-batch", broker_paused, ("stage.begin",), exclusive=True),
     Scenario("catalog-paused-mid-commit", catalog_paused, ("relay.before_catalog_commit",), needs_postgres=True),
     Scenario("checkpoint-rewound", checkpoint_rewound),
-    Scenario("restart-from-an-old-checkpoint-copy", old_checkpoint_restored),
+    # make test: tests/spark_jobs/test_pipeline.py::test_rewound_checkpoint_replays_without_new_rows_or_snapshots
+    Scenario("restart-from-an-old-checkpoint-copy", old_checkpoint_restored, in_ci=False),
     Scenario("snapshots-expired-before-a-restart", snapshots_expired, ("relay.after_catalog_commit",)),
     Scenario("dagster-killed-mid-commit", dagster_killed_mid_commit, ("relay.before_catalog_commit",), exclusive=True),
     Scenario(
@@ -1240,13 +1244,16 @@ MATRIX: tuple[Scenario, ...] = (
         foreign_rewrite_after_relay_kill,
         ("relay.after_catalog_commit",),
     ),
-    Scenario("topic-re-created-offsets-backwards", topic_recreated, ("relay.after_catalog_commit",)),
-    Scenario("ledger-restored-behind-the-checkpoint", ledger_behind_checkpoint),
+    # make test: tests/krishiv/test_offsets.py (the topic re-created with a batch in flight, skip, verify)
+    Scenario("topic-re-created-offsets-backwards", topic_recreated, ("relay.after_catalog_commit",), in_ci=False),
+    # make test: tests/spark_jobs/test_job.py::test_a_checkpoint_ahead_of_its_ledger_refuses_to_start_and_…
+    Scenario("ledger-restored-behind-the-checkpoint", ledger_behind_checkpoint, in_ci=False),
     Scenario("orphan-file-removal-beside-the-relay", orphan_removal_beside_the_relay, ("relay.before_catalog_commit",)),
     Scenario("stager-lost-its-lease", stager_lost_its_lease, ("stage.after_files",), exclusive=True),
     Scenario("kinds-driver-killed", kinds_driver_killed, KINDS_STAGE_POINTS, weight=2, long=True),
     Scenario("kinds-relay-killed", kinds_relay_killed, KINDS_RELAY_POINTS, weight=2, long=True),
-    Scenario("kinds-spec-changed", kinds_spec_changed, ("stage.after_ledger",), long=True),
+    # make test: tests/spark_jobs/test_schema_evolution.py (a run dying before, and right after, its first record)
+    Scenario("kinds-spec-changed", kinds_spec_changed, ("stage.after_ledger",), long=True, in_ci=False),
     Scenario(
         "maintenance-beside-the-relay",
         maintenance_beside_the_relay,
