@@ -28,12 +28,14 @@ def _operator() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-def stuck_offsets(spec: KrishivSpec, pipeline: PipelineSpec, ledger: Ledger) -> dict[str, int]:
+def stuck_offsets(spec: KrishivSpec, pipeline: PipelineSpec, ledger: Ledger, source_changed: bool) -> dict[str, int]:
     """Where each partition of the query stands: the start of the first batch Spark has not finished.
 
-    A batch Spark planned but did not finish that the ledger recorded (the driver stopped after recording it) is
-    finished here: its entries stand, read from the offsets as they were, and Spark must not read it again from a
-    topic that can no longer give it the same records. The skip then applies to the batch after it."""
+    When the topic is not the one the checkpoint pinned (``source_changed``: re-created, another cluster), a batch
+    Spark planned but did not finish that the ledger recorded (the driver stopped after recording it) is finished
+    here: its entries stand, read from the old topic, and Spark must not read it again from one that cannot give it
+    the same records; the skip applies to the batch after it. On the same topic the batch stays unfinished (a skip
+    back from its end would read its offsets a second time)."""
     from spark_jobs.checkpoint import Checkpoint
 
     checkpoint = Checkpoint(spec.checkpoint_dir(pipeline))
@@ -42,7 +44,7 @@ def stuck_offsets(spec: KrishivSpec, pipeline: PipelineSpec, ledger: Ledger) -> 
         return checkpoint.starting_offsets() or {}
     finished = checkpoint.committed_batch_ids()
     if not finished or finished[-1] < last:
-        if not ledger.batch(checkpoint.query_id(), last):
+        if not (source_changed and ledger.batch(checkpoint.query_id(), last)):
             return checkpoint.batch(last).start
         checkpoint.finish(last)
     return checkpoint.batch(last).end
@@ -62,20 +64,22 @@ def skip_offsets(spec: KrishivSpec, pipeline: PipelineSpec, partition: int, to_o
         raise KrishivError(f"pipeline {pipeline.name!r} has no checkpoint at {checkpoint.path}: nothing to skip")
     ledger = open_ledger(spec)
     with stager_lease(ledger, pipeline.name, "krishiv skip-offsets"):
-        stuck = stuck_offsets(spec, pipeline, ledger)
-        key = str(partition)
-        if key not in stuck:
-            raise ConfigError("--partition", f"the query reads partitions {sorted(stuck, key=int)}, not {partition}")
         with KafkaAdmin(spec.kafka.bootstrap_servers, pipeline.topic, spec.kafka.consumer_settings()) as admin:
-            low, high = admin.watermarks(partition)
             identity = admin.identity()
+            pinned = checkpoint.source_identity()
+            stuck = stuck_offsets(spec, pipeline, ledger, source_changed=pinned is not None and pinned != identity)
+            key = str(partition)
+            if key not in stuck:
+                raise ConfigError(
+                    "--partition", f"the query reads partitions {sorted(stuck, key=int)}, not {partition}"
+                )
+            low, high = admin.watermarks(partition)
         if not low <= to_offset <= high:
             raise ConfigError(
                 "--to", f"{pipeline.topic}/{partition} holds offsets [{low}, {high}) now; expected an offset in it"
             )
         if to_offset == stuck[key]:
             raise ConfigError("--to", f"{pipeline.topic}/{partition} already stands at {to_offset}; nothing to skip")
-        pinned = checkpoint.source_identity()
         if pinned is not None and pinned != identity:
             reason = f"{reason} (source identity {pinned} -> {identity})"
             checkpoint.pin_source_identity(identity)
