@@ -82,7 +82,7 @@ def commit_pool(pipeline: PipelineSpec) -> str:
     return f"krishiv_commit_{pipeline.name}"
 
 
-def _failure(exc: Exception) -> dg.Failure:
+def run_failure(exc: Exception) -> dg.Failure:
     """A Krishiv error as a Dagster failure whose description says what to fix; pending work stays pending."""
     return dg.Failure(description=f"{type(exc).__name__}: {exc}", allow_retries=False)
 
@@ -195,7 +195,7 @@ def pipeline_assets(spec: KrishivSpec, pipeline: PipelineSpec) -> list[dg.Assets
             )
             summary = book.table_summary(first, topic=pipeline.topic)
         except KrishivError as exc:
-            raise _failure(exc) from exc
+            raise run_failure(exc) from exc
         history = running[0].stager.history
         staged = [b for b in history if b.recorded]
         stopped = "caught up" if plan.once else (stop.reason or "stopped")
@@ -249,7 +249,7 @@ def pipeline_assets(spec: KrishivSpec, pipeline: PipelineSpec) -> list[dg.Assets
                 refused, reports = exc, exc.reports
             pending = book.pending_batches(list(names.values()), pipeline=pipeline.name)
         except KrishivError as exc:
-            raise _failure(exc) from exc
+            raise run_failure(exc) from exc
         by_table = {r.table: r for r in reports}
         for report in reports:  # a table the spec no longer names (a removed route): its staged batches still go in
             if report.table not in names.values() and (report.committed or report.recovered):
@@ -282,6 +282,6 @@ def pipeline_assets(spec: KrishivSpec, pipeline: PipelineSpec) -> list[dg.Assets
                 },
             )
         if refused is not None:
-            raise _failure(refused)
+            raise run_failure(refused)
 
     return [topic, staged_batches, commit]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from krishiv_assets.assets import PipelineKeys, _failure, commit_pool
+from krishiv_assets.assets import PipelineKeys, commit_pool, run_failure
 from krishiv_assets.resources import IcebergCatalogResource, LedgerResource
 from krishiv_core.errors import KrishivError
 from krishiv_core.spec import KrishivSpec, PipelineSpec
@@ -68,7 +68,7 @@ def maintenance_asset(spec: KrishivSpec, pipeline: PipelineSpec) -> dg.AssetsDef
                 holder=f"dagster run {run_id[:8]}",
             )
         except KrishivError as exc:
-            raise _failure(exc) from exc
+            raise run_failure(exc) from exc
         done = [r for r in results if not r.skipped]
         for r in results:
             if r.skipped:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import dagster as dg
 from dagster import SensorEvaluationContext
 
-from krishiv_assets.assets import DAGSTER_COMMITTER, _failure
+from krishiv_assets.assets import DAGSTER_COMMITTER, run_failure
 from krishiv_assets.resources import IcebergCatalogResource, LedgerResource
 from krishiv_assets.sensors import (
     OUTBOX_SENSOR_INTERVAL_S,
@@ -175,7 +175,7 @@ def removed_pipelines_asset(spec: KrishivSpec) -> dg.AssetsDefinition:
                     refused, reports = exc, exc.reports
             left = removed_pending(spec, book)
         except KrishivError as exc:
-            raise _failure(exc) from exc
+            raise run_failure(exc) from exc
         by_table = {r.table: r for r in reports}
         shown: dict[str, dict[str, object]] = {}
         for name, batches in pending.items():
@@ -212,7 +212,7 @@ def removed_pipelines_asset(spec: KrishivSpec) -> dg.AssetsDefinition:
             }
         )
         if refused is not None:
-            raise _failure(refused)
+            raise run_failure(refused)
 
     return removed_pipelines
 

@@ -247,8 +247,9 @@ def bring_to_staged_schema(table: Table, change: SchemaChange, table_name: str, 
         return table
     evolve_schema(table, change.spec, table_name, change.properties)
     have = table.schema()
+    lacking = _columns(change.staged) - _columns(have)
     for f in change.staged.fields:
-        if (f.field_id, f.name, str(f.field_type), f.required) not in _columns(have):
+        if (f.field_id, f.name, str(f.field_type), f.required) in lacking:
             shown = have.find_column_name(f.field_id)
             raise SchemaConflict(
                 f"table {table_name}'s schema was changed by another writer after {what} was staged for it: the "
