@@ -25,6 +25,7 @@ from spark_jobs.errors import CheckpointMismatch
 from spark_jobs.events import EventsShape
 from spark_jobs.kafka_source import SOURCE_NAME, KafkaAdmin
 from spark_jobs.ports import RecordedBatches, StagerLeaseHandle, StagingLedger
+from spark_jobs.record_decoder import Decoding
 from spark_jobs.staging import BatchShape, BatchStager, StagedBatch, Target
 from spark_jobs.transform import build_output
 from spark_jobs.upserts import UpsertShape
@@ -139,7 +140,8 @@ def broker_outage_s() -> float:
 
 
 def kafka_stream(spark: SparkSession, spec: KrishivSpec, pipeline: PipelineSpec, **options: str) -> DataFrame:
-    """The pipeline's topic as a streaming DataFrame of Krishiv's Kafka source, with extra source ``options``."""
+    """The pipeline's topic as a streaming DataFrame of Krishiv's Kafka source, its records decoded into the
+    pipeline's fields in the source's tasks, with extra source ``options``."""
     reader = (
         spark.readStream.format(SOURCE_NAME)
         .option("bootstrap.servers", spec.kafka.bootstrap_servers)
@@ -149,6 +151,7 @@ def kafka_stream(spark: SparkSession, spec: KrishivSpec, pipeline: PipelineSpec,
         .option("maxRecordsPerBatch", str(pipeline.max_records_per_batch))
         .option("catchUpRecordsPerBatch", str(pipeline.catch_up_records_per_batch))
         .option("recordsPerSplit", str(spec.spark.records_per_split))
+        .option("decoding", Decoding.of(pipeline).to_option())
     )
     for key, value in {**{f"kafka.{k}": v for k, v in spec.kafka.consumer_settings().items()}, **options}.items():
         reader = reader.option(key, value)

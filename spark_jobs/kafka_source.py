@@ -61,6 +61,7 @@ from spark_jobs.checkpoint import Checkpoint
 from spark_jobs.errors import KafkaSourceError, OffsetsDeleted, OffsetsMovedBackwards, SourceChanged
 from spark_jobs.kafka_clients import KafkaProblems, build, list_topics
 from spark_jobs.ports import RecordedBatches, apply_skips
+from spark_jobs.record_decoder import Decoding, RecordDecoder
 
 SOURCE_NAME = "krishiv-kafka"
 SCHEMA = "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp"
@@ -136,6 +137,24 @@ class KafkaClients:
 CONFLUENT_CLIENTS = KafkaClients()
 
 
+#: What a consumer may queue ahead of its reader: librdkafka stops fetching a partition for
+#: ``fetch.queue.backoff.ms`` (1 s) once ``queued.min.messages`` (100,000 by default) are queued, which idles the
+#: reader of a larger range; so a range's consumer may queue the whole range (:func:`range_consumer_config`), and
+#: the bytes stay bounded by ``queued.max.messages.kbytes`` (64 MiB per task) and ``fetch.max.bytes``.
+RANGE_QUEUE_KBYTES = 64 * 1024
+RANGE_FETCH_MAX_BYTES = 32 * 1024 * 1024
+#: The most records a range's consumer queues (a range is ``recordsPerSplit`` at most, 250,000 by default).
+RANGE_QUEUE_MAX_RECORDS = 10_000_000
+
+
+def range_consumer_config(config: Mapping[str, Any], records: int) -> dict[str, Any]:
+    """``config`` for a consumer that reads ``records`` offsets of one partition: unless the user set
+    ``queued.min.messages``, it may queue the whole range, so it never pauses while the range is unread."""
+    if "queued.min.messages" in config:
+        return dict(config)
+    return {**config, "queued.min.messages": max(100_000, min(records, RANGE_QUEUE_MAX_RECORDS))}
+
+
 def consumer_config(bootstrap: str, extra: Mapping[str, str]) -> dict[str, Any]:
     """The consumer's settings: Krishiv's defaults, then ``extra``, then :data:`FORCED_CONSUMER_SETTINGS`, which no
     extra overrides (the spec and the source refuse them anyway; this is the last line)."""
@@ -143,14 +162,25 @@ def consumer_config(bootstrap: str, extra: Mapping[str, str]) -> dict[str, Any]:
         "bootstrap.servers": bootstrap,
         "group.id": "krishiv-reader",  # required by librdkafka; offsets are never committed to the group
         "enable.partition.eof": False,
-        "fetch.max.bytes": 64 * 1024 * 1024,
-        "queued.max.messages.kbytes": 256 * 1024,
+        "fetch.max.bytes": RANGE_FETCH_MAX_BYTES,
+        "queued.max.messages.kbytes": RANGE_QUEUE_KBYTES,
     }
     config.update(extra)
     for key in FORCED_CONSUMER_SETTINGS:
         config.pop(key, None)
     config.update(FORCED_CONSUMER_SETTINGS)
     return config
+
+
+def decoding_option(options: Mapping[str, str]) -> Decoding | None:
+    """The source's ``decoding`` option: the pipeline's fields, decoded in its tasks (else raw Kafka records)."""
+    text = options.get("decoding")
+    if text is None:
+        return None
+    try:
+        return Decoding.from_option(text)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise KafkaSourceError(f"option decoding: expected the JSON of Decoding: {exc}") from None
 
 
 def skip_hint(partition: int | str, offset: int | str, pipeline: str = "<pipeline>", reason: str = "...") -> str:
@@ -327,13 +357,24 @@ class KafkaRange(InputPartition):
         config: dict[str, Any],
         timeout_s: float,
         pipeline: str = "<pipeline>",
+        decoding: Decoding | None = None,
     ):
         super().__init__((topic, partition, start, end))
         self.topic, self.partition, self.start, self.end = topic, partition, start, end
-        self.config, self.timeout_s, self.pipeline = config, timeout_s, pipeline
+        self.config, self.timeout_s, self.pipeline = range_consumer_config(config, end - start), timeout_s, pipeline
+        self.decoding = decoding
 
 
-def _record_batch(msgs: list[Any], topic: str, partition: int) -> pa.RecordBatch:
+def _record_batch(msgs: list[Any], topic: str, partition: int, decoder: RecordDecoder | None) -> pa.RecordBatch:
+    if decoder is not None:
+        return decoder.decode(
+            [m.key() for m in msgs],
+            [m.value() for m in msgs],
+            topic,
+            partition,
+            [m.offset() for m in msgs],
+            [m.timestamp()[1] for m in msgs],
+        )
     n = len(msgs)
     stamps = pa.array([m.timestamp()[1] for m in msgs], pa.int64())
     return pa.RecordBatch.from_arrays(
@@ -403,6 +444,7 @@ def read_range(part: KafkaRange, clients: KafkaClients = CONFLUENT_CLIENTS) -> I
     problems = KafkaProblems(part.config)
     consumer = build(clients.consumer, part.config, problems)
     transient = _transient_codes()
+    decoder = RecordDecoder(part.decoding) if part.decoding is not None else None
 
     def skip(offset: int | str) -> str:
         return skip_hint(part.partition, offset, part.pipeline, f"{part.topic} re-created or emptied")
@@ -454,7 +496,7 @@ def read_range(part: KafkaRange, clients: KafkaClients = CONFLUENT_CLIENTS) -> I
                 next_offset = good[-1].offset() + 1
                 last_progress = time.monotonic()
                 behind_since = None
-                yield _record_batch(good, part.topic, part.partition)
+                yield _record_batch(good, part.topic, part.partition, decoder)
                 continue
             # Nothing new: offsets up to `end` may be transaction markers or compacted away.
             position = consumer.position([_topic_partition(part.topic, part.partition)])[0].offset
@@ -540,6 +582,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         except (ValueError, KeyError, TypeError) as exc:
             raise KafkaSourceError(f"option recorded: expected the JSON of RecordedBatches: {exc}") from None
         self._skips = list(self.recorded.skips)
+        self.decoding = decoding_option(options)
 
     @staticmethod
     def _identity_option(text: str | None) -> Identity | None:
@@ -739,7 +782,16 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for lo in range(first, int(stop), self.records_per_split):
                 hi = min(int(stop), lo + self.records_per_split)
                 ranges.append(
-                    KafkaRange(self.topic, int(p), lo, hi, config, max(self.timeout_s, self.outage_s), self.pipeline)
+                    KafkaRange(
+                        self.topic,
+                        int(p),
+                        lo,
+                        hi,
+                        config,
+                        max(self.timeout_s, self.outage_s),
+                        self.pipeline,
+                        self.decoding,
+                    )
                 )
         return ranges
 
@@ -762,7 +814,8 @@ class KafkaDataSource(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> str:
-        return SCHEMA
+        decoding = decoding_option(self.options)
+        return SCHEMA if decoding is None else decoding.spark_schema()
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return KafkaStreamReader(self.options)

@@ -1,7 +1,9 @@
-"""The streaming plan: parse Kafka values and route rejects.
+"""The streaming plan: shape the source's decoded rows for the pipeline's kind and route rejects.
 
-The query is stateless: one row per Kafka record with its coordinates, ``reason`` (null for a valid event) and,
-for a reject, the raw key and value. What else a row carries depends on the pipeline's kind (:func:`build_output`):
+The source decodes each record in its tasks (:mod:`spark_jobs.record_decoder`): the fields typed, ``reason`` (null
+for a valid event) and, for a reject, the raw value. The query is stateless: one row per Kafka record with its
+coordinates, the reason and, for a reject, the raw key and value. What else a row carries depends on the
+pipeline's kind (:func:`build_output`):
 
 - ``windowed``: the fields the aggregations and the group-by read, and the event time (null for a reject, so a
   reject never moves the watermark). The staging sink aggregates windows and carries the event-time watermark
@@ -23,51 +25,11 @@ from pyspark.sql import functions as F
 
 from krishiv_core.spec import EVENTS, KAFKA_METADATA_PREFIX, REJECTS, UPSERT, Aggregation, PipelineSpec
 from krishiv_core.tables import WINDOW_END, WINDOW_START, aggregate_type, spark_type
-from spark_jobs.json_fields import ParsedField, key_field, parse_record, read_fields, record_field
+from spark_jobs.record_decoder import TOMBSTONE
 
 EVENT_TIME = "__event_time"
 TARGET = "__target"  # the (unqualified) table an events row goes to
 DELETE = "__delete"  # an upsert row that deletes its key: a tombstone or a delete_field event
-TOMBSTONE = "__tombstone"  # an upsert row that is a tombstone (a null Kafka value): it deletes and forgets the version
-
-
-def parse_events(raw: DataFrame, pipeline: PipelineSpec) -> DataFrame:
-    """Kafka rows -> typed event columns plus ``reason`` (null for a valid event).
-
-    Every field is read by :mod:`spark_jobs.json_fields` from one VARIANT parse of the record, exactly (README,
-    "Field types"). The reason is the first of: ``null value``, ``malformed JSON`` (not a JSON object),
-    ``mistyped field: …`` (every field that does not fit, in spec order), ``null field: x`` / ``missing field: x``
-    (a required field, or the event time).
-    """
-    text = F.col("value").cast("string")
-    doc, is_object = parse_record(text)
-    df = raw.withColumn("__doc", doc).withColumn("__object", is_object)
-    sources = [record_field(F.col("__doc"), text, f.name, f.type) for f in pipeline.fields]
-    df, fields = read_fields(df, sources, "__f")
-    parsed = {f.name: p for f, p in zip(pipeline.fields, fields, strict=True)}
-    mistyped = F.concat_ws(", ", *[p.mistyped for p in fields])
-    reason = (
-        F.when(F.col("value").isNull(), F.lit("null value"))
-        .when(~F.col("__object"), F.lit("malformed JSON"))
-        .when(mistyped != "", F.concat(F.lit("mistyped field: "), mistyped))
-    )
-    for f in pipeline.fields:
-        if f.required or f.name == pipeline.event_time_field:
-            p = parsed[f.name]
-            reason = reason.when(p.null, F.lit(f"null field: {f.name}"))
-            reason = reason.when(p.missing, F.lit(f"missing field: {f.name}"))
-
-    columns = [
-        F.col("topic"),
-        F.col("partition"),
-        F.col("offset"),
-        F.col("timestamp"),
-        F.col("key"),
-        F.col("value"),
-        reason.alias("reason"),
-    ]
-    columns += [parsed[f.name].value.alias(f.name) for f in pipeline.fields]
-    return df.select(*columns)
 
 
 def aggregate_expression(agg: Aggregation) -> Column:
@@ -129,23 +91,9 @@ def _route(events: DataFrame, pipeline: PipelineSpec) -> tuple[Column, Column]:
     return F.when(reason.isNull(), target), reason
 
 
-def _tombstone_key(events: DataFrame, pipeline: PipelineSpec) -> tuple[DataFrame, list[ParsedField]]:
-    """The key fields of a tombstone (a null value), from the Kafka key, read as the record's fields are: the key
-    itself for a one-field key (a string key as its text, any other as its JSON token), else a JSON object holding
-    the key fields."""
-    text = F.when(F.col("value").isNull(), F.col("key").cast("string"))  # only a tombstone's key is read
-    if len(pipeline.key) == 1:
-        f = pipeline.field(pipeline.key[0])
-        return read_fields(events, [key_field(text, f.name, f.type)], "__k")
-    doc, is_object = parse_record(text)
-    events = events.withColumn("__key_doc", F.when(F.col("value").isNull() & is_object, doc))
-    sources = [record_field(F.col("__key_doc"), text, k, pipeline.field(k).type) for k in pipeline.key]
-    return read_fields(events, sources, "__k")
-
-
-def build_output(raw: DataFrame, pipeline: PipelineSpec) -> DataFrame:
-    """The streaming DataFrame the staging sink receives each micro-batch: one row per Kafka record."""
-    events = parse_events(raw, pipeline)
+def build_output(events: DataFrame, pipeline: PipelineSpec) -> DataFrame:
+    """The streaming DataFrame the staging sink receives each micro-batch: one row per Kafka record, from the
+    source's decoded rows (:mod:`spark_jobs.record_decoder`: the fields typed, ``reason`` set)."""
     if pipeline.kind == EVENTS:
         target, reason = _route(events, pipeline)
         return events.select(
@@ -155,26 +103,12 @@ def build_output(raw: DataFrame, pipeline: PipelineSpec) -> DataFrame:
             *_reject_columns(reason),
         )
     if pipeline.kind == UPSERT:
-        tombstone = F.col("value").isNull()
-        events, tombstone_key = _tombstone_key(events, pipeline)
-        key_mistyped = F.concat_ws(", ", *[k.mistyped for k in tombstone_key])
-        key_missing = F.lit(False)
-        for k in tombstone_key:
-            key_missing = key_missing | k.value.isNull()
-        reason = F.when(
-            tombstone,
-            F.when(key_mistyped != "", F.concat(F.lit("mistyped field: "), key_mistyped)).when(
-                key_missing, F.lit(f"tombstone without a key: expected the Kafka key to hold {', '.join(pipeline.key)}")
-            ),
-        ).otherwise(F.col("reason"))
+        tombstone = F.col(TOMBSTONE)  # a null Kafka value: the decoder read its key fields from the Kafka key
+        reason = F.col("reason")
         deleting = tombstone | (
             F.coalesce(F.col(pipeline.delete_field), F.lit(False)) if pipeline.delete_field else F.lit(False)
         )
-        keys = {c: k.value for c, k in zip(pipeline.key, tombstone_key, strict=True)}
-        columns = [
-            F.when(tombstone, keys[f.name]).otherwise(F.col(f.name)).alias(f.name) if f.name in keys else F.col(f.name)
-            for f in pipeline.fields
-        ]
+        columns = [F.col(f.name) for f in pipeline.fields]
         return events.select(
             *columns,
             *_metadata_columns(pipeline),

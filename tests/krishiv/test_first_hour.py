@@ -311,9 +311,9 @@ def test_sigterm_while_a_run_waits_sets_the_stop_flag_and_the_handlers_come_back
 # ------------------------------------------------------------------------------------------ rejects
 
 
-def test_a_number_sent_as_a_json_string_names_the_field_and_what_it_got(spark) -> None:
+def test_a_number_sent_as_a_json_string_names_the_field_and_what_it_got() -> None:
     from krishiv_core.spec import parse_spec
-    from spark_jobs.transform import parse_events
+    from spark_jobs.record_decoder import Decoding, RecordDecoder
 
     spec = parse_spec(
         {
@@ -338,9 +338,7 @@ def test_a_number_sent_as_a_json_string_names_the_field_and_what_it_got(spark) -
         '{"id": "a", "amount": 12': "malformed JSON",
         '{"id": "a", "amount": 12, "price": 1.5, "at": 1767225600000}': None,
     }
-    raw = spark.createDataFrame(
-        [("t", 0, i, None, None, bytearray(v.encode())) for i, v in enumerate(values)],
-        "topic string, partition int, offset long, timestamp timestamp, key binary, value binary",
-    )
-    got = {r["offset"]: r["reason"] for r in parse_events(raw, spec.pipelines[0]).collect()}
-    assert [got[i] for i in range(len(values))] == list(values.values())
+    n = len(values)
+    decoder = RecordDecoder(Decoding.of(spec.pipelines[0]))
+    rows = decoder.decode([None] * n, [v.encode() for v in values], "t", 0, list(range(n)), [0] * n).to_pylist()
+    assert [r["reason"] for r in rows] == list(values.values())

@@ -79,3 +79,16 @@ def assert_exactly_once(spec: KrishivSpec) -> Expected:
     check = compare_with_oracle(spec)
     assert not check.violations, check.violations
     return check.expected
+
+
+def decoded_frame(spark, rows: list[tuple], pipeline):
+    """Kafka records ``(key, value, topic, partition, offset, timestamp)`` as the source hands them to Spark: each
+    partition's records decoded into the pipeline's fields as the source's tasks decode them."""
+    import pyarrow as pa
+
+    from spark_jobs.kafka_source import ARROW_SCHEMA
+    from spark_jobs.record_decoder import Decoding, RecordDecoder
+
+    raw = pa.Table.from_pylist([dict(zip(ARROW_SCHEMA.names, r, strict=True)) for r in rows], schema=ARROW_SCHEMA)
+    decoding = Decoding.of(pipeline)
+    return spark.createDataFrame(RecordDecoder(decoding).from_kafka(raw), decoding.spark_schema())

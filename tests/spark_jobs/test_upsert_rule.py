@@ -39,9 +39,9 @@ from krishiv_core.tables import output_tables
 from spark_jobs.checkpoint import Checkpoint
 from spark_jobs.delete_memory import DeleteMemoryStore
 from spark_jobs.job import shape_of
-from spark_jobs.kafka_source import SCHEMA as KAFKA_SCHEMA
 from spark_jobs.staging import BatchStager, Target
 from spark_jobs.transform import build_output
+from tests.spark_jobs.pipeline_helpers import decoded_frame
 
 PARTITIONS = 2
 PIPELINE = """
@@ -174,14 +174,14 @@ def _stage_static(
             "v1\n{}\n" + json.dumps({str(p): ends[p] for p in range(PARTITIONS)})
         )
         batches.append([r for r in records if start[r[3]] <= r[4] < ends[r[3]]])
-        stager(build_output(spark.createDataFrame(batches[-1], KAFKA_SCHEMA), pipeline), batch_id)
+        stager(build_output(decoded_frame(spark, batches[-1], pipeline), pipeline), batch_id)
         start = ends
     assert [b.batch_id for b in stager.history] == list(range(len(cuts)))
     if replay_last:  # a restarted stager replays the last batch: the same deletes remembered, nothing recorded
         memory = DeleteMemoryStore(folder).path(len(cuts) - 1)
         before = pq.read_table(memory)
         again = BatchStager(pipeline, ledger, checkpoint, targets, shape_of(pipeline, targets, checkpoint))
-        again(build_output(spark.createDataFrame(batches[-1], KAFKA_SCHEMA), pipeline), len(cuts) - 1)
+        again(build_output(decoded_frame(spark, batches[-1], pipeline), pipeline), len(cuts) - 1)
         assert [b.recorded for b in again.history] == [False]
         assert pq.read_table(memory).sort_by("id").equals(before.sort_by("id"))
 

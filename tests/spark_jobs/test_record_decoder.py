@@ -1,23 +1,24 @@
 """Every field type read exactly, by the one rule of README's "Field types", on generated values at the edges.
 
 The expected reading of a JSON token is computed here from the rule, with Python's ``json`` (numbers as
-``Decimal``) and ``Decimal`` arithmetic, never by the implementation; each property parses all its generated
-records in one DataFrame through :func:`spark_jobs.transform.parse_events` on the session's Spark.
+``Decimal``) and ``Decimal`` arithmetic, never by the implementation; each property decodes its generated records
+as the source's tasks do (:class:`spark_jobs.record_decoder.RecordDecoder`, one Arrow batch per partition), and the
+last test reads edge values through the real broker, Spark's source and a catalog.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from datetime import datetime
 from decimal import Decimal
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
-from pyspark.sql import functions as F
 
 from krishiv_core.spec import parse_spec
-from spark_jobs.transform import parse_events
+from spark_jobs.record_decoder import Decoding, RecordDecoder, read_record
 
 FIELDS = {
     "s": "string",
@@ -113,24 +114,26 @@ def expected(token: str, type_name: str) -> tuple[object, str | None]:
     return None, f"({type_name}, got {got}" + (f": {why})" if why else ")")
 
 
-def _read(spark, records: list[tuple[str, str]]) -> list[tuple[object, str | None]]:
-    """Parse ``{"<field>": <token>}`` records in one DataFrame: (the field's value, the reason) of each."""
-    rows = [(n, f'{{"{name}": {token}}}'.encode()) for n, (name, token) in enumerate(records)]
-    raw = spark.createDataFrame(rows, "offset long, value binary").select(
-        F.lit("t").alias("topic"),
-        F.lit(0).alias("partition"),
-        "offset",
-        F.current_timestamp().alias("timestamp"),
-        F.lit(None).cast("binary").alias("key"),
-        "value",
-    )
-    parsed = parse_events(raw, PIPELINE).withColumn("ms", F.unix_millis("ms"))
-    by_offset = {r["offset"]: r for r in parsed.collect()}
-    return [(by_offset[n][name], by_offset[n]["reason"]) for n, (name, _) in enumerate(records)]
+def _decode(pipeline, values: list[bytes | None], keys: list[bytes | None] | None = None) -> list[dict]:
+    """The rows the source hands Spark for these Kafka values (one partition, offsets from 0)."""
+    n = len(values)
+    batch = RecordDecoder(Decoding.of(pipeline)).decode(keys or [None] * n, values, "t", 0, list(range(n)), [0] * n)
+    assert batch.schema == Decoding.of(pipeline).arrow_schema()
+    return batch.to_pylist()
 
 
-def _check(spark, records: list[tuple[str, str]]) -> list[tuple[object, str | None]]:
-    got = _read(spark, records)
+def _millis(value: object) -> object:
+    return int(value.timestamp() * 1000) if isinstance(value, datetime) else value
+
+
+def _read(records: list[tuple[str, str]]) -> list[tuple[object, str | None]]:
+    """Decode ``{"<field>": <token>}`` records in one batch: (the field's value, the reason) of each."""
+    rows = _decode(PIPELINE, [f'{{"{name}": {token}}}'.encode() for name, token in records])
+    return [(_millis(row[name]), row["reason"]) for (name, _), row in zip(records, rows, strict=True)]
+
+
+def _check(records: list[tuple[str, str]]) -> list[tuple[object, str | None]]:
+    got = _read(records)
     for (name, token), (value, reason) in zip(records, got, strict=True):
         want_value, why = expected(token, FIELDS[name])
         want_reason = f"mistyped field: {name} {why}" if why else None
@@ -172,13 +175,36 @@ def tokens() -> st.SearchStrategy[str]:
     )
 
 
-@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(records=st.lists(st.tuples(st.sampled_from(sorted(FIELDS)), tokens()), min_size=100, max_size=300))
-def test_generated_values_of_every_type_are_read_by_the_rule(spark, records):
-    _check(spark, records)
+@settings(max_examples=200, deadline=None)
+@given(records=st.lists(st.tuples(st.sampled_from(sorted(FIELDS)), tokens()), min_size=1, max_size=60))
+def test_generated_values_of_every_type_are_read_by_the_rule(records):
+    _check(records)
 
 
-def test_the_issues_examples_are_exact(spark):
+@settings(max_examples=200, deadline=None)
+@given(
+    records=st.lists(
+        st.dictionaries(st.sampled_from(sorted(FIELDS)), number_tokens().map(json.dumps) | tokens(), max_size=6),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_the_fast_path_reads_every_record_as_the_rule_does(records):
+    """Records of several fields, most of them valid: whichever path decodes a record, it is read as the rule alone
+    reads it (:func:`read_record`), and a batch of them reads as each record alone."""
+    values = [("{" + ", ".join(f'"{k}": {v}' for k, v in r.items()) + "}").encode() for r in records]
+    decoding = Decoding.of(PIPELINE)
+    rows = _decode(PIPELINE, values)
+    for value, row in zip(values, rows, strict=True):
+        rule = read_record(value, decoding)
+        assert row["reason"] == rule.reason
+        assert {k: _millis(row[k]) for k in FIELDS if row[k] is not None} == (
+            {k: v for k, v in rule.values.items() if v is not None} if rule.reason is None else {}
+        )
+        assert _decode(PIPELINE, [value]) == [{**row, "offset": 0}]
+
+
+def test_the_issues_examples_are_exact():
     records = [
         ("a", "9999999999.99"),
         ("c", "10000000.5"),
@@ -197,7 +223,7 @@ def test_the_issues_examples_are_exact(spark):
         ("ms", "1767225600000"),
         ("ms", "253402300800000"),
     ]
-    got = dict(enumerate(_check(spark, records)))
+    got = dict(enumerate(_check(records)))
     assert got[3] == (Decimal("123456.123456789012"), None)
     assert got[4] == (None, "mistyped field: s (string, got a JSON number 5)")
     assert got[5][1] == "mistyped field: a (decimal(12,2), got a JSON number 1.005: 3 decimal places, the scale is 2)"
@@ -208,31 +234,72 @@ def test_the_issues_examples_are_exact(spark):
 
 
 @pytest.mark.parametrize(
-    ("token", "reason"),
+    ("token", "reason", "millis"),
     [
-        ('"2026-01-01T00:00:00Z"', None),
-        ('"yesterday"', 'mistyped field: t (timestamp, got a JSON string "yesterday": not an ISO-8601 time)'),
-        ("1767225600000", "mistyped field: t (timestamp, got a JSON number 1767225600000)"),
+        ('"2026-01-01T00:00:00Z"', None, 1_767_225_600_000),
+        ('"2026-01-01T05:30:00+05:30"', None, 1_767_225_600_000),
+        ('"2026-01-01 00:00:00.250"', None, 1_767_225_600_250),  # no offset: UTC
+        ('"2026-01-01"', None, 1_767_225_600_000),
+        ('"yesterday"', 'mistyped field: t (timestamp, got a JSON string "yesterday": not an ISO-8601 time)', None),
+        ("1767225600000", "mistyped field: t (timestamp, got a JSON number 1767225600000)", None),
     ],
 )
-def test_timestamps_are_iso_8601_strings(spark, token, reason):
+def test_timestamps_are_iso_8601_strings(token, reason, millis):
     pipeline = parse_spec(
         {"pipelines": [{"name": "p", "kind": "events", "topic": "t", "fields": {"t": "timestamp"}}]}, env={}
     ).pipelines[0]
-    raw = spark.createDataFrame([(f'{{"t": {token}}}'.encode(),)], "value binary").select(
-        F.lit("t").alias("topic"),
-        F.lit(0).alias("partition"),
-        F.lit(0).cast("long").alias("offset"),
-        F.current_timestamp().alias("timestamp"),
-        F.lit(None).cast("binary").alias("key"),
-        "value",
-    )
-    row = parse_events(raw, pipeline).withColumn("t", F.unix_millis("t")).collect()[0]
-    assert (row["reason"], row["t"]) == (reason, None if reason else 1_767_225_600_000)
+    row = _decode(pipeline, [f'{{"t": {token}}}'.encode()])[0]
+    assert (row["reason"], _millis(row["t"])) == (reason, millis)
 
 
-def test_a_tombstone_key_is_read_by_the_same_rule(spark):
-    from spark_jobs.transform import DELETE, build_output
+def test_required_fields_and_whole_records_are_named_in_spec_order():
+    pipeline = parse_spec(
+        {
+            "pipelines": [
+                {
+                    "name": "p",
+                    "kind": "events",
+                    "topic": "t",
+                    "fields": {"a": "decimal(4,2)", "b": "long", "c": {"type": "string", "required": False}},
+                }
+            ]
+        },
+        env={},
+    ).pipelines[0]
+    values = {
+        b'{"a": "1.5", "b": 2}': None,
+        b'{"a": 1.5, "b": 2, "c": null}': None,
+        b'  {"b": 2, "a": 1.5}\n': None,
+        b'{"b": 2}': "missing field: a",
+        b'{"a": null, "b": null}': "null field: a",
+        b'{"a": 1, "b": null}': "null field: b",
+        b'{"a": 1, "b": 1, "b": "x"}': 'mistyped field: b (long, got a JSON string "x")',  # the last of a key wins
+        b'{"a": 1e2, "c": 5}': (
+            "mistyped field: a (decimal(4,2), got a JSON number 1e2: exponent notation, write it as plain digits), "
+            "c (string, got a JSON number 5)"
+        ),
+        b'{"a": 1, "b": 2} {"a": 1}': "malformed JSON",
+        b"[1, 2]": "malformed JSON",
+        b'{"a": "\xff", "b": 1}': "malformed JSON",
+        b"": "malformed JSON",
+        None: "null value",
+    }
+    rows = _decode(pipeline, list(values))
+    assert [r["reason"] for r in rows] == list(values.values())
+    assert [r["value"] for r in rows] == [None if why is None else v for v, why in values.items()], "rejects only"
+    assert [(r["a"], r["b"]) for r in rows[:3]] == [(Decimal("1.50"), 2)] * 3
+
+
+def test_every_batch_has_the_declared_schema_even_empty():
+    decoder = RecordDecoder(Decoding.of(PIPELINE))
+    empty = decoder.decode([], [], "t", 0, [], [])
+    assert empty.num_rows == 0 and empty.schema == decoder.schema
+    option = Decoding.of(PIPELINE).to_option()
+    assert Decoding.from_option(option) == Decoding.of(PIPELINE)
+
+
+def test_a_tombstone_key_is_read_by_the_same_rule():
+    from spark_jobs.record_decoder import TOMBSTONE
 
     pipeline = parse_spec(
         {
@@ -242,21 +309,16 @@ def test_a_tombstone_key_is_read_by_the_same_rule(spark):
         },
         env={},
     ).pipelines[0]
-    keys = ["7", "1.5", '"7"', "9223372036854775808"]
-    raw = spark.createDataFrame([(n, k.encode()) for n, k in enumerate(keys)], "offset long, key binary").select(
-        F.lit("t").alias("topic"),
-        F.lit(0).alias("partition"),
-        "offset",
-        F.current_timestamp().alias("timestamp"),
-        "key",
-        F.lit(None).cast("binary").alias("value"),
-    )
-    rows = {r["offset"]: (r["id"], r[DELETE], r["reason"]) for r in build_output(raw, pipeline).collect()}
-    assert [rows[n] for n in range(len(keys))] == [
+    keys = [b"7", b"1.5", b'"7"', b"9223372036854775808", b"seven", None]
+    rows = _decode(pipeline, [None] * len(keys), keys)
+    without = "tombstone without a key: expected the Kafka key to hold id"
+    assert [(r["id"], r[TOMBSTONE], r["reason"]) for r in rows] == [
         (7, True, None),
-        (None, None, "mistyped field: id (long, got a JSON number 1.5: not an integer)"),
-        (None, None, 'mistyped field: id (long, got a JSON string "7")'),
-        (None, None, "mistyped field: id (long, got a JSON number 9223372036854775808: out of range)"),
+        (None, True, "mistyped field: id (long, got a JSON number 1.5: not an integer)"),
+        (None, True, 'mistyped field: id (long, got a JSON string "7")'),
+        (None, True, "mistyped field: id (long, got a JSON number 9223372036854775808: out of range)"),
+        (None, True, without),
+        (None, True, without),
     ]
 
 

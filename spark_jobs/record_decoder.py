@@ -1,0 +1,536 @@
+"""Kafka payloads to a pipeline's typed columns, in the source's tasks: one exact reading of every field type.
+
+The rule (README, "Field types"): a record is a JSON object; each declared field is read from its top-level key.
+
+- ``string``: a JSON string only; ``boolean``: true or false; ``double``: any JSON number;
+- ``long``, ``int``, ``timestamp_ms``: a JSON integer token (no fraction, no exponent) in the type's range
+  (``timestamp_ms``: epoch milliseconds of the years 1-9999);
+- ``timestamp``: a JSON string in ISO 8601 as Python's ``datetime.fromisoformat`` reads it, UTC when it has no
+  offset;
+- ``decimal(p,s)``: a JSON number in plain notation, or a JSON string holding one, exactly representable: after
+  dropping the fraction's trailing zeros at most ``s`` fraction digits, and at most ``p - s`` integer digits
+  (leading zeros aside). A number is never read through a double.
+
+A value that does not fit gives ``name (type, got <the JSON token>[: why])``; the record's reason is the first of
+``null value``, ``malformed JSON`` (not one JSON object), ``mistyped field: …`` (every field that does not fit, in
+spec order), ``null field: x`` / ``missing field: x`` (a required field or the event time, in spec order). A key
+given twice counts once, the last.
+
+Two readings, one rule. :func:`read_token` states it for one JSON token and decides every record that is not
+plainly valid; the fast path (msgspec's typed decoder, then Arrow kernels for decimals) takes only what is certainly
+valid under it, and sends everything else to :func:`read_token`, so a value's reading never depends on which path
+took it. Spark receives typed columns and the reason; a valid row's raw value is not carried (rejects keep theirs).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Context, Decimal
+from typing import Annotated, Any
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from krishiv_core.spec import EventField, FieldType, PipelineSpec
+
+#: The epoch milliseconds of a ``timestamp_ms`` field: 0001-01-01 to 9999-12-31, as Spark's timestamps.
+TIMESTAMP_MS_RANGE = (-62_135_596_800_000, 253_402_300_799_999)
+INTEGER_RANGES = {
+    "long": (-(2**63), 2**63 - 1),
+    "int": (-(2**31), 2**31 - 1),
+    "timestamp_ms": TIMESTAMP_MS_RANGE,
+}
+#: A shown token is cut to this many characters.
+SHOWN = 40
+#: The source's columns before the decoded fields (a reject's ``value`` only).
+KAFKA_COLUMNS = (
+    ("key", pa.binary()),
+    ("value", pa.binary()),
+    ("topic", pa.string()),
+    ("partition", pa.int32()),
+    ("offset", pa.int64()),
+    ("timestamp", pa.timestamp("us", tz="UTC")),
+)
+REASON = "reason"
+#: An upsert row that is a tombstone (a null Kafka value): its key fields come from the Kafka key.
+TOMBSTONE = "__tombstone"
+
+_PLAIN = re.compile(r"-?[0-9]+(\.[0-9]+)?")
+_EXPONENT = re.compile(r"-?[0-9]+(\.[0-9]+)?[eE][+-]?[0-9]+")
+#: A decimal token the fast path takes: plain digits, bare or in a string without escapes.
+_FAST_DECIMAL = r'^"?-?0*(?P<i>[0-9]*?)(?:\.(?P<f>[0-9]*?)0*)?"?$'
+_FAST_DECIMAL_GUARD = r'^"?-?[0-9]+(\.[0-9]+)?"?$'
+#: Decimal arithmetic wide enough for any value of a decimal(38, s) (Python's default context keeps 28 digits).
+_EXACT = Context(prec=80)
+_RAW_OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_ANY = msgspec.json.Decoder()
+
+
+def arrow_type(t: FieldType) -> pa.DataType:
+    if t.is_decimal:
+        return pa.decimal128(t.precision, t.scale)
+    return {
+        "string": pa.string(),
+        "long": pa.int64(),
+        "int": pa.int32(),
+        "double": pa.float64(),
+        "boolean": pa.bool_(),
+        "timestamp": pa.timestamp("us", tz="UTC"),
+        "timestamp_ms": pa.timestamp("us", tz="UTC"),
+    }[t.name]
+
+
+def _spark_type(t: FieldType) -> str:
+    if t.is_decimal:
+        return f"decimal({t.precision},{t.scale})"
+    return {"long": "bigint", "timestamp_ms": "timestamp"}.get(t.name, t.name)
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """What the source decodes for a pipeline (picklable; an option of the source as JSON).
+
+    ``fields`` are read and checked, ``required`` must be present and not null, ``output`` are the fields carried to
+    Spark as columns, and ``tombstone_key`` (upsert) the key fields a tombstone's Kafka key holds.
+    """
+
+    fields: tuple[EventField, ...]
+    required: frozenset[str]
+    output: tuple[str, ...]
+    tombstone_key: tuple[str, ...] | None = None
+
+    @classmethod
+    def of(cls, pipeline: PipelineSpec) -> Decoding:
+        from krishiv_core.spec import EVENTS, UPSERT
+
+        required = {f.name for f in pipeline.fields if f.required or f.name == pipeline.event_time_field}
+        if pipeline.kind in (EVENTS, UPSERT):
+            output = tuple(f.name for f in pipeline.fields)
+        else:
+            read = {a.field for a in pipeline.aggregations if a.field} | set(pipeline.group_by)
+            read.add(pipeline.event_time_field or "")
+            output = tuple(f.name for f in pipeline.fields if f.name in read)
+        key = tuple(pipeline.key) if pipeline.kind == UPSERT else None
+        return cls(tuple(pipeline.fields), frozenset(required), output, key)
+
+    def to_option(self) -> str:
+        return json.dumps(
+            {
+                "fields": [[f.name, str(f.type), f.required] for f in self.fields],
+                "required": sorted(self.required),
+                "output": list(self.output),
+                "tombstone_key": None if self.tombstone_key is None else list(self.tombstone_key),
+            }
+        )
+
+    @classmethod
+    def from_option(cls, text: str) -> Decoding:
+        from krishiv_core.spec import parse_field_type
+
+        doc = json.loads(text)
+        fields = tuple(EventField(n, parse_field_type(t, n), bool(r)) for n, t, r in doc["fields"])
+        key = doc.get("tombstone_key")
+        return cls(fields, frozenset(doc["required"]), tuple(doc["output"]), None if key is None else tuple(key))
+
+    def field(self, name: str) -> EventField:
+        return next(f for f in self.fields if f.name == name)
+
+    def arrow_schema(self) -> pa.Schema:
+        extra = [(TOMBSTONE, pa.bool_())] if self.tombstone_key is not None else []
+        return pa.schema(
+            [*KAFKA_COLUMNS, (REASON, pa.string()), *extra] + [(n, arrow_type(self.field(n).type)) for n in self.output]
+        )
+
+    def spark_schema(self) -> str:
+        extra = f", {TOMBSTONE} boolean" if self.tombstone_key is not None else ""
+        columns = "".join(f", `{n}` {_spark_type(self.field(n).type)}" for n in self.output)
+        return (
+            "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp, "
+            f"{REASON} string{extra}{columns}"
+        )
+
+
+# --- the rule, one token at a time -----------------------------------------------------------------------------
+
+
+class _Malformed(Exception):
+    """The record is not one JSON object (or a string in it is not valid UTF-8)."""
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _decimal_excess(digits: str, t: FieldType) -> str | None:
+    """Why plain ``digits`` do not fit ``decimal(p,s)`` exactly (None when they do)."""
+    whole, _, fraction = digits.lstrip("-").partition(".")
+    whole, fraction = whole.lstrip("0"), fraction.rstrip("0")
+    if len(fraction) > t.scale:
+        return f"{_plural(len(fraction), 'decimal place')}, the scale is {t.scale}"
+    if len(whole) > t.precision - t.scale:
+        return f"{_plural(len(whole), 'integer digit')}, at most {t.precision - t.scale}"
+    return None
+
+
+def _iso_time(text: str) -> datetime | None:
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
+
+
+def read_token(token: bytes, t: FieldType) -> tuple[Any, str | None]:
+    """(the value, None) or (None, ``(type, got …[: why])``) of one present, non-null JSON token as ``t``."""
+    first = token[:1]
+    value: Any = None
+    if first == b'"':
+        try:
+            value = _ANY.decode(token)
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            raise _Malformed from None
+        got = f"a JSON string {json.dumps(value, ensure_ascii=False)[:SHOWN]}"
+    elif first in (b"t", b"f"):
+        got = f"a JSON boolean {token.decode()}"
+    elif first == b"[":
+        got = "a JSON array"
+    elif first == b"{":
+        got = "a JSON object"
+    else:
+        spelling = token.decode()
+        got = f"a JSON number {spelling[:SHOWN]}"
+    why: str | None = None
+    name = t.name
+    if name == "string" and first == b'"':
+        return value, None
+    if name == "boolean" and first in (b"t", b"f"):
+        return token == b"true", None
+    is_number = first not in (b'"', b"t", b"f", b"[", b"{")
+    if name in INTEGER_RANGES and is_number:
+        low, high = INTEGER_RANGES[name]
+        exponent, fraction = "e" in spelling or "E" in spelling, "." in spelling
+        # (a token of more than 20 digits is out of every range; int() of a very long one would refuse it)
+        if not exponent and not fraction and len(spelling) <= 21 and low <= int(spelling) <= high:
+            return int(spelling), None
+        why = "exponent notation" if exponent else "not an integer" if fraction else "out of range"
+    elif name == "double" and is_number:
+        return float(spelling), None
+    elif name == "timestamp" and first == b'"':
+        moment = _iso_time(value)
+        if moment is not None:
+            return moment, None
+        why = "not an ISO-8601 time"
+    elif t.is_decimal and (is_number or first == b'"'):
+        digits = spelling if is_number else value
+        if _EXPONENT.fullmatch(digits):
+            why = "exponent notation, write it as plain digits"
+        elif not _PLAIN.fullmatch(digits):
+            why = "not a number"
+        else:
+            why = _decimal_excess(digits, t)
+            if why is None:
+                return Decimal(digits).quantize(Decimal(1).scaleb(-t.scale), context=_EXACT), None
+    return None, f"({t}, got {got}" + (f": {why})" if why else ")")
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One record as the rule reads it: the reason (None when valid) and the fields' values (a valid record's)."""
+
+    reason: str | None
+    values: dict[str, Any]
+
+
+def read_record(value: bytes, decoding: Decoding) -> Reading:
+    """The rule for one non-null Kafka value."""
+    try:
+        doc = _RAW_OBJECT.decode(value)
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+        return Reading("malformed JSON", {})
+    values: dict[str, Any] = {}
+    mistyped: list[str] = []
+    absent: list[str] = []
+    try:
+        for f in decoding.fields:
+            raw = doc.get(f.name)
+            if raw is None or bytes(raw) == b"null":
+                if f.name in decoding.required:
+                    absent.append(f"{'missing' if raw is None else 'null'} field: {f.name}")
+                continue
+            read, why = read_token(bytes(raw), f.type)
+            if why is not None:
+                mistyped.append(f"{f.name} {why}")
+            values[f.name] = read
+    except _Malformed:
+        return Reading("malformed JSON", {})
+    if mistyped:
+        return Reading("mistyped field: " + ", ".join(mistyped), {})
+    if absent:
+        return Reading(absent[0], {})
+    return Reading(None, values)
+
+
+def read_tombstone_key(key: bytes | None, decoding: Decoding) -> Reading:
+    """A tombstone's key fields from its Kafka key: the key itself for a one-field key (a string key as its text, a
+    time key as ISO 8601 text, any other as its JSON token), else a JSON object holding the key fields."""
+    names = decoding.tombstone_key or ()
+    without = Reading(f"tombstone without a key: expected the Kafka key to hold {', '.join(names)}", {})
+    if key is None:
+        return without
+    text = key.decode("utf-8", errors="replace")
+    if len(names) == 1:
+        f = decoding.field(names[0])
+        if f.type.name == "string":
+            return Reading(None, {f.name: text})
+        if f.type.name == "timestamp":
+            moment = _iso_time(text)
+            if moment is None:
+                return Reading(f"mistyped field: {f.name} ({f.type}, got {text[:SHOWN]}: not an ISO-8601 time)", {})
+            return Reading(None, {f.name: moment})
+        tokens = {f.name: text.strip().encode()}
+        try:
+            _ANY.decode(tokens[f.name])
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            return without
+    else:
+        try:
+            tokens = {n: bytes(raw) for n, raw in _RAW_OBJECT.decode(key).items()}
+        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+            return without
+    values: dict[str, Any] = {}
+    mistyped: list[str] = []
+    for name in names:
+        token = tokens.get(name)
+        if token is None or token == b"null":
+            continue
+        try:
+            read, why = read_token(token, decoding.field(name).type)
+        except _Malformed:
+            return without
+        if why is not None:
+            mistyped.append(f"{name} {why}")
+        values[name] = read
+    if mistyped:
+        return Reading("mistyped field: " + ", ".join(mistyped), {})
+    if len(values) < len(names):
+        return without
+    return Reading(None, values)
+
+
+# --- the fast path -----------------------------------------------------------------------------------------------
+
+
+def _struct_type(f: EventField, required: bool) -> tuple[Any, Any]:
+    """(msgspec type, default) a field decodes as on the fast path; a required field has no default and no null, so
+    a record without it fails there and is read by the rule."""
+    t = f.type
+    if t.is_decimal:
+        return msgspec.Raw, (msgspec.NODEFAULT if required else msgspec.Raw(b"null"))
+    if t.name in INTEGER_RANGES:
+        low, high = INTEGER_RANGES[t.name]
+        base: Any = Annotated[int, msgspec.Meta(ge=low, le=high)]
+    else:
+        base = {"string": str, "timestamp": str, "double": float, "boolean": bool}[t.name]
+    return (base, msgspec.NODEFAULT) if required else (base | None, None)
+
+
+class RecordDecoder:
+    """Decodes a task's Kafka records into the Arrow batch of :meth:`Decoding.arrow_schema`."""
+
+    def __init__(self, decoding: Decoding) -> None:
+        self.decoding = decoding
+        self.schema = decoding.arrow_schema()
+        specs = []
+        for i, f in enumerate(decoding.fields):
+            kind, default = _struct_type(f, f.name in decoding.required)
+            specs.append((f"f{i}", kind) if default is msgspec.NODEFAULT else (f"f{i}", kind, default))
+        rename = {f"f{i}": f.name for i, f in enumerate(decoding.fields)}
+        struct = msgspec.defstruct("Record", specs, kw_only=True, rename=rename, gc=False)
+        self._decode = msgspec.json.Decoder(struct).decode
+        # a record the fast path cannot decode: every field absent (the rule reads it)
+        self._empty = struct(
+            **{f"f{i}": msgspec.Raw(b"null") if f.type.is_decimal else None for i, f in enumerate(decoding.fields)}
+        )
+        self._attr = {f.name: f"f{i}" for i, f in enumerate(decoding.fields)}
+        self._output = set(decoding.output)
+        # what the fast path reads: the columns carried, and the types msgspec alone does not settle
+        self._checked = [
+            f for f in decoding.fields if f.name in self._output or f.type.is_decimal or f.type.name == "timestamp"
+        ]
+
+    def decode(
+        self,
+        keys: Sequence[bytes | None],
+        values: Sequence[bytes | None],
+        topic: str,
+        partition: int,
+        offsets: Sequence[int],
+        timestamps_ms: Sequence[int],
+    ) -> pa.RecordBatch:
+        """One Arrow batch of the records, every column typed as :attr:`schema` (checked when it is built)."""
+        n = len(values)
+        decode, rows, slow = self._decode, [], set()
+        try:
+            rows = [decode(v) for v in values]  # the common case: every record plainly valid
+        except Exception:
+            rows = []
+            for i, v in enumerate(values):
+                try:
+                    rows.append(decode(v))
+                except Exception:
+                    rows.append(self._empty)
+                    slow.add(i)
+        columns: dict[str, Any] = {}
+        for f in self._checked:
+            listed = [getattr(r, self._attr[f.name]) for r in rows]
+            if f.type.is_decimal:
+                column, bad = _fast_decimals(listed, f.type, f.name in self.decoding.required)
+            elif f.type.name == "timestamp":
+                column, bad = _fast_times(listed)
+            else:
+                column, bad = listed, []
+            slow.update(bad)
+            if f.name in self._output:
+                columns[f.name] = column
+        return self._assemble(n, keys, values, topic, partition, offsets, timestamps_ms, columns, sorted(slow))
+
+    def _assemble(
+        self,
+        n: int,
+        keys: Sequence[bytes | None],
+        values: Sequence[bytes | None],
+        topic: str,
+        partition: int,
+        offsets: Sequence[int],
+        timestamps_ms: Sequence[int],
+        columns: dict[str, Any],
+        slow: list[int],
+    ) -> pa.RecordBatch:
+        reasons: list[str | None] = [None] * n if slow else []
+        kept: list[bytes | None] = [None] * n if slow else []
+        tombstones: list[bool] = [False] * n if self.decoding.tombstone_key is not None and slow else []
+        patches: dict[int, Reading] = {}
+        for i in slow:
+            value = values[i]
+            if value is None and self.decoding.tombstone_key is not None:
+                reading = read_tombstone_key(keys[i], self.decoding)
+                tombstones[i] = True
+            elif value is None:
+                reading = Reading("null value", {})
+            else:
+                reading = read_record(value, self.decoding)
+            reasons[i] = reading.reason
+            if reading.reason is not None:
+                kept[i] = value
+            patches[i] = reading
+        arrays = []
+        for name in self.decoding.output:
+            t = self.decoding.field(name).type
+            column = columns[name]
+            if isinstance(column, list):
+                for i, reading in patches.items():
+                    column[i] = reading.values.get(name)
+                arrays.append(_typed(column, t))
+            else:  # an Arrow array from the fast path: the rule's readings replace its slow rows
+                if patches:
+                    patch = [None] * n
+                    for i, reading in patches.items():
+                        patch[i] = reading.values.get(name)
+                    mask = np.zeros(n, dtype=bool)
+                    mask[list(patches)] = True
+                    column = pc.if_else(mask, pa.array(patch, column.type), column)
+                arrays.append(column)
+        stamps = pa.array(timestamps_ms, pa.int64()).cast(pa.timestamp("ms")).cast(pa.timestamp("us", tz="UTC"))
+        head = [
+            pa.array(keys, pa.binary()),
+            pa.array(kept, pa.binary()) if slow else pa.nulls(n, pa.binary()),
+            pa.repeat(pa.scalar(topic, pa.string()), n),
+            pa.repeat(pa.scalar(partition, pa.int32()), n),
+            pa.array(offsets, pa.int64()),
+            stamps,
+            pa.array(reasons, pa.string()) if slow else pa.nulls(n, pa.string()),
+        ]
+        if self.decoding.tombstone_key is not None:
+            head.append(pa.array(tombstones, pa.bool_()) if slow else pa.repeat(pa.scalar(False), n))
+        return pa.RecordBatch.from_arrays([*head, *arrays], schema=self.schema)
+
+    def from_kafka(self, raw: pa.RecordBatch | pa.Table) -> pa.Table:
+        """Decoded rows of a table of Kafka records (``key``, ``value``, ``topic``, ``partition``, ``offset``,
+        ``timestamp``), one source task per (topic, partition) as the source would read them."""
+        table = raw if isinstance(raw, pa.Table) else pa.Table.from_batches([raw])
+        stamps = pc.cast(pc.cast(table.column("timestamp"), pa.timestamp("ms", tz="UTC")), pa.int64()).to_pylist()
+        keys, values = table.column("key").to_pylist(), table.column("value").to_pylist()
+        topics, partitions = table.column("topic").to_pylist(), table.column("partition").to_pylist()
+        offsets = table.column("offset").to_pylist()
+        groups: dict[tuple[str, int], list[int]] = {}
+        for i, where in enumerate(zip(topics, partitions, strict=True)):
+            groups.setdefault(where, []).append(i)
+        batches = [
+            self.decode(
+                [keys[i] for i in rows],
+                [values[i] for i in rows],
+                topic,
+                partition,
+                [offsets[i] for i in rows],
+                [stamps[i] for i in rows],
+            )
+            for (topic, partition), rows in groups.items()
+        ]
+        return pa.Table.from_batches(batches, schema=self.schema)
+
+
+def _typed(column: list[Any], t: FieldType) -> pa.Array:
+    if t.name == "timestamp_ms":
+        return pa.array(column, pa.int64()).cast(pa.timestamp("ms")).cast(pa.timestamp("us", tz="UTC"))
+    return pa.array(column, arrow_type(t))
+
+
+def _fast_decimals(raws: list[Any], t: FieldType, required: bool) -> tuple[pa.Array, list[int]]:
+    """The decimals of the raw tokens that plainly fit ``t`` (bare or quoted plain digits), and the rows left to the
+    rule: any other token, a null of a required field, a value that does not fit."""
+    text = pa.array([bytes(r) for r in raws], pa.binary())
+    try:
+        text = text.cast(pa.string())
+    except pa.ArrowInvalid:  # not UTF-8: the rule names it
+        return pa.nulls(len(raws), arrow_type(t)), list(range(len(raws)))
+    null = pc.equal(text, "null")
+    parts = pc.extract_regex(text, _FAST_DECIMAL)
+    whole = pc.utf8_length(parts.field("i"))
+    fraction = pc.coalesce(pc.utf8_length(parts.field("f")), 0)
+    fits = pc.and_(
+        pc.match_substring_regex(text, _FAST_DECIMAL_GUARD),
+        pc.and_(pc.less_equal(whole, t.precision - t.scale), pc.less_equal(fraction, t.scale)),
+    )
+    fits = pc.fill_null(fits, False)
+    try:
+        values = pc.cast(pc.if_else(fits, pc.utf8_trim(text, '"'), None), arrow_type(t))
+    except pa.ArrowInvalid:
+        return pa.nulls(len(raws), arrow_type(t)), list(range(len(raws)))
+    settled = fits if required else pc.or_(fits, null)
+    bad = pc.indices_nonzero(pc.invert(settled)).to_pylist()
+    return values, bad
+
+
+def _fast_times(texts: list[str | None]) -> tuple[list[datetime | None], list[int]]:
+    """The ISO-8601 times of ``texts`` (None stays None), and the rows whose text is not one (left to the rule)."""
+    try:
+        return [None if s is None else _utc(datetime.fromisoformat(s)) for s in texts], []
+    except ValueError:
+        times: list[datetime | None] = []
+        bad = []
+        for i, s in enumerate(texts):
+            moment = None if s is None else _iso_time(s)
+            if s is not None and moment is None:
+                bad.append(i)
+            times.append(moment)
+        return times, bad
+
+
+def _utc(moment: datetime) -> datetime:
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
