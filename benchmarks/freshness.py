@@ -38,8 +38,8 @@ REJECT_EVERY = 100
 POLL_S = 0.1
 TRIGGER_INTERVAL_MS = 1_000
 #: The issue's targets for continuous mode with a 1 s trigger.
-P50_TARGET_S = 2.0
-P99_TARGET_S = 5.0
+P50_TARGET_S = 1.0
+P99_TARGET_S = 2.0
 SEGMENTS = ("trigger_wait", "spark_batch", "commit", "poll")
 
 

@@ -59,6 +59,7 @@ class BenchResults:
     options: BenchOptions
     produce_s: float
     limit: RawConsumeResult
+    limit_default: RawConsumeResult
     spark_startup_s: float
     scan_only_s: float
     baseline: PipelineRun
@@ -129,8 +130,9 @@ def run_bench(spec: KrishivSpec, options: BenchOptions, folder: Path, console: C
         produce_s = produce_orders(
             broker.bootstrap, "orders-1x", options.events, seed=options.seed, partitions=options.partitions
         )
-        step("1/7 the limit: confluent-kafka, one reader process per partition")
+        step("1/7 the limit: confluent-kafka, one reader process per partition (tuned, then librdkafka's defaults)")
         limit = raw_consume(broker.bootstrap, "orders-1x")
+        limit_default = raw_consume(broker.bootstrap, "orders-1x", tuned=False)
 
         step("Spark start-up: session, then a warm-up run over its own small topic")
         t0 = time.perf_counter()
@@ -205,6 +207,7 @@ def run_bench(spec: KrishivSpec, options: BenchOptions, folder: Path, console: C
         options,
         produce_s,
         limit,
+        limit_default,
         spark_startup_s,
         scan_only_s,
         baseline,
