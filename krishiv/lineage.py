@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation, Snapshot
 
-from outbox.compaction import SUMMARY_MAINTENANCE
+from outbox.compaction import SUMMARY_FOLDED_DELETES, SUMMARY_MAINTENANCE
 from outbox.relay import SUMMARY_BATCH_ID, SUMMARY_HIGH_WATER, SUMMARY_OFFSETS, SUMMARY_QUERY_ID
 
 
@@ -43,14 +43,16 @@ class LineageRow:
 
 def maintenance_of(snapshot: Snapshot) -> str | None:
     """The maintenance a snapshot is (``compaction``), if it is one of Krishiv's: a ``replace`` that names it,
-    carries no batch, and adds exactly the rows it deletes. Anything else is not trusted as maintenance."""
+    carries no batch, and adds exactly the rows it deletes, less those its folded position deletes had deleted.
+    Anything else is not trusted as maintenance."""
     summary = snapshot.summary
     if summary is None or summary.operation != Operation.REPLACE:
         return None
     kind = summary.get(SUMMARY_MAINTENANCE)
     if kind is None or summary.get(SUMMARY_QUERY_ID) is not None or summary.get(SUMMARY_BATCH_ID) is not None:
         return None
-    if int(summary.get("added-records") or 0) != int(summary.get("deleted-records") or 0):
+    folded = int(summary.get(SUMMARY_FOLDED_DELETES) or 0)
+    if int(summary.get("added-records") or 0) != int(summary.get("deleted-records") or 0) - folded:
         return None
     return kind
 

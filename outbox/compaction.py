@@ -17,10 +17,13 @@ them: scans open every file and every commit reads every manifest. :func:`compac
    (``krishiv.maintenance=compaction``, the files and bytes rewritten, the run id) and never a batch, a query
    or a high-water batch id; no table property is set, so the relay's high-water marks stay as they are.
 
-A compaction never changes what the table holds: added rows equal deleted rows, per bin and in the summary. A
-table with delete files (another engine's merge-on-read deletes; Krishiv writes none) is not compacted: a rewrite
-would drop their hold on the rows they delete. That is checked on the plan's head and again on every head the
-commit is rebased on; either way one line in the report's ``skipped`` says so and nothing is committed.
+A compaction never changes what the table holds: added rows equal deleted rows less the rows position deletes
+deleted (``krishiv.folded-deletes``), per bin and in the summary. Position deletes (a merge-on-read merge's, see
+``outbox/position_deletes.py``, or another engine's) are folded: a partition they apply to is compacted, every file
+they apply to is rewritten without the rows they delete, and each delete file left naming no live file is removed
+in the same snapshot. On every rebase the bins' files must still have the delete files they were read with; a file
+that gained one meanwhile drops its group (its rewrite would bring the newly deleted rows back). A table with
+equality delete files (which pyiceberg cannot read) is not compacted: one line in the report's ``skipped`` says so.
 
 Concurrency with the relay (which commits about every second in continuous mode): if the head moved between
 plan and commit, the table is reloaded. A bin whose files are all still live is committed on the new head as
@@ -44,6 +47,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io import FileIO
@@ -55,6 +59,7 @@ from pyiceberg.manifest import (
     ManifestEntry,
     ManifestEntryStatus,
     ManifestFile,
+    ManifestWriter,
 )
 from pyiceberg.table import FileScanTask, Table, TableProperties
 from pyiceberg.table.snapshots import Operation, Summary
@@ -64,6 +69,7 @@ from pyiceberg.typedef import EMPTY_DICT, Record
 
 from krishiv_core.faults import fault_point
 from outbox.errors import OutboxError
+from outbox.position_deletes import DeleteManifestWriter, deleted_positions, referenced_paths
 from outbox.snapshot_producer import MetadataCachingTransaction
 
 log = logging.getLogger(__name__)
@@ -72,6 +78,8 @@ SUMMARY_MAINTENANCE = "krishiv.maintenance"
 SUMMARY_REWRITTEN_FILES = "krishiv.rewritten-files"
 SUMMARY_REWRITTEN_BYTES = "krishiv.rewritten-bytes"
 SUMMARY_MAINTENANCE_RUN = "krishiv.maintenance-run"
+#: Rows of the rewritten files that position deletes deleted: a compaction adds exactly the rows it deletes less these.
+SUMMARY_FOLDED_DELETES = "krishiv.folded-deletes"
 COMPACTION = "compaction"
 
 #: A file below this share of the target size is small (a candidate to rewrite).
@@ -101,11 +109,20 @@ class CompactionOutcomeUnknown(CompactionError):
 
 @dataclass(frozen=True)
 class Bin:
-    """Files of one partition rewritten into one file."""
+    """Files of one partition rewritten into one file, with the position delete files that apply to each (folded
+    into the rewrite)."""
 
     spec_id: int
     partition: Record
     files: tuple[DataFile, ...]
+    deletes: tuple[tuple[DataFile, ...], ...] = ()  # per file of ``files``, when any applies
+
+    def deletes_of(self, i: int) -> tuple[DataFile, ...]:
+        return self.deletes[i] if self.deletes else ()
+
+    @property
+    def delete_files(self) -> set[DataFile]:
+        return {d for ds in self.deletes for d in ds}
 
     @property
     def bytes(self) -> int:
@@ -135,6 +152,7 @@ class CompactionReport:
 class _Rewrite:
     bin: Bin
     written: list[DataFile]
+    folded: int = 0  # rows of the bin's files their position deletes deleted, not rewritten
 
 
 def compact_table(
@@ -218,6 +236,18 @@ def _has_delete_files(table: Table) -> bool:
     return snapshot is not None and any(m.content == ManifestContent.DELETES for m in snapshot.manifests(table.io))
 
 
+def _deletes_by_file(table: Table) -> dict[str, frozenset[DataFile]]:
+    """The delete files that apply to each data file of the current snapshot (pyiceberg's matching: partition,
+    sequence number, path bounds); empty without delete files."""
+    if not _has_delete_files(table):
+        return {}
+    return {t.file.file_path: frozenset(t.delete_files) for t in table.scan().plan_files() if t.delete_files}
+
+
+def _equality_deletes(deletes: dict[str, frozenset[DataFile]]) -> bool:
+    return any(d.content == DataFileContent.EQUALITY_DELETES for ds in deletes.values() for d in ds)
+
+
 def plan_bins(
     table: Table,
     target_file_size: int,
@@ -226,15 +256,19 @@ def plan_bins(
     skipped: list[str],
     entries: ManifestEntries | None = None,
 ) -> list[Bin]:
-    """The bins to rewrite on the current snapshot, by partition; reasons for what is left go to ``skipped``."""
+    """The bins to rewrite on the current snapshot, by partition; reasons for what is left go to ``skipped``.
+
+    A partition where position deletes apply (a merge-on-read merge's, or another engine's) is compacted whatever
+    ``min_files`` says: every file they apply to is rewritten without the rows they delete (with the small files),
+    and the delete files, then applying to nothing, are removed in the same snapshot.
+    """
     if table.current_snapshot() is None:
         skipped.append("the table has no snapshot")
         return []
-    if _has_delete_files(table):
-        # A rewrite would drop the delete files' hold on the rows they delete (Krishiv never writes any): a position
-        # delete names the old file, an equality delete applies only to files older than itself. Checked again on
-        # every rebase (_still_live), for delete files another writer adds meanwhile.
-        skipped.append("the table has delete files (merge-on-read); compaction rewrites copy-on-write tables only")
+    deletes = _deletes_by_file(table)
+    if _equality_deletes(deletes):
+        # An equality delete applies to every older file of its partition, and pyiceberg cannot read it.
+        skipped.append("the table has equality delete files; compaction folds position deletes only")
         return []
     current_spec = table.spec().spec_id
     groups: dict[tuple[int, Record], list[DataFile]] = defaultdict(list)
@@ -251,13 +285,15 @@ def plan_bins(
     bins: list[Bin] = []
     few = 0
     for (spec_id, partition), files in sorted(groups.items(), key=lambda kv: repr(kv[0])):
-        small = [f for f in files if f.file_size_in_bytes < small_limit]
-        if len(small) < min_files:
+        deleted = [f for f in files if f.file_path in deletes]
+        small = [f for f in files if f.file_size_in_bytes < small_limit or f.file_path in deletes]
+        if len(small) < min_files and not deleted:
             few += 1 if small else 0
             continue
         for packed in _pack(small, target_file_size):
-            if len(packed) > 1:
-                bins.append(Bin(spec_id, partition, tuple(packed)))
+            if len(packed) > 1 or packed[0].file_path in deletes:
+                folded = tuple(tuple(sorted(deletes.get(f.file_path, ()), key=lambda d: d.file_path)) for f in packed)
+                bins.append(Bin(spec_id, partition, tuple(packed), folded if any(folded) else ()))
     if few:
         skipped.append(f"{few} partitions have fewer than {min_files} small files")
     if not bins and not skipped:
@@ -286,7 +322,9 @@ def _pack(files: Sequence[DataFile], target: int) -> list[list[DataFile]]:
 def _rewrite(table: Table, b: Bin) -> _Rewrite:
     """Read the bin's files in the table's schema and write them as one file of the bin's partition."""
     reader = ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue())
-    rows: pa.Table = reader.to_table([FileScanTask(f) for f in b.files])
+    tasks = [FileScanTask(f, delete_files=set(b.deletes_of(i))) for i, f in enumerate(b.files)]
+    rows: pa.Table = reader.to_table(tasks)
+    folded = _folded_rows(table, b)
     writing = table.metadata.model_copy(
         update={
             "properties": {
@@ -297,10 +335,10 @@ def _rewrite(table: Table, b: Bin) -> _Rewrite:
     )
     written = list(_dataframe_to_data_files(table_metadata=writing, df=rows, io=table.io)) if rows.num_rows else []
     problem = None
-    if rows.num_rows != b.rows or sum(f.record_count for f in written) != b.rows:
+    if rows.num_rows != b.rows - folded or sum(f.record_count for f in written) != b.rows - folded:
         problem = (
             f"read {rows.num_rows} and wrote {sum(f.record_count for f in written)} rows of {len(b.files)} files "
-            f"holding {b.rows}"
+            f"holding {b.rows}, {folded} of them deleted by position"
         )
     elif any(f.partition != b.partition for f in written):
         problem = f"rows of partition {b.partition} were written under partitions {[f.partition for f in written]}"
@@ -310,7 +348,17 @@ def _rewrite(table: Table, b: Bin) -> _Rewrite:
             f"compaction of {'.'.join(table.name())}: {problem}; nothing was committed "
             f"(files {', '.join(f.file_path for f in b.files[:3])}{' …' if len(b.files) > 3 else ''})"
         )
-    return _Rewrite(b, written)
+    return _Rewrite(b, written, folded)
+
+
+def _folded_rows(table: Table, b: Bin) -> int:
+    """The rows of the bin's files that their position deletes delete (each position once)."""
+    folded = 0
+    for i, f in enumerate(b.files):
+        if b.deletes_of(i):
+            positions = pc.unique(deleted_positions(table.io, b.deletes_of(i), f.file_path))
+            folded += int(pc.sum(pc.less(positions, f.record_count)).as_py() or 0)
+    return folded
 
 
 # ------------------------------------------------------------------------------------------ committing
@@ -330,6 +378,9 @@ class _ReplaceFiles(_OverwriteFiles):
     #: :func:`_commit`): beside a relay that commits every second the head moves while a compaction commits, and a
     #: rebase that read every manifest again (seconds at a few thousand) would lose the race again.
     entries: ManifestEntries
+    #: The live entries of the position delete files this snapshot removes (set by :func:`_commit`): they apply to
+    #: no file left once the bins' files are replaced.
+    removed_deletes: list[ManifestEntry]
 
     def _live_entries(self, manifest: ManifestFile) -> list[ManifestEntry]:
         return live_entries(manifest, self._io, self.entries)
@@ -339,13 +390,14 @@ class _ReplaceFiles(_OverwriteFiles):
         that hold a replaced file rewritten without it."""
         kept: list[ManifestFile] = []
         snapshot = self._transaction.table_metadata.snapshot_by_name(name=self._target_branch)
+        gone = self._deleted_data_files | {e.data_file for e in self.removed_deletes}
         for manifest in snapshot.manifests(io=self._io) if snapshot else []:
             entries = self._live_entries(manifest)
-            remaining = [e for e in entries if e.data_file not in self._deleted_data_files]
+            remaining = [e for e in entries if e.data_file not in gone]
             if len(remaining) == len(entries):
                 kept.append(manifest)
             elif remaining:
-                with self.new_manifest_writer(self.spec(manifest.partition_spec_id)) as writer:
+                with self._manifest_writer(manifest) as writer:
                     for e in remaining:
                         writer.add_entry(
                             ManifestEntry.from_args(
@@ -378,12 +430,44 @@ class _ReplaceFiles(_OverwriteFiles):
         self._validate_required_deletes(deleted)
         return deleted
 
+    def _manifest_writer(self, manifest: ManifestFile) -> ManifestWriter:
+        """A writer for a rewritten copy of ``manifest``: of delete files for a delete manifest."""
+        if manifest.content != ManifestContent.DELETES:
+            return self.new_manifest_writer(self.spec(manifest.partition_spec_id))
+        return DeleteManifestWriter(
+            self.spec(manifest.partition_spec_id),
+            self.schema(),
+            self.new_manifest_output(),
+            self._snapshot_id,
+            self._compression,
+        )
+
+    def _process_manifests(self, manifests: list[ManifestFile]) -> list[ManifestFile]:
+        """The removed delete files' DELETED entries, in delete manifests of their own (pyiceberg writes a data
+        manifest for the deleted entries it knows, which are data files only)."""
+        by_spec: dict[int, list[ManifestEntry]] = defaultdict(list)
+        for e in self.removed_deletes:
+            by_spec[e.data_file.spec_id].append(e)
+        added = []
+        for spec_id, removed in by_spec.items():
+            writer = DeleteManifestWriter(
+                self.spec(spec_id), self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression
+            )
+            with writer:
+                for e in removed:
+                    writer.delete(e)
+            added.append(writer.to_manifest_file())
+        return super()._process_manifests(manifests + added)
+
     def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
         self._operation = Operation.OVERWRITE
+        deleted = self._deleted_data_files
+        self._deleted_data_files = deleted | {e.data_file for e in self.removed_deletes}  # counted by content
         try:
             summary = super()._summary(snapshot_properties)
         finally:
             self._operation = Operation.REPLACE
+            self._deleted_data_files = deleted
         return Summary(operation=Operation.REPLACE, **summary.additional_properties)
 
     def commit(self) -> None:
@@ -394,6 +478,7 @@ def _commit(
     table: Table, rewrites: list[_Rewrite], run_id: str, report: CompactionReport, entries: ManifestEntries
 ) -> None:
     snapshot_id = table.metadata.new_snapshot_id()
+    referenced: dict[str, set[str]] = {}  # a delete file's path -> the data files it names (read once)
     for attempt in range(1, MAX_ATTEMPTS + 1):
         report.attempts = attempt
         summary = {
@@ -401,11 +486,13 @@ def _commit(
             SUMMARY_REWRITTEN_FILES: str(sum(len(r.bin.files) for r in rewrites)),
             SUMMARY_REWRITTEN_BYTES: str(sum(r.bin.bytes for r in rewrites)),
             SUMMARY_MAINTENANCE_RUN: run_id,
+            SUMMARY_FOLDED_DELETES: str(sum(r.folded for r in rewrites)),
         }
         tx = MetadataCachingTransaction(table, autocommit=False)
         producer = _ReplaceFiles(operation=Operation.REPLACE, transaction=tx, io=table.io, snapshot_properties=summary)
         producer._snapshot_id = snapshot_id  # kept across attempts: a late landing of one is found by its id
         producer.entries = entries
+        producer.removed_deletes = _removable_deletes(table, rewrites, entries, referenced)
         for r in rewrites:
             for f in r.bin.files:
                 producer.delete_data_file(f)
@@ -454,6 +541,31 @@ def _commit(
     )
 
 
+def _removable_deletes(
+    table: Table, rewrites: list[_Rewrite], entries: ManifestEntries, referenced: dict[str, set[str]]
+) -> list[ManifestEntry]:
+    """The live position delete files of the head that name only files the rewrites replace (or files no longer
+    live): after the commit they apply to nothing, so they go with it."""
+    snapshot = table.current_snapshot()
+    if snapshot is None:
+        return []
+    replaced = {f.file_path for r in rewrites for f in r.bin.files}
+    live = {f.file_path for f in live_data_files(table, entries)} - replaced
+    removable = []
+    for manifest in snapshot.manifests(table.io):
+        if manifest.content != ManifestContent.DELETES:
+            continue
+        for e in live_entries(manifest, table.io, entries):
+            if e.data_file.content != DataFileContent.POSITION_DELETES:
+                continue
+            path = e.data_file.file_path
+            if path not in referenced:
+                referenced[path] = referenced_paths(table.io, e.data_file)
+            if not referenced[path] & live:
+                removable.append(e)
+    return removable
+
+
 def _landed(table: Table, snapshot_id: int) -> bool:
     try:
         table.refresh()
@@ -465,19 +577,35 @@ def _landed(table: Table, snapshot_id: int) -> bool:
 def _still_live(
     table: Table, rewrites: list[_Rewrite], report: CompactionReport, entries: ManifestEntries
 ) -> list[_Rewrite]:
-    """The rewrites whose files are all live at the new head; the others' written files are deleted. None if the
-    new head has delete files (another writer's merge-on-read delete landed meanwhile)."""
+    """The rewrites whose files are all live at the new head, with the delete files they were read with; the others'
+    written files are deleted. None if the new head has equality delete files."""
     if table.spec().spec_id != rewrites[0].bin.spec_id:
         report.skipped.append("the partition spec changed during the compaction; nothing was committed")
         _remove(table, [f for r in rewrites for f in r.written])
         return []
-    if _has_delete_files(table):
+    deletes = _deletes_by_file(table)
+    if _equality_deletes(deletes):
         report.skipped.append(
-            "another writer added delete files (merge-on-read) while the compaction ran; nothing was committed: "
-            "rewriting the files they apply to would bring their deleted rows back"
+            "another writer added equality delete files while the compaction ran; nothing was committed"
         )
         _remove(table, [f for r in rewrites for f in r.written])
         return []
+    # A file whose position deletes changed meanwhile (a merge-on-read merge named more of its rows) was rewritten
+    # without them: committing it would bring those rows back, so its group is dropped.
+    changed = [
+        r
+        for r in rewrites
+        if any(deletes.get(f.file_path, frozenset()) != set(r.bin.deletes_of(i)) for i, f in enumerate(r.bin.files))
+    ]
+    if changed:
+        report.skipped.append(
+            f"position deletes of {sum(len(r.bin.files) for r in changed)} files changed during the compaction; "
+            f"{len(changed)} of their groups were left"
+        )
+        _remove(table, [f for r in changed for f in r.written])
+        rewrites = [r for r in rewrites if r not in changed]
+        if not rewrites:
+            return []
     live = {f.file_path for f in live_data_files(table, entries)}
     kept, dropped = [], []
     for r in rewrites:

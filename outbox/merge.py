@@ -12,21 +12,25 @@ For ``CommitOperation(MERGE, key=K, version=V)`` the table after the commit is `
 This is phase 2 of the README's upsert rule (PROTOCOL.md invariant 13); phase 1 (``spark_jobs.upserts``) stages
 at most one data row and one versioned delete per key, and drops what its remembered deletes ignore.
 
-How (copy-on-write, by a key anti-join rather than pyiceberg's ``delete(filter)``):
+How (by a key anti-join rather than pyiceberg's ``delete(filter)``):
 
 1. Read the key (and version) columns of the entry's staged files; refuse null or repeated keys.
 2. Plan the table's files with a coarse filter on the keys (``In`` per key column up to pyiceberg's
-   200-value limit of its metrics evaluators, else the column's ``[min, max]``), read their key columns and
-   join them with the entry's keys: which keys lose to a higher version, which keys the commit deletes, and
-   which files hold any of those.
-3. Read those files whole, drop the deleted keys' rows (an anti-join on the key columns, in file order), and
-   write the rest of each as new data files with pyiceberg's writer (file by file: files holding no merged
-   key are never read whole nor rewritten).
+   200-value limit of its metrics evaluators, else the column's ``[min, max]``), read their key columns with each
+   row's position, less the rows their delete files already delete, and join them with the entry's keys: which
+   keys lose to a higher version, which keys the commit deletes, and which table rows hold those.
+3. Merge-on-read (the default; ``write.merge.mode``, ``outbox/position_deletes.py``): write one position delete
+   file per partition naming those rows; no table file is read whole or rewritten, so a batch costs about the key
+   columns of the files it may touch plus its own size. Copy-on-write: read those files whole, drop the deleted
+   keys' rows (an anti-join on the key columns, in file order), and write the rest of each as new data files with
+   pyiceberg's writer (file by file: files holding no merged key are never read whole nor rewritten).
    A staged data file holding a row that lost is copied beside itself without it; otherwise it is
    registered in place.
 4. Commit ONE snapshot with the entry's intended snapshot id, ``summary``, and ``properties`` set in the same
-   metadata commit: an overwrite (table files out, their rewrites and the staged files in), or a fast
-   append when no table file changes (new keys only; also an empty append when the entry changes nothing).
+   metadata commit: merge-on-read, an overwrite that adds the staged files and the delete files
+   (:func:`outbox.snapshot_producer.row_delta`); copy-on-write, an overwrite (table files out, their rewrites and
+   the staged files in); a fast append when no table row changes (new keys only; also an empty append when the
+   entry changes nothing).
 
 Why not ``Transaction.delete(filter)`` then an append: that makes one to three snapshots per batch (a delete
 for files dropped whole, an overwrite for files rewritten, the append); its filter for composite keys, an
@@ -34,10 +38,9 @@ for files dropped whole, an overwrite for files rewritten, the append); its filt
 3,000, against tens of milliseconds for this join); and the version rule needs the table's rows read first
 anyway. One snapshot keeps the relay's rule: one snapshot per batch, found by its intended id.
 
-Memory: the key (and version) columns of the table's rows with an entry's key, and one rewritten file at a
-time. Copy-on-write rewrites every file holding a merged key: keys spread at random over a table rewrite all
-of it each batch; a table whose merged keys are that spread out at gigabyte scale wants merge-on-read delete
-files, which pyiceberg cannot write yet.
+Memory: the key (and version) columns of one table file at a time, the matched rows, and (copy-on-write) one
+rewritten file at a time. Copy-on-write rewrites every file holding a merged key, so keys spread at random over
+a table rewrite all of it each batch; merge-on-read writes only the deletes, and compaction folds them later.
 
 A table file the plan reads may be gone: a compaction replaced it after the relay loaded the table, and orphan
 removal then deleted it (or, with the head unchanged, someone removed it by hand). The first is a conflict like
@@ -58,6 +61,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -86,7 +90,8 @@ from outbox.errors import (
     MergeRetriesEnabled,
     StagedFileMissing,
 )
-from outbox.snapshot_producer import fast_append, overwrite, write_data_files
+from outbox.position_deletes import deleted_positions, merge_on_read, write_position_deletes
+from outbox.snapshot_producer import fast_append, overwrite, row_delta, write_data_files
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +101,7 @@ IN_PREDICATE_LIMIT = 200
 _ENTRY_VERSION = "__krishiv_entry_version"
 _ROW = "__krishiv_row"
 _FILE = "__krishiv_file"
+_POS = "__krishiv_pos"
 
 
 @dataclass
@@ -106,6 +112,7 @@ class MergePlan:
     deleted: list[DataFile] = field(default_factory=list)  # the table's files holding a deleted key's row
     rewritten: list[DataFile] = field(default_factory=list)  # their other rows, written anew
     added: list[DataFile] = field(default_factory=list)  # the staged data files, or filtered copies
+    delete_files: list[DataFile] = field(default_factory=list)  # merge-on-read: position deletes of table rows
     written: list[str] = field(default_factory=list)  # files written by this plan (removed if the commit fails)
     keys: int = 0  # distinct keys in the entry
     deleted_keys: int = 0  # keys whose table rows the commit removes (found or not)
@@ -119,6 +126,10 @@ class MergePlan:
     def replaced_bytes(self) -> int:
         return sum(f.file_size_in_bytes for f in self.deleted)
 
+    @property
+    def position_deletes(self) -> int:
+        return sum(f.record_count for f in self.delete_files)
+
 
 def merge_commit(
     table: Table, entry: OutboxEntry, summary: Mapping[str, str], properties: Mapping[str, str]
@@ -130,7 +141,9 @@ def merge_commit(
     _refuse_pyiceberg_retries(table, entry)
     plan = plan_merge(table, entry)
     try:
-        if plan.deleted:
+        if plan.delete_files:
+            row_delta(table, plan.added, plan.delete_files, entry.intended_snapshot_id, summary, properties)
+        elif plan.deleted:
             overwrite(
                 table,
                 plan.deleted,
@@ -146,7 +159,8 @@ def merge_commit(
         _remove(table, plan.written)
         raise
     log.info(
-        "merged %s batch %s: %d keys (%d kept the table's newer row), %d table files rewritten (%d bytes -> %d)",
+        "merged %s batch %s: %d keys (%d kept the table's newer row), %d table files rewritten (%d bytes -> %d), "
+        "%d table rows deleted by position",
         entry.table,
         entry.batch_id,
         plan.keys,
@@ -154,6 +168,7 @@ def merge_commit(
         len(plan.deleted),
         plan.replaced_bytes,
         plan.rewritten_bytes,
+        plan.position_deletes,
     )
     return table, [entry.intended_snapshot_id]
 
@@ -197,26 +212,25 @@ def plan_merge(table: Table, entry: OutboxEntry) -> MergePlan:
     all_keys = _distinct(_concat([data_keys.select(key), versioned.select(key), tombstones], key_types), key)
     plan = MergePlan(conflict_filter=_key_filter(table, all_keys, key), keys=all_keys.num_rows)
 
-    # Which of the table's files hold a row of an entry's key, and those rows' keys (and versions).
+    # Which of the table's files hold a row of an entry's key, and those rows' keys (and versions) and positions.
     tasks: list[FileScanTask] = []
     matched: list[pa.Table] = []
     if all_keys.num_rows and table.current_snapshot() is not None:
         projection = schema.select(*entry_columns, case_sensitive=True)
         reader = ArrowScan(table.metadata, table.io, projection, AlwaysTrue())
         for task in table.scan(row_filter=plan.conflict_filter).plan_files():
-            rows = _cast(_read_table_file(table, entry, reader, task), entry_types).join(
-                all_keys, key, join_type="left semi"
-            )
+            rows = _live_rows(table, entry, reader, task, entry_types).join(all_keys, key, join_type="left semi")
             if rows.num_rows:
                 tasks.append(task)
                 matched.append(rows.append_column(_FILE, pa.array([len(tasks) - 1] * rows.num_rows, pa.int64())))
+    matched_fields = [*entry_types, pa.field(_POS, pa.int64()), pa.field(_FILE, pa.int64())]
 
     # Keys whose table row is newer than the entry's row or versioned delete keep it (nulls lowest, a tie goes to
     # the entry); a delete key (a tombstone) deletes whatever the versions.
     losing = _empty(key_types)
     if version and matched:
         challengers = _concat([data_keys, versioned], data_keys.schema)
-        joined = _concat(matched, [*entry_types, pa.field(_FILE, pa.int64())]).join(challengers, key, join_type="inner")
+        joined = _concat(matched, matched_fields).join(challengers, key, join_type="inner")
         newer = joined.filter(table_row_wins(joined[version], joined[_ENTRY_VERSION]))
         losing = _distinct(newer.select(key), key).join(tombstones, key, join_type="left anti")
     plan.kept_keys = losing.num_rows
@@ -227,20 +241,25 @@ def plan_merge(table: Table, entry: OutboxEntry) -> MergePlan:
     plan.deleted_keys = deleted_keys.num_rows
 
     try:
-        # Rewrite each table file that holds a deleted key's row without those rows, on its own: files holding no
-        # merged key stay as they are, so a batch touching recent keys rewrites recent files only.
         if matched and deleted_keys.num_rows:
-            hits = _concat(matched, [*entry_types, pa.field(_FILE, pa.int64())]).join(
-                deleted_keys, key, join_type="left semi"
-            )
-            reader = ArrowScan(table.metadata, table.io, schema, AlwaysTrue())
-            for task in (tasks[i] for i in sorted(set(hits[_FILE].to_pylist()))):
-                rows = _read_table_file(table, entry, reader, task)
-                kept = rows.take(_surviving(_cast(rows.select(key), key_types), deleted_keys, key))
-                plan.deleted.append(task.file)
-                rewritten = write_data_files(table, kept)
-                plan.rewritten += rewritten
-                plan.written += [f.file_path for f in rewritten]
+            hits = _concat(matched, matched_fields).join(deleted_keys, key, join_type="left semi")
+            if merge_on_read(table):
+                # Merge-on-read: the deleted keys' table rows are named by position; no table file is rewritten.
+                paths = pa.array([t.file.file_path for t in tasks], pa.string())
+                deletes = pa.table({"file_path": paths.take(hits[_FILE]), "pos": hits[_POS]})
+                plan.delete_files = write_position_deletes(table, deletes, {t.file.file_path: t.file for t in tasks})
+                plan.written += [f.file_path for f in plan.delete_files]
+            else:
+                # Copy-on-write: each table file that holds a deleted key's row is rewritten without those rows, on
+                # its own: files holding no merged key stay as they are.
+                reader = ArrowScan(table.metadata, table.io, schema, AlwaysTrue())
+                for task in (tasks[i] for i in sorted(set(hits[_FILE].to_pylist()))):
+                    rows = _read_table_file(table, entry, reader, task)
+                    kept = rows.take(_surviving(_cast(rows.select(key), key_types), deleted_keys, key))
+                    plan.deleted.append(task.file)
+                    rewritten = write_data_files(table, kept)
+                    plan.rewritten += rewritten
+                    plan.written += [f.file_path for f in rewritten]
 
         # Register the staged data files, without the rows that lost to a newer table row.
         for staged, keys in data:
@@ -272,6 +291,21 @@ def table_row_wins(table_version: pa.ChunkedArray | pa.Array, entry_version: pa.
 
 class TableFileMissing(MergeRefused):
     """A data file of the table's current snapshot is gone while no commit moved the head: rows were lost."""
+
+
+def _live_rows(
+    table: Table, entry: OutboxEntry, reader: ArrowScan, task: FileScanTask, fields: Sequence[pa.Field]
+) -> pa.Table:
+    """The rows of a table file the plan reads (``fields``, then each row's position in the file), without the
+    rows its delete files delete. Read whole and in file order (pyiceberg's scan of one task keeps it, as its own
+    position deletes rely on), then the deleted positions dropped."""
+    rows = _cast(_read_table_file(table, entry, reader, FileScanTask(task.file)), fields)
+    rows = rows.append_column(_POS, pa.array(np.arange(rows.num_rows, dtype=np.int64)))
+    if task.delete_files:
+        dead = deleted_positions(table.io, task.delete_files, task.file.file_path)
+        if len(dead):
+            rows = rows.filter(pc.invert(pc.is_in(rows[_POS], dead)))
+    return rows
 
 
 def _read_table_file(table: Table, entry: OutboxEntry, reader: ArrowScan, task: FileScanTask) -> pa.Table:

@@ -23,6 +23,10 @@ and adds their rewritten copies with the staged files. :func:`overwrite` gives t
 same way, and :func:`write_data_files` writes the rewritten copies with pyiceberg's own writer (file names,
 partitioning, target size and the table's Parquet settings), ``pyiceberg.io.pyarrow._dataframe_to_data_files``,
 the function pyiceberg's copy-on-write delete uses.
+
+A merge-on-read merge commits its position delete files (``outbox/position_deletes.py``) with :func:`row_delta`:
+pyiceberg's fast append with the delete files in manifests of their own (``_process_manifests``, the hook pyiceberg
+gives for changing a snapshot's manifests) and counted in its summary.
 """
 
 from __future__ import annotations
@@ -33,9 +37,12 @@ from typing import Any
 import pyarrow as pa
 from pyiceberg.expressions import AlwaysTrue, BooleanExpression
 from pyiceberg.io.pyarrow import _dataframe_to_data_files
-from pyiceberg.manifest import DataFile
+from pyiceberg.manifest import DataFile, ManifestEntry, ManifestEntryStatus, ManifestFile
 from pyiceberg.table import Table, Transaction
 from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.snapshots import Operation, Summary
+from pyiceberg.table.update.snapshot import _FastAppendFiles
+from pyiceberg.typedef import EMPTY_DICT
 
 from krishiv_core.table_metadata import updated_metadata
 
@@ -112,6 +119,76 @@ def overwrite(
             producer.append_data_file(data_file)
         producer.commit()
     return table
+
+
+def row_delta(
+    table: Table,
+    data_files: Sequence[DataFile],
+    delete_files: Sequence[DataFile],
+    snapshot_id: int,
+    summary: Mapping[str, str],
+    properties: Mapping[str, str] | None = None,
+) -> Table:
+    """Commit one ``overwrite`` snapshot with the given id and summary that adds ``data_files`` and the position
+    delete files ``delete_files`` (``outbox.position_deletes``) and removes nothing, and set ``properties`` in the
+    same metadata commit; returns the table at the new snapshot. The catalog commit requires the branch head to be
+    the one the caller planned on (as every pyiceberg commit does), so deletes planned on an older head never land.
+    """
+    with MetadataCachingTransaction(table) as tx:
+        if properties:
+            tx.set_properties(dict(properties))
+        producer = _RowDelta(
+            operation=Operation.OVERWRITE,
+            transaction=tx,
+            io=table.io,
+            snapshot_properties=dict(summary),
+            delete_files=delete_files,
+        )
+        _with_snapshot_id(producer, snapshot_id)
+        for data_file in data_files:
+            producer.append_data_file(data_file)
+        producer.commit()
+    return table
+
+
+class _RowDelta(_FastAppendFiles):
+    """A fast append that also adds position delete files, in manifests of content ``DELETES`` (one per partition
+    spec), and counts them in the snapshot's summary (``added-position-delete-files``, ``added-position-deletes``)."""
+
+    def __init__(self, *args: Any, delete_files: Sequence[DataFile], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._delete_files = list(delete_files)
+
+    def _process_manifests(self, manifests: list[ManifestFile]) -> list[ManifestFile]:
+        from outbox.position_deletes import DeleteManifestWriter
+
+        by_spec: dict[int, list[DataFile]] = {}
+        for f in self._delete_files:
+            by_spec.setdefault(f.spec_id, []).append(f)
+        added = []
+        for spec_id, files in by_spec.items():
+            writer = DeleteManifestWriter(
+                spec=self.spec(spec_id),
+                schema=self.schema(),
+                output_file=self.new_manifest_output(),
+                snapshot_id=self._snapshot_id,
+                avro_compression=self._compression,
+            )
+            with writer:
+                for f in files:
+                    writer.add(ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, data_file=f))
+            added.append(writer.to_manifest_file())
+        return super()._process_manifests(added + manifests)
+
+    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
+        # pyiceberg's summary collector counts delete files by their content; the data manifest is written already
+        # (_commit writes manifests first), so the delete files are listed beside the data files for the count only.
+        data_files = self._added_data_files
+        self._added_data_files = [*data_files, *self._delete_files]
+        try:
+            return super()._summary(snapshot_properties)
+        finally:
+            self._added_data_files = data_files
 
 
 def write_data_files(table: Table, rows: pa.Table) -> list[DataFile]:

@@ -6,7 +6,6 @@ leaves no file."""
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -18,18 +17,16 @@ from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io.pyarrow import schema_to_pyarrow
-from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestContent, ManifestWriterV2
+from pyiceberg.manifest import DataFile
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
-from pyiceberg.table.update.snapshot import _FastAppendFiles
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType
 from rich.console import Console
 
-from krishiv.lineage import lineage
-from krishiv.maintenance import TableMaintenance, describe
+from krishiv.lineage import lineage, maintenance_of
 from krishiv.verify import check_ledger_agreement, check_lineage, duplicate_rows, duplicate_sources
 from krishiv.views import lineage_table
 from krishiv_core import faults
@@ -47,6 +44,7 @@ from krishiv_core.entries import (
 from krishiv_core.faults import FAULTS_ENV, InjectedFault
 from outbox.compaction import (
     COMPACTION,
+    SUMMARY_FOLDED_DELETES,
     SUMMARY_MAINTENANCE,
     SUMMARY_MAINTENANCE_RUN,
     SUMMARY_REWRITTEN_FILES,
@@ -56,6 +54,7 @@ from outbox.compaction import (
 )
 from outbox.ledger import Ledger
 from outbox.merge import TableFileMissing, merge_commit
+from outbox.position_deletes import COPY_ON_WRITE, MERGE_MODE, MERGE_ON_READ, write_position_deletes
 from outbox.relay import (
     SUMMARY_BATCH_ID,
     SUMMARY_HIGH_WATER,
@@ -65,6 +64,7 @@ from outbox.relay import (
     high_water_property,
     snapshot_summary,
 )
+from outbox.snapshot_producer import row_delta
 from tests.outbox.test_relay import TABLE, DiesBeforeMarking, stage
 
 MB = 1 << 20
@@ -232,10 +232,11 @@ MERGE_TABLE = "krishiv.merged"
 BY_ID = CommitOperation(MERGE, key=("id",))
 
 
-def merge_table(catalog: Catalog) -> Table:
+def merge_table(catalog: Catalog, mode: str = MERGE_ON_READ) -> Table:
     catalog.create_namespace_if_not_exists("krishiv")
     spec = PartitionSpec(PartitionField(2, 1000, IdentityTransform(), "region"))
-    return catalog.create_table(MERGE_TABLE, MERGE_SCHEMA, partition_spec=spec, properties=TABLE_PROPERTIES)
+    properties = {**TABLE_PROPERTIES, MERGE_MODE: mode}
+    return catalog.create_table(MERGE_TABLE, MERGE_SCHEMA, partition_spec=spec, properties=properties)
 
 
 def stage_merge(ledger: Ledger, folder: Path, batch_id: int, rows: list[dict[str, Any]]) -> OutboxEntry:
@@ -265,24 +266,28 @@ def row(key: int, value: float, region: str) -> dict[str, Any]:
     return {"id": key, "region": region, "value": value}
 
 
-def test_a_merge_between_plan_and_commit_drops_the_groups_it_rewrote(sqlite: Catalog, ledger: Ledger, tmp_path):
-    merge_table(sqlite)
+@pytest.mark.parametrize("mode", [MERGE_ON_READ, COPY_ON_WRITE])
+def test_a_merge_between_plan_and_commit_drops_the_groups_it_rewrote(sqlite: Catalog, ledger: Ledger, tmp_path, mode):
+    """A merge lands between a compaction's plan and its commit: copy-on-write, it rewrote one of the eu files; merge
+    on read, it deleted a row of one by position. Either way the eu group is dropped and the us group committed."""
+    merge_table(sqlite, mode)
     folder = tmp_path / "_krishiv_staging"
     for b in range(4):  # keys 0..3 in eu, 100..103 in us: four files per region
         stage_merge(ledger, folder, b, [row(b, b, "eu"), row(100 + b, b, "us")])
     CommitRelay(ledger, sqlite).commit_table(MERGE_TABLE)
     stale = sqlite.load_table(MERGE_TABLE)
-    stage_merge(ledger, folder, 4, [row(1, 99.0, "eu")])  # rewrites one eu file
+    stage_merge(ledger, folder, 4, [row(1, 99.0, "eu")])  # rewrites, or deletes a row of, one eu file
     assert CommitRelay(ledger, sqlite).commit_table(MERGE_TABLE).committed == [4]
     expected = rows_of(sqlite.load_table(MERGE_TABLE))
     files = data_folder_files(stale)
 
     report = compact_table(stale, target_file_size=MB, min_files=2)
     assert (report.files_rewritten, report.files_written, report.attempts) == (4, 1, 2), report
-    assert any("rewritten by a concurrent commit" in s for s in report.skipped)
+    why = "rewritten by a concurrent commit" if mode == COPY_ON_WRITE else "position deletes of 4 files changed"
+    assert any(why in s for s in report.skipped), report.skipped
     table = sqlite.load_table(MERGE_TABLE)
     assert rows_of(table) == expected
-    new = data_folder_files(table) - files
+    new = {f for f in data_folder_files(table) - files if "deletes" not in f}
     live = {Path(f.file_path).name for f in live_data_files(table)}
     assert len(new) == 1 and new <= live, "the rewrite of the dropped group was deleted"
     assert_checks_clean(table, ledger, merge=True)
@@ -363,50 +368,18 @@ def test_a_wrong_setting_is_one_line_naming_it(sqlite: Catalog, ledger: Ledger):
 # ------------------------------------------------------------------------------------------ foreign delete files
 
 
-class _DeleteManifestWriter(ManifestWriterV2):
-    """A manifest of delete files (pyiceberg 0.12 writes data manifests only)."""
-
-    def content(self) -> ManifestContent:
-        return ManifestContent.DELETES
-
-    @property
-    def _meta(self) -> dict[str, str]:
-        return {**super()._meta, "content": "deletes"}
-
-
-class _AddDeleteFiles(_FastAppendFiles):
-    """Another engine's row delta: it adds delete files, in a delete manifest, and keeps every manifest."""
-
-    def new_manifest_writer(self, spec: PartitionSpec) -> _DeleteManifestWriter:
-        return _DeleteManifestWriter(
-            spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression
-        )
-
-
 def delete_rows_merge_on_read(table: Table, data_file: DataFile, positions: list[int]) -> None:
     """Another writer deletes rows ``positions`` of ``data_file`` with a position delete file (merge-on-read, as
-    Spark or Flink do with ``write.delete.mode=merge-on-read``; pyiceberg 0.12 itself deletes copy-on-write only)."""
-    path = f"{table.location()}/data/delete-{uuid.uuid4().hex}.parquet"
-    with table.io.new_output(path).create() as out:
-        pq.write_table(pa.table({"file_path": [data_file.file_path] * len(positions), "pos": positions}), out)
-    delete = DataFile.from_args(
-        content=DataFileContent.POSITION_DELETES,
-        file_path=path,
-        file_format=FileFormat.PARQUET,
-        partition=data_file.partition,
-        record_count=len(positions),
-        file_size_in_bytes=len(table.io.new_input(path)),
-    )
-    delete.spec_id = data_file.spec_id
-    with table.transaction() as tx:
-        producer = _AddDeleteFiles(operation=Operation.DELETE, transaction=tx, io=table.io)
-        producer.append_data_file(delete)
-        producer.commit()
+    Spark or Flink do with ``write.delete.mode=merge-on-read``)."""
+    deletes = pa.table({"file_path": [data_file.file_path] * len(positions), "pos": positions})
+    files = write_position_deletes(table, deletes, {data_file.file_path: data_file})
+    row_delta(table, [], files, new_snapshot_id(), {})
 
 
-def test_rows_another_writer_deleted_with_a_delete_file_stay_deleted(sqlite: Catalog, ledger: Ledger):
-    """A compaction rewriting data files would drop the delete files' hold on their rows: a table with delete files
-    is left as it is (one line why), whether they were there at planning or arrived before the commit."""
+def test_rows_another_writer_deleted_by_position_stay_deleted_and_are_folded(sqlite: Catalog, ledger: Ledger):
+    """Position deletes that land between a compaction's plan and its commit drop the group of the files they apply
+    to (its rewrite was read without them); planned with them there, the compaction folds them: the rows they delete
+    are not rewritten, and the delete file goes with the files it named, in the same snapshot."""
     for b in range(6):
         stage(sqlite, ledger, b, b)
     CommitRelay(ledger, sqlite).commit_table(TABLE)
@@ -420,18 +393,16 @@ def test_rows_another_writer_deleted_with_a_delete_file_stay_deleted(sqlite: Cat
 
     report = compact_table(stale, target_file_size=MB, min_files=2)
     assert report.snapshot_id is None and report.attempts == 1
-    assert report.skipped == [
-        "another writer added delete files (merge-on-read) while the compaction ran; nothing was committed: "
-        "rewriting the files they apply to would bring their deleted rows back"
-    ]
+    assert report.skipped == ["position deletes of 6 files changed during the compaction; 1 of their groups were left"]
     table = sqlite.load_table(TABLE)
     assert rows_of(table) == kept and data_folder_files(table) == files, "no rewrite committed or left behind"
 
     report = compact_table(table, target_file_size=MB, min_files=2)  # planned with the delete file there
-    assert report.snapshot_id is None and report.skipped == [
-        "the table has delete files (merge-on-read); compaction rewrites copy-on-write tables only"
-    ]
-    assert rows_of(sqlite.load_table(TABLE)) == kept
-    assert describe(TableMaintenance(TABLE, compaction=report), "1h") == [
-        f"{TABLE}: not compacted: {report.skipped[0]}"
-    ], "krishiv compact and maintain say why in one line"
+    assert report.snapshot_id is not None and report.files_rewritten == 6 and report.files_written == 1
+    table = sqlite.load_table(TABLE)
+    assert rows_of(table) == kept
+    head = table.current_snapshot()
+    assert head.summary[SUMMARY_FOLDED_DELETES] == "1" and head.summary["removed-position-deletes"] == "1"
+    assert [t.delete_files for t in table.scan().plan_files()] == [set()], "the delete file went with its file"
+    assert maintenance_of(head) == "compaction"
+    assert_checks_clean(table, ledger)

@@ -39,6 +39,7 @@ from krishiv_core.entries import (
 )
 from outbox.errors import MergeKeyDuplicate, MergeKeyNull, MergeRetriesEnabled, OutboxError
 from outbox.merge import merge_commit
+from outbox.position_deletes import COPY_ON_WRITE, MERGE_MODE, MERGE_ON_READ, merge_on_read
 from outbox.relay import SUMMARY_BATCH_ID, find_committed, high_water_property, snapshot_summary
 
 QUERY_ID = "q-merge"
@@ -66,9 +67,10 @@ def catalog(request: pytest.FixtureRequest, tmp_path: Path) -> SqlCatalog:
     return catalog
 
 
-@pytest.fixture
-def table(catalog: SqlCatalog) -> Table:
-    return catalog.create_table(IDENTIFIER, SCHEMA, properties=TABLE_PROPERTIES)
+@pytest.fixture(params=[MERGE_ON_READ, COPY_ON_WRITE])
+def table(catalog: SqlCatalog, request: pytest.FixtureRequest) -> Table:
+    """The table, in each of Iceberg's merge modes (``write.merge.mode``): the rows after a merge are the same."""
+    return catalog.create_table(IDENTIFIER, SCHEMA, properties={**TABLE_PROPERTIES, MERGE_MODE: request.param})
 
 
 class Stager:
@@ -205,10 +207,15 @@ def test_existing_keys_are_replaced_in_one_overwrite_snapshot(catalog, table, st
     }
     files = registered_files(reloaded)
     assert second.files[0].path in files, "the staged file is registered in place"
-    assert first.files[0].path not in files, "the file holding replaced keys was rewritten"
     head = reloaded.current_snapshot()
     assert head is not None and head.parent_snapshot_id == first.intended_snapshot_id
-    assert head.summary["deleted-records"] == "5" and head.summary["added-records"] == "7"
+    if merge_on_read(table):
+        assert first.files[0].path in files, "nothing of the table is rewritten"
+        assert head.summary["added-position-deletes"] == "3" and head.summary["added-records"] == "5"
+        assert head.summary["added-position-delete-files"] == "1"
+    else:
+        assert first.files[0].path not in files, "the file holding replaced keys was rewritten"
+        assert head.summary["deleted-records"] == "5" and head.summary["added-records"] == "7"
     assert len(reloaded.snapshots()) == 2
     # The snapshot before still reads as it was: time travel sees the old values.
     old = reloaded.scan(snapshot_id=first.intended_snapshot_id).to_arrow()
@@ -230,8 +237,11 @@ def test_a_delete_only_entry_gets_the_intended_id_on_its_overwrite(catalog, tabl
     table, ids = merge(table, entry)
     reloaded = assert_committed(catalog, entry, ids, Operation.OVERWRITE)
     assert reloaded.scan().to_arrow().num_rows == 0
-    assert registered_files(reloaded) == set(), "a file left empty is dropped, not rewritten"
-    assert reloaded.current_snapshot().summary["deleted-records"] == "3"
+    if merge_on_read(table):
+        assert reloaded.current_snapshot().summary["added-position-deletes"] == "3"
+    else:
+        assert registered_files(reloaded) == set(), "a file left empty is dropped, not rewritten"
+        assert reloaded.current_snapshot().summary["deleted-records"] == "3"
 
 
 def test_a_merge_that_matches_nothing_still_leaves_its_snapshot(catalog, table, stager) -> None:
@@ -394,9 +404,11 @@ def test_an_older_entry_of_delete_keys_without_versions_still_deletes(catalog, t
     assert rows_by(table, "id") == {}
 
 
-def test_a_partitioned_table_rewrites_only_the_touched_partition(catalog, tmp_path) -> None:
+@pytest.mark.parametrize("mode", [MERGE_ON_READ, COPY_ON_WRITE])
+def test_a_partitioned_table_rewrites_only_the_touched_partition(catalog, tmp_path, mode) -> None:
     spec = PartitionSpec(PartitionField(source_id=2, field_id=1000, transform=IdentityTransform(), name="region"))
-    table = catalog.create_table(("krishiv", "by_region"), SCHEMA, partition_spec=spec, properties=TABLE_PROPERTIES)
+    properties = {**TABLE_PROPERTIES, MERGE_MODE: mode}
+    table = catalog.create_table(("krishiv", "by_region"), SCHEMA, partition_spec=spec, properties=properties)
     stager = Stager(table, tmp_path / "_krishiv_staging_by_region")
     eu = stager.entry([row(k, float(k), region="eu") for k in range(5)])
     us = stager.entry([row(k, float(k), region="us") for k in range(5, 10)])
@@ -420,9 +432,16 @@ def test_a_partitioned_table_rewrites_only_the_touched_partition(catalog, tmp_pa
     files = {t.file.file_path.removeprefix("file://"): t.file.partition for t in table.scan().plan_files()}
     assert files[us.files[0].path] == Record("us"), "the other partition's file is untouched"
     assert files[update.files[0].path] == Record("eu")
-    assert eu.files[0].path not in files
-    (rewritten,) = [p for p in files if "_krishiv_staging" not in p]
-    assert files[rewritten] == Record("eu") and "region=eu" in rewritten
+    if mode == MERGE_ON_READ:
+        (task,) = [t for t in table.scan().plan_files() if t.file.file_path.endswith(eu.files[0].path)]
+        (deletes,) = task.delete_files
+        assert deletes.partition == Record("eu") and deletes.record_count == 2, "ids 1 and 2, in the eu partition"
+        us_task = [t for t in table.scan().plan_files() if t.file.file_path.endswith(us.files[0].path)]
+        assert us_task[0].delete_files == set()
+    else:
+        assert eu.files[0].path not in files
+        (rewritten,) = [p for p in files if "_krishiv_staging" not in p]
+        assert files[rewritten] == Record("eu") and "region=eu" in rewritten
     eu_only = table.scan(row_filter=EqualTo("region", "eu")).to_arrow()
     assert sorted(eu_only["id"].to_pylist()) == [0, 1, 3, 4, 20]
 

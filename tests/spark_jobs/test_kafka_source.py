@@ -33,6 +33,8 @@ from spark_jobs import kafka_source
 from spark_jobs.checkpoint import BatchOffsets
 from spark_jobs.errors import KafkaSourceError, OffsetsDeleted, OffsetsMovedBackwards, SourceChanged
 from spark_jobs.kafka_source import (
+    RANGE_QUEUE_KBYTES,
+    RANGE_QUEUE_MAX_RECORDS,
     KafkaAdmin,
     KafkaClients,
     KafkaRange,
@@ -40,6 +42,7 @@ from spark_jobs.kafka_source import (
     batch_rows,
     cap_offsets,
     consumer_config,
+    range_consumer_config,
     read_range,
 )
 
@@ -492,6 +495,18 @@ def test_the_reader_reads_its_ranges_through_the_seam() -> None:
 
 
 # --------------------------------------------------------------------------------------- consumer settings
+
+
+def test_a_range_consumer_may_queue_its_whole_range_unless_the_user_says_otherwise() -> None:
+    """librdkafka pauses a partition's fetching for a second once queued.min.messages (100,000) are queued; a task's
+    consumer may queue its whole range instead, its bytes bounded by queued.max.messages.kbytes."""
+    base = consumer_config(BOOTSTRAP, {})
+    assert base["queued.max.messages.kbytes"] == RANGE_QUEUE_KBYTES and base["fetch.max.bytes"] <= 32 * 1024 * 1024
+    assert KafkaRange(TOPIC, 0, 0, 250_000, base, 1.0).config["queued.min.messages"] == 250_000
+    assert KafkaRange(TOPIC, 0, 0, 10, base, 1.0).config["queued.min.messages"] == 100_000, "never below the default"
+    assert range_consumer_config(base, 10**9)["queued.min.messages"] == RANGE_QUEUE_MAX_RECORDS
+    mine = consumer_config(BOOTSTRAP, {"queued.min.messages": "5000"})
+    assert KafkaRange(TOPIC, 0, 0, 250_000, mine, 1.0).config["queued.min.messages"] == "5000"
 
 
 def test_forced_consumer_settings_override_extras() -> None:

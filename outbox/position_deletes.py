@@ -1,0 +1,131 @@
+"""Merge-on-read: Iceberg v2 position delete files, written from Python and read back as every reader applies them.
+
+A merge whose keys are spread over a table would rewrite nearly every file it touches (copy-on-write): the cost of
+a batch grows with the table. With merge-on-read the relay instead writes, per partition, one Parquet *position
+delete* file naming ``(file_path, pos)`` of each table row the batch replaces or deletes, and commits it with the
+batch's data files in one snapshot: nothing of the table is rewritten, and compaction (``outbox/compaction.py``)
+later folds the deletes into rewritten data files.
+
+pyiceberg 0.12 reads position deletes (its scans apply them) but writes none, so this module is the one place that
+does, following the spec: the delete file's columns are ``file_path`` (field id 2147483546) and ``pos``
+(2147483545), rows sorted by path then position; its ``DataFile`` has content ``POSITION_DELETES``, the partition
+of the data files it names (one delete file per partition), and bounds on ``file_path`` so a reader applies it only
+to the files in its range; it goes in a manifest of content ``DELETES`` (:class:`DeleteManifestWriter`).
+``tests/outbox/test_position_deletes.py`` reads the result back with pyiceberg and breaks if pyiceberg's manifest
+or delete-file API moves (the canary).
+
+A table's mode follows Iceberg's own property ``write.merge.mode`` (as Spark's does): ``merge-on-read``, Krishiv's
+default, or ``copy-on-write``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyiceberg.io import FileIO
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestContent, ManifestWriterV2
+from pyiceberg.table import Table, TableProperties
+from pyiceberg.typedef import Record
+
+#: Iceberg's reserved field ids of a position delete file's columns.
+PATH_FIELD_ID = 2147483546
+POS_FIELD_ID = 2147483545
+DELETE_SCHEMA = pa.schema(
+    [
+        pa.field("file_path", pa.string(), nullable=False, metadata={b"PARQUET:field_id": str(PATH_FIELD_ID)}),
+        pa.field("pos", pa.int64(), nullable=False, metadata={b"PARQUET:field_id": str(POS_FIELD_ID)}),
+    ]
+)
+#: Iceberg's table property choosing how merges are written, and its values.
+MERGE_MODE = "write.merge.mode"
+MERGE_ON_READ = "merge-on-read"
+COPY_ON_WRITE = "copy-on-write"
+
+
+def merge_on_read(table: Table) -> bool:
+    """Whether merges into ``table`` write position deletes (``write.merge.mode``, merge-on-read unless set to
+    copy-on-write); a v1 table has no delete files."""
+    return table.metadata.format_version >= 2 and table.properties.get(MERGE_MODE, MERGE_ON_READ) != COPY_ON_WRITE
+
+
+class DeleteManifestWriter(ManifestWriterV2):
+    """pyiceberg's v2 manifest writer for a manifest of delete files (content ``DELETES``)."""
+
+    def content(self) -> ManifestContent:
+        return ManifestContent.DELETES
+
+    @property
+    def _meta(self) -> dict[str, str]:
+        return {**super()._meta, "content": "deletes"}
+
+
+def write_position_deletes(table: Table, deletes: pa.Table, files: Mapping[str, DataFile]) -> list[DataFile]:
+    """Write ``deletes`` (``file_path``, ``pos``: rows of the data files ``files`` maps by path) as one position
+    delete file per partition of those files; returns their ``DataFile``s, nothing committed."""
+    if deletes.num_rows == 0:
+        return []
+    groups: dict[tuple[int, Record], list[str]] = defaultdict(list)
+    for path in pc.unique(deletes["file_path"]).to_pylist():
+        f = files[path]
+        groups[(f.spec_id, f.partition)].append(path)
+    codec = table.properties.get(TableProperties.PARQUET_COMPRESSION, TableProperties.PARQUET_COMPRESSION_DEFAULT)
+    written: list[DataFile] = []
+    for (spec_id, partition), paths in groups.items():
+        rows = deletes.filter(pc.is_in(deletes["file_path"], pa.array(paths, pa.string())))
+        rows = (
+            rows.select(["file_path", "pos"])
+            .cast(DELETE_SCHEMA)
+            .sort_by([("file_path", "ascending"), ("pos", "ascending")])
+        )
+        location = table.location_provider().new_data_location(f"{uuid.uuid4()}-deletes.parquet")
+        output = table.io.new_output(location)
+        with output.create(overwrite=False) as stream:
+            pq.write_table(rows, stream, compression=codec)
+        size = len(table.io.new_input(location))
+        first, last = min(paths), max(paths)
+        positions = pc.min_max(rows["pos"])
+        delete_file = DataFile.from_args(
+            content=DataFileContent.POSITION_DELETES,
+            file_path=location,
+            file_format=FileFormat.PARQUET,
+            partition=partition,
+            record_count=rows.num_rows,
+            file_size_in_bytes=size,
+            value_counts={PATH_FIELD_ID: rows.num_rows, POS_FIELD_ID: rows.num_rows},
+            null_value_counts={PATH_FIELD_ID: 0, POS_FIELD_ID: 0},
+            lower_bounds={PATH_FIELD_ID: first.encode(), POS_FIELD_ID: _long(positions["min"].as_py())},
+            upper_bounds={PATH_FIELD_ID: last.encode(), POS_FIELD_ID: _long(positions["max"].as_py())},
+            sort_order_id=None,
+            equality_ids=None,
+            key_metadata=None,
+        )
+        delete_file.spec_id = spec_id  # not a field of the struct: from_args would drop it
+        written.append(delete_file)
+    return written
+
+
+def _long(value: int) -> bytes:
+    return int(value).to_bytes(8, "little", signed=True)
+
+
+def deleted_positions(io: FileIO, delete_files: Iterable[DataFile], path: str) -> pa.Array:
+    """The positions of data file ``path`` that ``delete_files`` (position deletes applying to it) delete."""
+    found = []
+    for f in delete_files:
+        if f.content != DataFileContent.POSITION_DELETES:
+            raise ValueError(f"{f.file_path}: equality deletes are not supported (content {f.content})")
+        with io.new_input(f.file_path).open() as stream:
+            rows = pq.read_table(stream, filters=pc.field("file_path") == path, columns=["pos"])
+        found.append(rows["pos"].combine_chunks().cast(pa.int64()))
+    return pa.concat_arrays(found) if found else pa.array([], pa.int64())
+
+
+def referenced_paths(io: FileIO, delete_file: DataFile) -> set[str]:
+    """The data files a position delete file names."""
+    with io.new_input(delete_file.file_path).open() as stream:
+        return set(pc.unique(pq.read_table(stream, columns=["file_path"])["file_path"]).to_pylist())
