@@ -56,7 +56,7 @@ def _rows(ids: np.ndarray, version: int) -> pa.Table:
     )
 
 
-def _table(folder: Path, rows: int):  # noqa: ANN202 - a pyiceberg Table
+def _table(folder: Path, rows: int):
     from pyiceberg.catalog.sql import SqlCatalog
 
     from krishiv_core.catalog import TABLE_PROPERTIES
@@ -69,12 +69,11 @@ def _table(folder: Path, rows: int):  # noqa: ANN202 - a pyiceberg Table
     return catalog.load_table("bench.upserts")
 
 
-def _entry(folder: Path, table, batch_id: int, ids: np.ndarray):  # noqa: ANN001, ANN202 - a Table, an OutboxEntry
+def _entry(folder: Path, table, batch_id: int, ids: np.ndarray):
     """A batch staged as phase 1 stages it: one Parquet file with the table's field ids."""
     from pyiceberg.io.pyarrow import schema_to_pyarrow
 
-    from krishiv_core.entries import MERGE, CommitOperation, OutboxEntry, StagedFile
-    from krishiv_core.entries import new_snapshot_id
+    from krishiv_core.entries import MERGE, CommitOperation, OutboxEntry, StagedFile, new_snapshot_id
 
     path = folder / f"staged-{batch_id}.parquet"
     rows = _rows(np.sort(ids), batch_id + 1)
