@@ -19,9 +19,10 @@ from rich.console import Console
 from rich.table import Table as RichTable
 
 from benchmarks import percentile
+from benchmarks.raw_consume import RawConsumeResult
 from benchmarks.relay_latency import LAST_COMMITS, RelayResult
 from benchmarks.runner import BenchResults, checkout, machine
-from benchmarks.throughput import PipelineRun
+from benchmarks.throughput import EventsRun, PipelineRun
 from krishiv_core.catalog import redact
 
 RELAY_P99_TARGET_MS = 250.0  # without maintenance, over a run to 1,000 snapshots
@@ -29,6 +30,8 @@ MAINTAINED_P99_TARGET_MS = 100.0  # with maintenance beside the relay, over the 
 KRISHIV_VS_BASELINE_TARGET = 0.95
 KRISHIV_VS_LIMIT_TARGET = 0.3
 EVENTS_VS_LIMIT_TARGET = 0.4
+UPSERT_VS_LIMIT_TARGET = 0.2
+MERGE_GROWTH_TARGET = 2.0  # a 10k-key batch into a 10M-row table against a 1M-row one
 
 
 def _run(run: PipelineRun) -> dict[str, Any]:
@@ -55,6 +58,18 @@ def _relay(r: RelayResult, depths: tuple[int, ...]) -> dict[str, Any]:
         "last_p99_ms": round(r.last_percentile(0.99), 1),
         "conflicts": r.conflicts,
         "maintenance": maintenance,
+    }
+
+
+def _kind(run: EventsRun | None, limit: RawConsumeResult) -> dict[str, Any] | None:
+    if run is None:
+        return None
+    return {
+        **{k: v for k, v in asdict(run).items() if k != "peak_rss"},
+        "seconds": round(run.seconds, 2),
+        "commit_s": round(run.commit_s, 2),
+        "events_per_s": round(run.events_per_s),
+        "vs_limit": round(run.events_per_s / limit.events_per_s, 3),
     }
 
 
@@ -96,6 +111,15 @@ def _targets(res: BenchResults) -> list[dict[str, Any]]:
         targets.append(
             _target("events kind vs limit", res.events.events_per_s / limit, ">=", EVENTS_VS_LIMIT_TARGET, "x")
         )
+    if res.upserts is not None:
+        targets.append(
+            _target("upsert kind vs limit", res.upserts.events_per_s / limit, ">=", UPSERT_VS_LIMIT_TARGET, "x")
+        )
+    if res.merge_cost is not None:
+        growth = res.merge_cost["growth"]["uniform"]
+        sizes = res.merge_cost["sizes"]
+        name = f"merge cost per batch, {sizes[1]:,} vs {sizes[0]:,} rows, keys uniform (x)"
+        targets.append(_target(name, growth, "<=", MERGE_GROWTH_TARGET, "x"))
     return targets
 
 
@@ -130,15 +154,9 @@ def to_json(res: BenchResults) -> dict[str, Any]:
         },
         "relay": [_relay(r, res.options.relay_depths) for r in res.relay],
         "relay_maintained": [_relay(r, res.options.relay_depths) for r in res.relay_maintained],
-        "events": None
-        if res.events is None
-        else {
-            **{k: v for k, v in asdict(res.events).items() if k != "peak_rss"},
-            "seconds": round(res.events.seconds, 2),
-            "commit_s": round(res.events.commit_s, 2),
-            "events_per_s": round(res.events.events_per_s),
-            "vs_limit": round(res.events.events_per_s / res.limit.events_per_s, 3),
-        },
+        "events": _kind(res.events, res.limit),
+        "upsert": _kind(res.upserts, res.limit),
+        "merge_cost": res.merge_cost,
         "freshness": {
             "rate": f.rate,
             "seconds": f.seconds,
@@ -199,6 +217,27 @@ def table_rows(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
                 f"{ev['vs_limit']} x limit",
             )
         )
+    up = doc.get("upsert")
+    if up:
+        rows.append(
+            (
+                "2 upsert kind (every row of a full table)",
+                f"{up['events_per_s']:,} ev/s",
+                f"{up['rows_written']:,} rows in {up['seconds']} s ({up['commit_s']} s the relay), "
+                f"{up['vs_limit']} x limit",
+            )
+        )
+    merge = doc.get("merge_cost")
+    if merge:
+        for c in merge["costs"]:
+            rows.append(
+                (
+                    f"  merge, {c['table_rows']:,}-row table, keys {c['layout']}",
+                    f"{c['median_s']} s per batch",
+                    f"{c['batch_keys']:,} keys; {c['delete_rows_written']:,} position deletes, "
+                    f"{c['table_bytes_rewritten']:,} table bytes rewritten",
+                )
+            )
     rows.append(
         ("3 baseline at-least-once", f"{b['events_per_s']:,} ev/s", f"{b['seconds']} s, {b['batches']} batches")
     )

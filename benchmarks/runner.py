@@ -27,7 +27,9 @@ from benchmarks.throughput import (
     run_events,
     run_krishiv,
     run_scan_only,
+    run_upserts,
 )
+from benchmarks.upsert_merge import merge_costs
 from benchmarks.workload import produce_orders
 from krishiv.state_folder import BENCH_MARKER, reset_folder
 from krishiv_core.spec import KrishivSpec
@@ -52,6 +54,9 @@ class BenchOptions:
     dagster_freshness_seconds: float = 60.0  # 0 skips freshness under Dagster's sensors alone
     dagster_rate: float = 200.0
     warmup_events: int = 20_000
+    merge_sizes: tuple[int, ...] = (1_000_000, 10_000_000)  # table sizes the merge cost is measured at
+    merge_batch_keys: int = 10_000
+    merge_batches: int = 3
 
 
 @dataclass
@@ -71,6 +76,8 @@ class BenchResults:
     events: EventsRun | None = None
     relay_maintained: list[RelayResult] = field(default_factory=list)
     dagster_freshness: DagsterFreshnessResult | None = None
+    upserts: EventsRun | None = None
+    merge_cost: dict[str, Any] | None = None  # :func:`benchmarks.upsert_merge.merge_costs`
 
 
 def machine() -> dict[str, Any]:
@@ -151,6 +158,10 @@ def run_bench(spec: KrishivSpec, options: BenchOptions, folder: Path, console: C
 
         step("the events kind: raw ingestion of the same orders, one row each")
         events_run = run_events(spark, events_spec(spec_for("events-1x", "orders-1x")), options.events)
+        step("the upsert kind: the same orders merged again into a full table (one row per order), merge-on-read")
+        upsert_run = run_upserts(spark, spec_for("upserts-1x", "orders-1x"), options.events)
+        step(f"the relay's merge cost per {options.merge_batch_keys:,}-key batch at each table size")
+        merge_cost = merge_costs(options.merge_sizes, options.merge_batch_keys, options.merge_batches)
 
         scaling = [(1, krishiv)]
         for factor in (f for f in options.scaling if f != 1):
@@ -219,6 +230,8 @@ def run_bench(spec: KrishivSpec, options: BenchOptions, folder: Path, console: C
         events_run,
         maintained,
         dagster_freshness,
+        upsert_run,
+        merge_cost,
     )
 
 

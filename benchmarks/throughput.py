@@ -20,11 +20,12 @@ from pyiceberg.table import Table
 from pyspark.sql import DataFrame, SparkSession
 
 from benchmarks.memory import PeakRss, RssSampler
-from krishiv_core.spec import EVENTS, KrishivSpec
+from krishiv_core.spec import EVENTS, UPSERT, KrishivSpec
 from krishiv_core.tables import WINDOW_START
 
 BASELINE_TABLE = "baseline_windows"
 EVENTS_TABLE = "orders_raw"
+UPSERTS_TABLE = "orders_latest"
 
 
 @dataclass
@@ -67,6 +68,22 @@ def events_spec(spec: KrishivSpec) -> KrishivSpec:
     """``spec`` (from :func:`bench_spec`) with its pipeline as the ``events`` kind: every valid order one row of
     :data:`EVENTS_TABLE`, raw ingestion with the same source, batch size and fields."""
     pipeline = replace(spec.pipeline(), name=EVENTS_TABLE, table=EVENTS_TABLE, kind=EVENTS, aggregations=())
+    return replace(spec, pipelines=(pipeline,))
+
+
+def upserts_spec(spec: KrishivSpec, name: str = UPSERTS_TABLE) -> KrishivSpec:
+    """``spec`` (from :func:`bench_spec`) with its pipeline as the ``upsert`` kind: the latest row per order id
+    (version ``event_time``) in :data:`UPSERTS_TABLE`, merged by the relay; ``name`` names the pipeline (its query),
+    so a second pipeline over the same topic updates every row of a full table."""
+    pipeline = replace(
+        spec.pipeline(),
+        name=name,
+        table=UPSERTS_TABLE,
+        kind=UPSERT,
+        aggregations=(),
+        key=("order_id",),
+        version_field="event_time",
+    )
     return replace(spec, pipelines=(pipeline,))
 
 
@@ -140,6 +157,14 @@ def run_events(spark: SparkSession, spec: KrishivSpec, events: int) -> EventsRun
         run.peak_rss,
         run.commit_s,
     )
+
+
+def run_upserts(spark: SparkSession, spec: KrishivSpec, events: int) -> EventsRun:
+    """The ``upsert`` kind updating every row of a full table: one untimed pass of :func:`upserts_spec` over the
+    topic fills the table (one row per order), then a second pipeline (another query) reads the same ``events``
+    orders again, timed like :func:`run_events`: every valid event replaces its key's row."""
+    _stage_and_commit(spark, upserts_spec(spec, "orders_latest_fill"))
+    return run_events(spark, upserts_spec(spec), events)
 
 
 def _table_totals(table: Table) -> tuple[int, int]:

@@ -69,7 +69,7 @@ from pyiceberg.typedef import EMPTY_DICT, Record
 
 from krishiv_core.faults import fault_point
 from outbox.errors import OutboxError
-from outbox.position_deletes import DeleteManifestWriter, deleted_positions, referenced_paths
+from outbox.position_deletes import DeletedPositions, DeleteManifestWriter, referenced_paths
 from outbox.snapshot_producer import MetadataCachingTransaction
 
 log = logging.getLogger(__name__)
@@ -354,9 +354,10 @@ def _rewrite(table: Table, b: Bin) -> _Rewrite:
 def _folded_rows(table: Table, b: Bin) -> int:
     """The rows of the bin's files that their position deletes delete (each position once)."""
     folded = 0
+    deletes = DeletedPositions(table.io)
     for i, f in enumerate(b.files):
         if b.deletes_of(i):
-            positions = pc.unique(deleted_positions(table.io, b.deletes_of(i), f.file_path))
+            positions = pc.unique(deletes.of(b.deletes_of(i), f.file_path))
             folded += int(pc.sum(pc.less(positions, f.record_count)).as_py() or 0)
     return folded
 

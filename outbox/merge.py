@@ -90,7 +90,7 @@ from outbox.errors import (
     MergeRetriesEnabled,
     StagedFileMissing,
 )
-from outbox.position_deletes import deleted_positions, merge_on_read, write_position_deletes
+from outbox.position_deletes import DeletedPositions, merge_on_read, write_position_deletes
 from outbox.snapshot_producer import fast_append, overwrite, row_delta, write_data_files
 
 log = logging.getLogger(__name__)
@@ -218,8 +218,9 @@ def plan_merge(table: Table, entry: OutboxEntry) -> MergePlan:
     if all_keys.num_rows and table.current_snapshot() is not None:
         projection = schema.select(*entry_columns, case_sensitive=True)
         reader = ArrowScan(table.metadata, table.io, projection, AlwaysTrue())
+        deletes = DeletedPositions(table.io)
         for task in table.scan(row_filter=plan.conflict_filter).plan_files():
-            rows = _live_rows(table, entry, reader, task, entry_types).join(all_keys, key, join_type="left semi")
+            rows = _live_rows_with_keys(table, entry, reader, task, entry_types, all_keys, deletes)
             if rows.num_rows:
                 tasks.append(task)
                 matched.append(rows.append_column(_FILE, pa.array([len(tasks) - 1] * rows.num_rows, pa.int64())))
@@ -293,16 +294,23 @@ class TableFileMissing(MergeRefused):
     """A data file of the table's current snapshot is gone while no commit moved the head: rows were lost."""
 
 
-def _live_rows(
-    table: Table, entry: OutboxEntry, reader: ArrowScan, task: FileScanTask, fields: Sequence[pa.Field]
+def _live_rows_with_keys(
+    table: Table,
+    entry: OutboxEntry,
+    reader: ArrowScan,
+    task: FileScanTask,
+    fields: Sequence[pa.Field],
+    keys: pa.Table,
+    deletes: DeletedPositions,
 ) -> pa.Table:
-    """The rows of a table file the plan reads (``fields``, then each row's position in the file), without the
-    rows its delete files delete. Read whole and in file order (pyiceberg's scan of one task keeps it, as its own
-    position deletes rely on), then the deleted positions dropped."""
+    """The rows of a table file with one of ``keys`` (``fields``, then each row's position in the file), without
+    the rows its delete files delete. Read whole and in file order (pyiceberg's scan of one task keeps it, as its
+    own position deletes rely on), matched, then the deleted positions dropped."""
     rows = _cast(_read_table_file(table, entry, reader, FileScanTask(task.file)), fields)
     rows = rows.append_column(_POS, pa.array(np.arange(rows.num_rows, dtype=np.int64)))
-    if task.delete_files:
-        dead = deleted_positions(table.io, task.delete_files, task.file.file_path)
+    rows = rows.join(keys, [f.name for f in keys.schema], join_type="left semi")
+    if task.delete_files and rows.num_rows:
+        dead = deletes.of(task.delete_files, task.file.file_path)
         if len(dead):
             rows = rows.filter(pc.invert(pc.is_in(rows[_POS], dead)))
     return rows

@@ -113,16 +113,33 @@ def _long(value: int) -> bytes:
     return int(value).to_bytes(8, "little", signed=True)
 
 
-def deleted_positions(io: FileIO, delete_files: Iterable[DataFile], path: str) -> pa.Array:
-    """The positions of data file ``path`` that ``delete_files`` (position deletes applying to it) delete."""
-    found = []
-    for f in delete_files:
-        if f.content != DataFileContent.POSITION_DELETES:
-            raise ValueError(f"{f.file_path}: equality deletes are not supported (content {f.content})")
-        with io.new_input(f.file_path).open() as stream:
-            rows = pq.read_table(stream, filters=pc.field("file_path") == path, columns=["pos"])
-        found.append(rows["pos"].combine_chunks().cast(pa.int64()))
-    return pa.concat_arrays(found) if found else pa.array([], pa.int64())
+class DeletedPositions:
+    """The positions position delete files delete, each delete file read once (a merge's plan asks for every file
+    a delete file names)."""
+
+    def __init__(self, io: FileIO) -> None:
+        self._io = io
+        self._read: dict[str, dict[str, pa.Array]] = {}
+
+    def of(self, delete_files: Iterable[DataFile], path: str) -> pa.Array:
+        """The positions of data file ``path`` that ``delete_files`` delete."""
+        found = []
+        for f in delete_files:
+            if f.file_path not in self._read:
+                self._read[f.file_path] = _by_data_file(self._io, f)
+            if path in self._read[f.file_path]:
+                found.append(self._read[f.file_path][path])
+        return pa.concat_arrays(found) if found else pa.array([], pa.int64())
+
+
+def _by_data_file(io: FileIO, delete_file: DataFile) -> dict[str, pa.Array]:
+    if delete_file.content != DataFileContent.POSITION_DELETES:
+        raise ValueError(f"{delete_file.file_path}: equality deletes are not supported (content {delete_file.content})")
+    with io.new_input(delete_file.file_path).open() as stream:
+        rows = pq.read_table(stream, columns=["file_path", "pos"])
+    paths = rows["file_path"].combine_chunks()
+    positions = rows["pos"].combine_chunks().cast(pa.int64())
+    return {path: positions.filter(pc.equal(paths, path)) for path in pc.unique(paths).to_pylist()}
 
 
 def referenced_paths(io: FileIO, delete_file: DataFile) -> set[str]:

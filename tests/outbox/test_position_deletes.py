@@ -27,7 +27,7 @@ from outbox.position_deletes import (
     MERGE_MODE,
     PATH_FIELD_ID,
     POS_FIELD_ID,
-    deleted_positions,
+    DeletedPositions,
     merge_on_read,
     referenced_paths,
     write_position_deletes,
@@ -84,9 +84,10 @@ def test_position_deletes_in_two_partitions_are_read_back_by_pyiceberg(catalog: 
     contents = sorted(m.content for m in head.manifests(reloaded.io))
     assert contents == [ManifestContent.DATA] * 3 + [ManifestContent.DELETES]
     # Each delete file applies to the files of its partition within its path bounds, and only its rows of them.
+    deletes = DeletedPositions(reloaded.io)
     for task in reloaded.scan().plan_files():
         assert {f.partition for f in task.delete_files} <= {task.file.partition}
-        dead = deleted_positions(reloaded.io, task.delete_files, task.file.file_path).to_pylist()
+        dead = deletes.of(task.delete_files, task.file.file_path).to_pylist()
         assert sorted(dead) == doomed[task.file.file_path]
     assert {p for f in written for p in referenced_paths(reloaded.io, f)} == set(doomed)
     # Time travel: the snapshot before reads every row.
