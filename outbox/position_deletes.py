@@ -84,8 +84,14 @@ def write_position_deletes(table: Table, deletes: pa.Table, files: Mapping[str, 
         )
         location = table.location_provider().new_data_location(f"{uuid.uuid4()}-deletes.parquet")
         output = table.io.new_output(location)
+        written_metadata: list[pq.FileMetaData] = []
         with output.create(overwrite=False) as stream:
-            pq.write_table(rows, stream, compression=codec)
+            pq.write_table(rows, stream, compression=codec, metadata_collector=written_metadata)
+        (metadata,) = written_metadata
+        sizes = [
+            sum(metadata.row_group(g).column(c).total_compressed_size for g in range(metadata.num_row_groups))
+            for c in range(2)
+        ]
         size = len(table.io.new_input(location))
         first, last = min(paths), max(paths)
         positions = pc.min_max(rows["pos"])
@@ -96,6 +102,7 @@ def write_position_deletes(table: Table, deletes: pa.Table, files: Mapping[str, 
             partition=partition,
             record_count=rows.num_rows,
             file_size_in_bytes=size,
+            column_sizes={PATH_FIELD_ID: sizes[0], POS_FIELD_ID: sizes[1]},
             value_counts={PATH_FIELD_ID: rows.num_rows, POS_FIELD_ID: rows.num_rows},
             null_value_counts={PATH_FIELD_ID: 0, POS_FIELD_ID: 0},
             lower_bounds={PATH_FIELD_ID: first.encode(), POS_FIELD_ID: _long(positions["min"].as_py())},
