@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyiceberg.manifest import DataFileContent, ManifestEntryStatus
+from pyiceberg.manifest import DataFileContent, ManifestContent, ManifestEntryStatus
 from pyiceberg.table import Table
 
 from krishiv.lineage import lineage, maintenance_of
@@ -41,6 +42,7 @@ from krishiv_core.spec import EVENTS, KAFKA_METADATA_PREFIX, UPSERT, WINDOWED, P
 from krishiv_core.tables import WINDOW_END, WINDOW_START, OutputTable
 from outbox.compaction import SUMMARY_MAINTENANCE
 from outbox.ledger import Ledger
+from outbox.position_deletes import DeletedPositions
 from outbox.relay import high_water_marks
 
 #: A raw events table's row key, when it has both metadata columns: each Kafka offset at most once.
@@ -185,19 +187,39 @@ def duplicate_sources(table: Table, key: Sequence[str], duplicates: Sequence[Dup
         return {}
     wanted = {d.values: describe_key(key, d.values) for d in duplicates}
     sources: dict[str, set[int]] = {label: set() for label in wanted.values()}
+    current_deletes = _delete_files(table, None)
     for entry in table.inspect.entries().to_pylist():
         data_file = entry["data_file"]
         if entry["status"] == 2 or data_file["content"] != 0:  # deleted entries and delete files hold no rows
             continue
-        for values in _keys_in(table, data_file["file_path"], key) & wanted.keys():
+        for values in _keys_in(table, data_file["file_path"], key, current_deletes) & wanted.keys():
             sources[wanted[values]].update(_adders(table, entry["snapshot_id"], data_file["file_path"], key, values))
     return {label: sorted(ids) for label, ids in sources.items()}
 
 
-def _keys_in(table: Table, path: str, key: Sequence[str]) -> set[tuple[Any, ...]]:
+def _keys_in(
+    table: Table, path: str, key: Sequence[str], delete_files: Mapping[str, frozenset]
+) -> set[tuple[Any, ...]]:
+    """The keys of data file ``path``'s rows, less those its position deletes (``delete_files``, by data file, in
+    the snapshot looked at) delete: a merge-on-read merge replaced them."""
     with table.io.new_input(path).open() as stream:
         rows = pq.read_table(stream, columns=list(key))
+    deletes = delete_files.get(path)
+    if deletes:
+        dead = DeletedPositions(table.io).of(deletes, path).to_numpy()
+        keep = np.ones(rows.num_rows, dtype=bool)
+        keep[dead[dead < rows.num_rows]] = False
+        rows = rows.filter(pa.array(keep))
     return set(zip(*(rows.column(c).to_pylist() for c in key), strict=True))
+
+
+def _delete_files(table: Table, snapshot_id: int | None) -> dict[str, frozenset]:
+    """Each data file's position delete files in a snapshot (none when the table has no delete files)."""
+    snapshot = table.current_snapshot() if snapshot_id is None else table.metadata.snapshot_by_id(snapshot_id)
+    if snapshot is None or not any(m.content == ManifestContent.DELETES for m in snapshot.manifests(table.io)):
+        return {}
+    tasks = table.scan(snapshot_id=snapshot.snapshot_id).plan_files()
+    return {t.file.file_path: frozenset(t.delete_files) for t in tasks if t.delete_files}
 
 
 def _adders(table: Table, snapshot_id: int, path: str, key: Sequence[str], values: tuple[Any, ...]) -> set[int]:
@@ -217,13 +239,14 @@ def _adders(table: Table, snapshot_id: int, path: str, key: Sequence[str], value
         if e.status == ManifestEntryStatus.DELETED and e.snapshot_id == snapshot_id
     }
     found: set[int] = set()
+    parent_deletes = _delete_files(table, parent.snapshot_id)
     for m in parent.manifests(table.io):
         for e in m.fetch_manifest_entry(table.io, discard_deleted=True):
             f = e.data_file
             if f.content != DataFileContent.DATA or f.file_path not in removed or e.snapshot_id is None:
                 continue
             try:
-                holds = values in _keys_in(table, f.file_path, key)
+                holds = values in _keys_in(table, f.file_path, key, parent_deletes)
             except FileNotFoundError:  # removed by hand: say where the trace ends
                 found.add(snapshot_id)
                 continue
