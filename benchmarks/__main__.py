@@ -60,6 +60,8 @@ def run(args: argparse.Namespace, spec: KrishivSpec) -> int:
         rate=args.rate,
         dagster_freshness_seconds=args.dagster_freshness_seconds,
         warmup_events=args.warmup_events,
+        merge_sizes=args.merge_sizes,
+        merge_batch_keys=args.merge_batch_keys,
     )
     results = run_bench(spec, options, work, console)
     doc = to_json(results)
@@ -118,6 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds of freshness measured under dagster-daemon with the sensors alone (0 skips it)",
     )
     parser.add_argument("--warmup-events", type=int, default=20_000)
+    parser.add_argument(
+        "--merge-sizes",
+        type=_int_list,
+        default=(1_000_000, 10_000_000),
+        help="table sizes (rows) the upsert merge cost per batch is measured at (default 1M,10M)",
+    )
+    parser.add_argument("--merge-batch-keys", type=int, default=10_000, help="keys per merged batch")
     parser.add_argument(
         "--results",
         default=str(LATEST),

@@ -20,7 +20,7 @@ from pyiceberg.table import Table
 from pyspark.sql import DataFrame, SparkSession
 
 from benchmarks.memory import PeakRss, RssSampler
-from krishiv_core.spec import EVENTS, UPSERT, KrishivSpec
+from krishiv_core.spec import EVENTS, UPSERT, KrishivSpec, PipelineSpec
 from krishiv_core.tables import WINDOW_START
 
 BASELINE_TABLE = "baseline_windows"
@@ -71,20 +71,20 @@ def events_spec(spec: KrishivSpec) -> KrishivSpec:
     return replace(spec, pipelines=(pipeline,))
 
 
-def upserts_spec(spec: KrishivSpec, name: str = UPSERTS_TABLE) -> KrishivSpec:
-    """``spec`` (from :func:`bench_spec`) with its pipeline as the ``upsert`` kind: the latest row per order id
-    (version ``event_time``) in :data:`UPSERTS_TABLE`, merged by the relay; ``name`` names the pipeline (its query),
-    so a second pipeline over the same topic updates every row of a full table."""
-    pipeline = replace(
+def upserts_spec(spec: KrishivSpec) -> KrishivSpec:
+    """``spec`` (from :func:`bench_spec`) with two ``upsert`` pipelines over its topic into :data:`UPSERTS_TABLE`,
+    the latest row per order id (version ``event_time``), merged by the relay: ``orders_latest_fill`` fills the
+    table, then ``orders_latest`` (another query over the same records) replaces every row of it. Both are in the
+    spec, so each knows the other's batches in the table."""
+    upsert = replace(
         spec.pipeline(),
-        name=name,
         table=UPSERTS_TABLE,
         kind=UPSERT,
         aggregations=(),
         key=("order_id",),
         version_field="event_time",
     )
-    return replace(spec, pipelines=(pipeline,))
+    return replace(spec, pipelines=(replace(upsert, name=f"{UPSERTS_TABLE}_fill"), replace(upsert, name=UPSERTS_TABLE)))
 
 
 @dataclass
@@ -93,7 +93,7 @@ class EventsRun:
 
     events: int
     seconds: float
-    rows_written: int  # rows the table holds afterwards (its snapshot summary's total-records)
+    rows_written: int  # rows the table holds afterwards (its summary's total-records less total-position-deletes)
     rejects: int
     batches: int
     snapshots: int
@@ -122,11 +122,13 @@ class _StagedAndCommitted:
     peak_rss: PeakRss
 
 
-def _stage_and_commit(spark: SparkSession, spec: KrishivSpec) -> _StagedAndCommitted:
+def _stage_and_commit(
+    spark: SparkSession, spec: KrishivSpec, pipeline: PipelineSpec | None = None
+) -> _StagedAndCommitted:
     from krishiv.operations import commit_pipelines, run_pipelines
     from krishiv_core.catalog import load_catalog, qualified
 
-    pipeline = spec.pipeline()
+    pipeline = pipeline or spec.pipeline()
     with RssSampler() as rss:
         started = time.perf_counter()
         running = run_pipelines(spec, [pipeline], once=True, spark=spark, holder="krishiv bench")
@@ -140,12 +142,14 @@ def _stage_and_commit(spark: SparkSession, spec: KrishivSpec) -> _StagedAndCommi
     return _StagedAndCommitted(running, reports, table, seconds, seconds - (staged - started), rss.peak)
 
 
-def run_events(spark: SparkSession, spec: KrishivSpec, events: int) -> EventsRun:
-    """Raw ingestion timed like :func:`run_krishiv`. ``spec`` is an :func:`events_spec`; its topic holds ``events``
-    records."""
-    run = _stage_and_commit(spark, spec)
+def run_events(spark: SparkSession, spec: KrishivSpec, events: int, pipeline: PipelineSpec | None = None) -> EventsRun:
+    """Raw ingestion timed like :func:`run_krishiv`. ``spec`` is an :func:`events_spec` (or ``pipeline`` one of its
+    pipelines); its topic holds ``events`` records."""
+    run = _stage_and_commit(spark, spec, pipeline)
     snapshot = run.table.current_snapshot()
-    rows = int(snapshot.summary["total-records"]) if snapshot is not None and snapshot.summary else 0
+    summary = snapshot.summary if snapshot is not None and snapshot.summary else {}
+    # Rows a merge-on-read merge replaced are still in the data files' counts, and in the position deletes'.
+    rows = int(summary.get("total-records") or 0) - int(summary.get("total-position-deletes") or 0)
     history = run.running[0].stager.history
     return EventsRun(
         events,
@@ -160,11 +164,13 @@ def run_events(spark: SparkSession, spec: KrishivSpec, events: int) -> EventsRun
 
 
 def run_upserts(spark: SparkSession, spec: KrishivSpec, events: int) -> EventsRun:
-    """The ``upsert`` kind updating every row of a full table: one untimed pass of :func:`upserts_spec` over the
-    topic fills the table (one row per order), then a second pipeline (another query) reads the same ``events``
-    orders again, timed like :func:`run_events`: every valid event replaces its key's row."""
-    _stage_and_commit(spark, upserts_spec(spec, "orders_latest_fill"))
-    return run_events(spark, upserts_spec(spec), events)
+    """The ``upsert`` kind updating every row of a full table: the first pipeline of :func:`upserts_spec` fills the
+    table (one row per order, untimed), then the second reads the same ``events`` orders again, timed like
+    :func:`run_events`: every valid event replaces its key's row."""
+    both = upserts_spec(spec)
+    fill, timed = both.pipelines
+    _stage_and_commit(spark, both, fill)
+    return run_events(spark, both, events, timed)
 
 
 def _table_totals(table: Table) -> tuple[int, int]:

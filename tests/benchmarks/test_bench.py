@@ -35,6 +35,7 @@ def test_a_tiny_benchmark_prints_all_seven_measurements(tmp_path: Path, postgres
         *("--relay-maintained-batches", "30", "--maintenance-every", "0.5", "--maintenance-keep-last", "5"),
         *("--results", str(tmp_path / "results" / "latest.json")),
         *("--freshness-seconds", "10", "--rate", "200", "--dagster-freshness-seconds", "0", "--out", str(out)),
+        *("--merge-sizes", "2000,8000", "--merge-batch-keys", "200"),
     ]
     done = subprocess.run(
         command,
@@ -72,8 +73,15 @@ def test_a_tiny_benchmark_prints_all_seven_measurements(tmp_path: Path, postgres
         assert r["error"] is None and r["snapshots"] == 30 and r["last_commits"] == 30, r
         assert r["maintenance"]["keep_last"] == 5 and r["maintenance"]["runs"] >= 1 and r["conflicts"] >= 0
     assert doc["events"]["rows_written"] > 0 and doc["events"]["events_per_s"] > 0
+    valid = doc["events"]["rows_written"]
+    assert doc["upsert"]["rows_written"] == valid, "every order's row replaced once: one row per order id"
+    assert doc["limit_default_settings"]["records"] == 6000 and doc["limit"]["settings"]["queued.min.messages"] > 0
+    costs = {(c["table_rows"], c["layout"]): c for c in doc["merge_cost"]["costs"]}
+    assert set(costs) == {(n, layout) for n in (2000, 8000) for layout in ("uniform", "clustered")}
+    assert all(c["delete_rows_written"] == 200 and c["table_bytes_rewritten"] == 0 for c in costs.values())
     names = [t["name"] for t in doc["targets"]]
     assert "relay p99 on sqlite with maintenance, last 30 (ms)" in names and "events kind vs limit" in names
+    assert "upsert kind vs limit" in names and any(n.startswith("merge cost per batch") for n in names)
     assert all(isinstance(t["met"], bool) for t in doc["targets"])
     assert readme_table.main(["--results", str(out / "bench.json"), "--readme", str(_readme_copy(tmp_path))]) == 0
     fresh = doc["freshness"]
