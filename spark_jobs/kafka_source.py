@@ -61,20 +61,11 @@ from spark_jobs.checkpoint import Checkpoint
 from spark_jobs.errors import KafkaSourceError, OffsetsDeleted, OffsetsMovedBackwards, SourceChanged
 from spark_jobs.kafka_clients import KafkaProblems, build, list_topics
 from spark_jobs.ports import RecordedBatches, apply_skips
-from spark_jobs.record_decoder import Decoding, RecordDecoder
+from spark_jobs.record_decoder import KAFKA_COLUMNS, Decoding, RecordDecoder
 
 SOURCE_NAME = "krishiv-kafka"
 SCHEMA = "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp"
-ARROW_SCHEMA = pa.schema(
-    [
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("timestamp", pa.timestamp("us", tz="UTC")),
-    ]
-)
+ARROW_SCHEMA = pa.schema(KAFKA_COLUMNS)
 METADATA_TIMEOUT_S = 10.0
 CONSUME_BATCH = 10_000
 POLL_TIMEOUT_S = 0.5

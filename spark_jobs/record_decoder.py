@@ -48,7 +48,8 @@ INTEGER_RANGES = {
 }
 #: A shown token is cut to this many characters.
 SHOWN = 40
-#: The source's columns before the decoded fields (a reject's ``value`` only).
+#: A Kafka record's columns: the source's raw schema, and its columns before the decoded fields (where ``value`` is
+#: a reject's only).
 KAFKA_COLUMNS = (
     ("key", pa.binary()),
     ("value", pa.binary()),
