@@ -121,10 +121,6 @@ class Bin:
         return self.deletes[i] if self.deletes else ()
 
     @property
-    def delete_files(self) -> set[DataFile]:
-        return {d for ds in self.deletes for d in ds}
-
-    @property
     def bytes(self) -> int:
         return sum(f.file_size_in_bytes for f in self.files)
 
