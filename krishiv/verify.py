@@ -324,9 +324,13 @@ def check_lineage(table: Table) -> list[str]:
 
 
 def table_rows(table: Table) -> int:
-    """The rows of the table's current snapshot, from its summary."""
+    """The rows of the table's current snapshot, from its summary: the data files' records less the rows position
+    deletes delete (a merge-on-read merge's, each naming one row)."""
     current = table.current_snapshot()
-    return int(current.summary.get("total-records", 0)) if current and current.summary else 0
+    if current is None or current.summary is None:
+        return 0
+    summary = current.summary
+    return int(summary.get("total-records") or 0) - int(summary.get("total-position-deletes") or 0)
 
 
 def check_ledger_agreement(
