@@ -247,7 +247,8 @@ def plan_merge(table: Table, entry: OutboxEntry) -> MergePlan:
             if merge_on_read(table):
                 # Merge-on-read: the deleted keys' table rows are named by position; no table file is rewritten.
                 paths = pa.array([t.file.file_path for t in tasks], pa.string())
-                deletes = pa.table({"file_path": paths.take(hits[_FILE]), "pos": hits[_POS]})
+                named = pa.DictionaryArray.from_arrays(hits[_FILE].combine_chunks().cast(pa.int32()), paths)
+                deletes = pa.table({"file_path": named, "pos": hits[_POS]})
                 plan.delete_files = write_position_deletes(table, deletes, {t.file.file_path: t.file for t in tasks})
                 plan.written += [f.file_path for f in plan.delete_files]
             else:

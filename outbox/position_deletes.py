@@ -37,7 +37,12 @@ PATH_FIELD_ID = 2147483546
 POS_FIELD_ID = 2147483545
 DELETE_SCHEMA = pa.schema(
     [
-        pa.field("file_path", pa.string(), nullable=False, metadata={b"PARQUET:field_id": str(PATH_FIELD_ID)}),
+        pa.field(
+            "file_path",
+            pa.dictionary(pa.int32(), pa.string()),  # a string column in Parquet, dictionary-encoded
+            nullable=False,
+            metadata={b"PARQUET:field_id": str(PATH_FIELD_ID)},
+        ),
         pa.field("pos", pa.int64(), nullable=False, metadata={b"PARQUET:field_id": str(POS_FIELD_ID)}),
     ]
 )
@@ -65,45 +70,58 @@ class DeleteManifestWriter(ManifestWriterV2):
 
 
 def write_position_deletes(table: Table, deletes: pa.Table, files: Mapping[str, DataFile]) -> list[DataFile]:
-    """Write ``deletes`` (``file_path``, ``pos``: rows of the data files ``files`` maps by path) as one position
-    delete file per partition of those files; returns their ``DataFile``s, nothing committed."""
+    """Write ``deletes`` (``file_path``, plain or dictionary-encoded, and ``pos``: rows of the data files ``files``
+    maps by path) as one position delete file per partition of those files; returns their ``DataFile``s, nothing
+    committed. Paths stay dictionary-encoded and rows are sorted by each path's rank, so a million deletes cost no
+    million strings."""
     if deletes.num_rows == 0:
         return []
-    groups: dict[tuple[int, Record], list[str]] = defaultdict(list)
-    for path in pc.unique(deletes["file_path"]).to_pylist():
-        f = files[path]
-        groups[(f.spec_id, f.partition)].append(path)
+    column = deletes["file_path"].combine_chunks()
+    if not pa.types.is_dictionary(column.type):
+        column = column.dictionary_encode()
+    paths: list[str] = column.dictionary.to_pylist()
+    rank_of = _ranks(paths)
+    indices = column.indices.cast(pa.int32())
+    groups: dict[tuple[int, Record], list[int]] = defaultdict(list)
+    for i in pc.unique(indices).to_pylist():
+        f = files[paths[i]]
+        groups[(f.spec_id, f.partition)].append(i)
     codec = table.properties.get(TableProperties.PARQUET_COMPRESSION, TableProperties.PARQUET_COMPRESSION_DEFAULT)
+    dictionary = pa.array(paths, pa.string())
     written: list[DataFile] = []
-    for (spec_id, partition), paths in groups.items():
-        rows = deletes.filter(pc.is_in(deletes["file_path"], pa.array(paths, pa.string())))
-        rows = (
-            rows.select(["file_path", "pos"])
-            .cast(DELETE_SCHEMA)
-            .sort_by([("file_path", "ascending"), ("pos", "ascending")])
+    for (spec_id, partition), members in groups.items():
+        rows = pa.table({"i": indices, "pos": deletes["pos"].combine_chunks().cast(pa.int64())})
+        rows = rows.filter(pc.is_in(rows["i"], pa.array(members, pa.int32())))
+        rows = rows.append_column("rank", rank_of.take(rows["i"])).sort_by(
+            [("rank", "ascending"), ("pos", "ascending")]
+        )
+        out = pa.table(
+            [pa.DictionaryArray.from_arrays(rows["i"].combine_chunks(), dictionary), rows["pos"]],
+            schema=DELETE_SCHEMA,
         )
         location = table.location_provider().new_data_location(f"{uuid.uuid4()}-deletes.parquet")
         output = table.io.new_output(location)
         written_metadata: list[pq.FileMetaData] = []
         with output.create(overwrite=False) as stream:
-            pq.write_table(rows, stream, compression=codec, metadata_collector=written_metadata)
+            pq.write_table(out, stream, compression=codec, metadata_collector=written_metadata)
         (metadata,) = written_metadata
         sizes = [
             sum(metadata.row_group(g).column(c).total_compressed_size for g in range(metadata.num_row_groups))
             for c in range(2)
         ]
         size = len(table.io.new_input(location))
-        first, last = min(paths), max(paths)
-        positions = pc.min_max(rows["pos"])
+        named = [paths[i] for i in members]
+        first, last = min(named), max(named)
+        positions = pc.min_max(out["pos"])
         delete_file = DataFile.from_args(
             content=DataFileContent.POSITION_DELETES,
             file_path=location,
             file_format=FileFormat.PARQUET,
             partition=partition,
-            record_count=rows.num_rows,
+            record_count=out.num_rows,
             file_size_in_bytes=size,
             column_sizes={PATH_FIELD_ID: sizes[0], POS_FIELD_ID: sizes[1]},
-            value_counts={PATH_FIELD_ID: rows.num_rows, POS_FIELD_ID: rows.num_rows},
+            value_counts={PATH_FIELD_ID: out.num_rows, POS_FIELD_ID: out.num_rows},
             null_value_counts={PATH_FIELD_ID: 0, POS_FIELD_ID: 0},
             lower_bounds={PATH_FIELD_ID: first.encode(), POS_FIELD_ID: _long(positions["min"].as_py())},
             upper_bounds={PATH_FIELD_ID: last.encode(), POS_FIELD_ID: _long(positions["max"].as_py())},
@@ -114,6 +132,14 @@ def write_position_deletes(table: Table, deletes: pa.Table, files: Mapping[str, 
         delete_file.spec_id = spec_id  # not a field of the struct: from_args would drop it
         written.append(delete_file)
     return written
+
+
+def _ranks(paths: list[str]) -> pa.Array:
+    """Each path's place in sorted order (the spec sorts a delete file's rows by path, then position)."""
+    ranks = [0] * len(paths)
+    for place, i in enumerate(sorted(range(len(paths)), key=paths.__getitem__)):
+        ranks[i] = place
+    return pa.array(ranks, pa.int32())
 
 
 def _long(value: int) -> bytes:
