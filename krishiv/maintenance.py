@@ -175,7 +175,7 @@ def describe(result: TableMaintenance, grace: str, name: str | None = None) -> l
                 f"{c.files_written} ({size_text(c.bytes_written)})"
             )
         else:
-            refused = [s for s in c.skipped if "delete files" in s]  # rows another writer deleted would come back
+            refused = [s for s in c.skipped if "delete files" in s]  # equality deletes: compaction cannot fold them
             lines.append(f"{name}: not compacted: {refused[0]}" if refused else f"{name}: nothing to compact")
     if (e := result.expiry) is not None:
         lines.append(f"{name}: {'would expire' if would else 'expired'} {len(e.expired)} snapshots, kept {e.kept}")
