@@ -93,7 +93,7 @@ class EventsRun:
 
     events: int
     seconds: float
-    rows_written: int  # rows the table holds afterwards (its summary's total-records less total-position-deletes)
+    rows_written: int  # rows the table holds afterwards (krishiv.verify.table_rows)
     rejects: int
     batches: int
     snapshots: int
@@ -146,10 +146,9 @@ def run_events(spark: SparkSession, spec: KrishivSpec, events: int, pipeline: Pi
     """Raw ingestion timed like :func:`run_krishiv`. ``spec`` is an :func:`events_spec` (or ``pipeline`` one of its
     pipelines); its topic holds ``events`` records."""
     run = _stage_and_commit(spark, spec, pipeline)
-    snapshot = run.table.current_snapshot()
-    summary = snapshot.summary if snapshot is not None and snapshot.summary else {}
-    # Rows a merge-on-read merge replaced are still in the data files' counts, and in the position deletes'.
-    rows = int(summary.get("total-records") or 0) - int(summary.get("total-position-deletes") or 0)
+    from krishiv.verify import table_rows
+
+    rows = table_rows(run.table)
     history = run.running[0].stager.history
     return EventsRun(
         events,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import dagster as dg
 
+from krishiv.verify import table_rows
 from krishiv_assets.resources import (
     IcebergCatalogResource,
     KafkaResource,
@@ -274,7 +275,7 @@ def pipeline_assets(spec: KrishivSpec, pipeline: PipelineSpec) -> list[dg.Assets
                     "rows_committed": report.records,
                     "current_snapshot_id": current.snapshot_id if current else 0,
                     "snapshots": len(table.snapshots()),
-                    "dagster/row_count": int(current.summary.get("total-records", 0)) if current else 0,
+                    "dagster/row_count": table_rows(table),
                     "commit_latency_p50_ms": float(statistics.median(latencies)) if latencies else 0.0,
                     "commit_latency_max_ms": float(max(latencies)) if latencies else 0.0,
                     "pending_entries": sum(1 for e in pending if e.table == name),
