@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyiceberg.manifest import DataFileContent, ManifestContent, ManifestEntryStatus
+from pyiceberg.manifest import DataFileContent, ManifestEntryStatus
 from pyiceberg.table import Table
 
 from krishiv.lineage import lineage, maintenance_of
@@ -42,7 +42,7 @@ from krishiv_core.spec import EVENTS, KAFKA_METADATA_PREFIX, UPSERT, WINDOWED, P
 from krishiv_core.tables import WINDOW_END, WINDOW_START, OutputTable
 from outbox.compaction import SUMMARY_MAINTENANCE
 from outbox.ledger import Ledger
-from outbox.position_deletes import DeletedPositions
+from outbox.position_deletes import DeletedPositions, delete_files_by_data_file
 from outbox.relay import high_water_marks
 
 #: A raw events table's row key, when it has both metadata columns: each Kafka offset at most once.
@@ -187,7 +187,7 @@ def duplicate_sources(table: Table, key: Sequence[str], duplicates: Sequence[Dup
         return {}
     wanted = {d.values: describe_key(key, d.values) for d in duplicates}
     sources: dict[str, set[int]] = {label: set() for label in wanted.values()}
-    current_deletes = _delete_files(table, None)
+    current_deletes = delete_files_by_data_file(table)
     for entry in table.inspect.entries().to_pylist():
         data_file = entry["data_file"]
         if entry["status"] == 2 or data_file["content"] != 0:  # deleted entries and delete files hold no rows
@@ -213,15 +213,6 @@ def _keys_in(
     return set(zip(*(rows.column(c).to_pylist() for c in key), strict=True))
 
 
-def _delete_files(table: Table, snapshot_id: int | None) -> dict[str, frozenset]:
-    """Each data file's position delete files in a snapshot (none when the table has no delete files)."""
-    snapshot = table.current_snapshot() if snapshot_id is None else table.metadata.snapshot_by_id(snapshot_id)
-    if snapshot is None or not any(m.content == ManifestContent.DELETES for m in snapshot.manifests(table.io)):
-        return {}
-    tasks = table.scan(snapshot_id=snapshot.snapshot_id).plan_files()
-    return {t.file.file_path: frozenset(t.delete_files) for t in tasks if t.delete_files}
-
-
 def _adders(table: Table, snapshot_id: int, path: str, key: Sequence[str], values: tuple[Any, ...]) -> set[int]:
     """The snapshots that added the rows with ``values`` of file ``path``, which ``snapshot_id`` added: itself,
     unless it is Krishiv's compaction, whose rewritten files (in its parent) are followed instead."""
@@ -239,7 +230,7 @@ def _adders(table: Table, snapshot_id: int, path: str, key: Sequence[str], value
         if e.status == ManifestEntryStatus.DELETED and e.snapshot_id == snapshot_id
     }
     found: set[int] = set()
-    parent_deletes = _delete_files(table, parent.snapshot_id)
+    parent_deletes = delete_files_by_data_file(table, parent.snapshot_id)
     for m in parent.manifests(table.io):
         for e in m.fetch_manifest_entry(table.io, discard_deleted=True):
             f = e.data_file

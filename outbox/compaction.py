@@ -69,7 +69,12 @@ from pyiceberg.typedef import EMPTY_DICT, Record
 
 from krishiv_core.faults import fault_point
 from outbox.errors import OutboxError
-from outbox.position_deletes import DeletedPositions, DeleteManifestWriter, referenced_paths
+from outbox.position_deletes import (
+    DeletedPositions,
+    DeleteManifestWriter,
+    delete_files_by_data_file,
+    referenced_paths,
+)
 from outbox.snapshot_producer import MetadataCachingTransaction
 
 log = logging.getLogger(__name__)
@@ -227,19 +232,6 @@ def live_data_files(table: Table, cache: ManifestEntries | None = None) -> list[
     return files
 
 
-def _has_delete_files(table: Table) -> bool:
-    snapshot = table.current_snapshot()
-    return snapshot is not None and any(m.content == ManifestContent.DELETES for m in snapshot.manifests(table.io))
-
-
-def _deletes_by_file(table: Table) -> dict[str, frozenset[DataFile]]:
-    """The delete files that apply to each data file of the current snapshot (pyiceberg's matching: partition,
-    sequence number, path bounds); empty without delete files."""
-    if not _has_delete_files(table):
-        return {}
-    return {t.file.file_path: frozenset(t.delete_files) for t in table.scan().plan_files() if t.delete_files}
-
-
 def _equality_deletes(deletes: dict[str, frozenset[DataFile]]) -> bool:
     return any(d.content == DataFileContent.EQUALITY_DELETES for ds in deletes.values() for d in ds)
 
@@ -261,7 +253,7 @@ def plan_bins(
     if table.current_snapshot() is None:
         skipped.append("the table has no snapshot")
         return []
-    deletes = _deletes_by_file(table)
+    deletes = delete_files_by_data_file(table)
     if _equality_deletes(deletes):
         # An equality delete applies to every older file of its partition, and pyiceberg cannot read it.
         skipped.append("the table has equality delete files; compaction folds position deletes only")
@@ -580,7 +572,7 @@ def _still_live(
         report.skipped.append("the partition spec changed during the compaction; nothing was committed")
         _remove(table, [f for r in rewrites for f in r.written])
         return []
-    deletes = _deletes_by_file(table)
+    deletes = delete_files_by_data_file(table)
     if _equality_deletes(deletes):
         report.skipped.append(
             "another writer added equality delete files while the compaction ran; nothing was committed"

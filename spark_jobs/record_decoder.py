@@ -181,10 +181,9 @@ def _decimal_excess(digits: str, t: FieldType) -> str | None:
 
 def _iso_time(text: str) -> datetime | None:
     try:
-        moment = datetime.fromisoformat(text)
+        return _utc(datetime.fromisoformat(text))
     except ValueError:
         return None
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
 
 
 def read_token(token: bytes, t: FieldType) -> tuple[Any, str | None]:
