@@ -227,5 +227,5 @@ def shape_of(pipeline: PipelineSpec, targets: list[Target], checkpoint: Checkpoi
     if pipeline.kind == WINDOWED:
         return WindowedShape(pipeline, rows[0], WindowStateStore(checkpoint.path))
     if pipeline.kind == EVENTS:
-        return EventsShape(rows)
+        return EventsShape(rows, next(t for t in targets if t.output.rejects))
     return UpsertShape(pipeline, rows[0], DeleteMemoryStore(checkpoint.path))

@@ -1,8 +1,9 @@
 """A PySpark 4 streaming data source over ``confluent-kafka``: ``spark.readStream.format("krishiv-kafka")``.
 
-Offsets are ``{partition: next offset}`` (partition numbers as strings, since offsets are JSON). Each Spark
-task reads exactly ``[start, end)`` of one partition, whatever else the broker returns, so a batch id always
-means the same records on replay. Large ranges are split into several tasks. ``maxRecordsPerBatch`` becomes
+Offsets are ``{partition: next offset}`` (partition numbers as strings, since offsets are JSON). Each range is
+read exactly, ``[start, end)`` of one partition, whatever else the broker returns, so a batch id always means the
+same records on replay. Large ranges are split into several tasks; small ones are packed into one task
+(:func:`pack_ranges`: a task's start costs more than reading a few thousand records). ``maxRecordsPerBatch`` becomes
 Spark's default read limit and is shared between partitions in proportion to their backlog;
 ``Trigger.AvailableNow`` pins the end to the offsets seen when the query starts. While the backlog is larger than
 one batch (a first run over a full topic, a restart after an outage), a batch may span up to
@@ -134,6 +135,10 @@ CONFLUENT_CLIENTS = KafkaClients()
 #: the bytes stay bounded by ``queued.max.messages.kbytes`` (64 MiB per task) and ``fetch.max.bytes``.
 RANGE_QUEUE_KBYTES = 64 * 1024
 RANGE_FETCH_MAX_BYTES = 32 * 1024 * 1024
+#: A Spark task's start costs about what reading this many records does (50-150 ms on 2 cores: the Python worker
+#: receives and unpickles the read function), so a batch's ranges are packed into tasks of up to this many records
+#: (``recordsPerSplit`` if smaller): a batch of a few thousand records is one task, not one per partition.
+TASK_PACK_RECORDS = 50_000
 #: The most records a range's consumer queues (a range is ``recordsPerSplit`` at most, 250,000 by default).
 RANGE_QUEUE_MAX_RECORDS = 10_000_000
 
@@ -354,6 +359,30 @@ class KafkaRange(InputPartition):
         self.topic, self.partition, self.start, self.end = topic, partition, start, end
         self.config, self.timeout_s, self.pipeline = range_consumer_config(config, end - start), timeout_s, pipeline
         self.decoding = decoding
+
+
+class KafkaSplit(InputPartition):
+    """One Spark task's work: one or more ranges (:class:`KafkaRange`), read one after the other. Picklable."""
+
+    def __init__(self, ranges: list[KafkaRange]):
+        super().__init__(tuple((r.topic, r.partition, r.start, r.end) for r in ranges))
+        self.ranges = tuple(ranges)
+
+
+def pack_ranges(ranges: list[KafkaRange], records: int) -> list[KafkaSplit]:
+    """``ranges`` in order, packed into splits of up to ``records`` records (a longer range is a split alone)."""
+    splits: list[KafkaSplit] = []
+    current: list[KafkaRange] = []
+    size = 0
+    for r in ranges:
+        if current and size + (r.end - r.start) > records:
+            splits.append(KafkaSplit(current))
+            current, size = [], 0
+        current.append(r)
+        size += r.end - r.start
+    if current:
+        splits.append(KafkaSplit(current))
+    return splits
 
 
 def _record_batch(msgs: list[Any], topic: str, partition: int, decoder: RecordDecoder | None) -> pa.RecordBatch:
@@ -763,7 +792,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def reportLatestOffset(self) -> dict | None:
         return self._retrying(self.admin.latest)
 
-    def partitions(self, start: dict, end: dict) -> list[KafkaRange]:
+    def partitions(self, start: dict, end: dict) -> list[KafkaSplit]:
         start = self._with_skips({str(p): int(o) for p, o in start.items()}, planning=False)
         self._retrying(lambda: self._check_identity(start))
         config = consumer_config(self.bootstrap, self.extra)
@@ -784,11 +813,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         self.decoding,
                     )
                 )
-        return ranges
+        return pack_ranges(ranges, min(self.records_per_split, TASK_PACK_RECORDS))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, KafkaRange)
-        return read_range(partition, self.clients)
+        assert isinstance(partition, KafkaSplit)
+        for part in partition.ranges:
+            yield from read_range(part, self.clients)
 
     def commit(self, end: dict) -> None:
         """Nothing to do: Spark's checkpoint and the outbox ledger own the consumed offsets."""

@@ -7,12 +7,15 @@ For batch N of a query (``foreachBatch``):
    same offsets, let a stateful shape carry its state through N (the windowed kind's open windows must exist
    after N for N+1), write again the files of PENDING entries that are gone (``krishiv restage``), and stop. A
    table added to the pipeline since N was staged (a new route) gets nothing from N: its rows are elsewhere.
-3. Otherwise run the pipeline's shape over the batch once (cached, so Kafka is read once): a
-   :class:`BatchResult` with, per table, rows the driver stages (window aggregates, rejects: small) or files the
-   Spark tasks already wrote (raw events, upserts: ``spark_jobs.task_writer``, so those rows never reach the
-   driver). Staged files go under a per-query, per-batch folder of each table's staging root, beside the
-   table's location and outside it (where no standard orphan-file removal looks), with fresh file names (a
-   retry never overwrites a file an earlier attempt may have published), one file per partition value.
+3. Otherwise run the pipeline's shape over the batch: a :class:`BatchResult` with, per table, rows the driver
+   stages (window aggregates, rejects: small) or files the Spark tasks already wrote (raw events, upserts:
+   ``spark_jobs.task_writer``, so those rows never reach the driver). The shape splits the rejects off in the
+   job that computes its rows where it can (windows, raw events: one Spark job, Kafka read once, nothing cached;
+   each Spark job over a batch costs about 0.1-0.2 s however small the batch); the upsert kind caches the batch
+   and reads its rejects apart (:func:`rejects_apart`). Staged files go under a per-query, per-batch folder of
+   each table's staging root, beside the table's location and outside it (where no standard orphan-file removal
+   looks), with fresh file names (a retry never overwrites a file an earlier attempt may have published), one
+   file per partition value.
 4. Record one entry per table, with its commit operation (``krishiv_core.tables.output_tables``: append, or
    merge on key columns) and the intended snapshot id, in one ledger transaction. If another attempt recorded
    N first, its entries win and this attempt's files are removed (nothing references them).
@@ -73,14 +76,17 @@ class Target:
 
 @dataclass
 class BatchResult:
-    """What a shape computed from one batch's valid events, by (unqualified) table name.
+    """What a shape computed from one batch, by (unqualified) table name.
 
     ``rows`` are small enough for the driver to stage (window aggregates); ``files`` were written by the Spark
-    tasks (raw events, upserts). ``metrics`` go to the entry of the pipeline's first table.
+    tasks (raw events, upserts, and the raw events' rejects). ``rejects``: the reject rows
+    (:data:`QUERY_REJECT_COLUMNS`) the driver stages, unless the tasks wrote them. ``metrics`` go to the entry of
+    the pipeline's first table.
     """
 
     records: int  # valid events read
     rows: dict[str, pa.Table] = field(default_factory=dict)
+    rejects: pa.Table | None = None
     files: dict[str, tuple[StagedFile, ...]] = field(default_factory=dict)
     late_events: int = 0
     metrics: dict[str, int] = field(default_factory=dict)
@@ -92,15 +98,27 @@ class BatchResult:
 
 
 class BatchShape(Protocol):
-    """How a pipeline kind turns a batch's valid events into table output (``spark_jobs.windowed``, ``.events``,
+    """How a pipeline kind turns a batch into table output and rejects (``spark_jobs.windowed``, ``.events``,
     ``.upserts``)."""
 
     #: Whether the shape carries state from batch to batch, so it must run on a replay too.
     stateful: bool
 
-    def compute(self, valid: DataFrame, offsets: BatchOffsets, folder: Callable[[Target], str]) -> BatchResult:
-        """``valid``: the batch's rows without a reject reason (cached). ``folder``: where a table's files go."""
+    def compute(self, batch: DataFrame, offsets: BatchOffsets, folder: Callable[[Target], str]) -> BatchResult:
+        """``batch``: the batch's rows, rejects (a ``reason``) included. ``folder``: where a table's files go."""
         ...
+
+
+def rejects_apart(batch: DataFrame, compute: Callable[[DataFrame], BatchResult]) -> BatchResult:
+    """``compute`` over the batch's valid rows, with its rejects read apart: two Spark jobs over the batch cached
+    (Kafka is read once), for a shape that cannot split them off in its own job."""
+    batch.persist()
+    try:
+        rejects = batch.where(F.col("reason").isNotNull()).select(*QUERY_REJECT_COLUMNS).toArrow()
+        result = compute(batch.where(F.col("reason").isNull()))
+    finally:
+        batch.unpersist()
+    return replace(result, rejects=rejects)
 
 
 @dataclass(frozen=True)
@@ -194,23 +212,16 @@ class BatchStager:
                 self._done(StagedBatch(batch_id, 0, 0, 0, 0, False, self.pipeline.kind))
                 return
 
-        batch.persist()
-        try:
-            rejects = batch.where(F.col("reason").isNotNull()).select(*QUERY_REJECT_COLUMNS).toArrow()
-            result = self.shape.compute(
-                batch.where(F.col("reason").isNull()),
-                offsets,
-                lambda t: staging_folder(t.table, self.query_id, batch_id),
-            )
-        finally:
-            batch.unpersist()
-        result.rows[self.rejects_target.output.name] = self._reject_rows(rejects, batch_id)
+        result = self.shape.compute(batch, offsets, lambda t: staging_folder(t.table, self.query_id, batch_id))
+        if result.rejects is not None:
+            result.rows[self.rejects_target.output.name] = self._reject_rows(result.rejects, batch_id)
+        rejects = result.row_count(self.rejects_target.output.name)
         fault_point("stage.after_compute", batch_id)
         staged = StagedBatch(
             batch_id,
-            result.records + rejects.num_rows,
+            result.records + rejects,
             sum(result.row_count(t.output.name) for t in self.rows_targets),
-            rejects.num_rows,
+            rejects,
             result.late_events,
             False,
             self.pipeline.kind,

@@ -37,7 +37,7 @@ from krishiv_core.entries import DATA, DELETE_KEYS, VERSIONED_DELETE_KEYS
 from krishiv_core.spec import PipelineSpec
 from spark_jobs.checkpoint import BatchOffsets
 from spark_jobs.delete_memory import DeleteMemoryStore
-from spark_jobs.staging import BatchResult, Target
+from spark_jobs.staging import BatchResult, Target, rejects_apart
 from spark_jobs.task_writer import WriteTarget, write_in_tasks
 from spark_jobs.transform import DELETE, TOMBSTONE
 
@@ -107,7 +107,11 @@ class UpsertShape:
         # A replay must carry the remembered deletes through the batch, like the windowed kind's open windows.
         self.stateful = self.memory is not None
 
-    def compute(self, valid: DataFrame, offsets: BatchOffsets, folder: Callable[[Target], str]) -> BatchResult:
+    def compute(self, batch: DataFrame, offsets: BatchOffsets, folder: Callable[[Target], str]) -> BatchResult:
+        # The winners per key take a shuffle of the valid rows by key; the rejects are read apart.
+        return rejects_apart(batch, lambda valid: self._compute(valid, offsets, folder))
+
+    def _compute(self, valid: DataFrame, offsets: BatchOffsets, folder: Callable[[Target], str]) -> BatchResult:
         records = valid.count()
         where = folder(self.target)
         schema = self.target.schema

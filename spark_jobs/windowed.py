@@ -1,10 +1,12 @@
 """The ``windowed`` kind: aggregates per event-time window and group-by key, closed by the watermark.
 
-One Spark aggregation over the batch's valid events gives, per window (tumbling, or hopping: an event belongs
+One Spark aggregation over the batch gives, per window (tumbling, or hopping: an event belongs
 to every window of ``window`` length starting at a multiple of ``slide`` that holds it) and group-by key, the
 partial aggregates, the rows, the latest event time, whether the window was closed by the watermark the batch
 before left (its events are late: dropped) and whether it is the event's last window (so each event is counted
-once, whatever the number of windows it falls in: an event is late when its last window is closed).
+once, whatever the number of windows it falls in: an event is late when its last window is closed). The same
+job carries the batch's rejects: each is a group of its own (keyed by its partition and offset, which no valid
+event's group has) holding its reject columns, so Kafka is read once and nothing is cached.
 :mod:`spark_jobs.window_state` merges the partials into the open windows and moves the watermark.
 
 Output mode ``append`` writes a window once, when the watermark passes it. ``update`` writes, in each batch,
@@ -24,7 +26,7 @@ from pyspark.sql import functions as F
 from krishiv_core.spec import PipelineSpec
 from krishiv_core.tables import WINDOW_END, WINDOW_START
 from spark_jobs.checkpoint import BatchOffsets
-from spark_jobs.staging import BatchResult, Target
+from spark_jobs.staging import QUERY_REJECT_COLUMNS, BatchResult, Target
 from spark_jobs.transform import EVENT_TIME
 from spark_jobs.window_state import (
     WindowState,
@@ -39,6 +41,7 @@ from spark_jobs.window_state import (
 )
 
 _LATE, _LAST, _ROWS, _LATEST = "__late", "__last", "__rows", "__latest"
+_REJECT, _REJECT_PARTITION, _REJECT_OFFSET = "__reject", "__reject_partition", "__reject_offset"
 
 
 def event_windows(pipeline: PipelineSpec):
@@ -65,8 +68,9 @@ class WindowedShape:
         self.target = target
         self.store = store
 
-    def compute(self, valid: DataFrame, offsets: BatchOffsets, folder: Callable[[Target], str]) -> BatchResult:
-        """One batch's windows to write, its late events, and the open windows it leaves (saved as its state)."""
+    def compute(self, batch: DataFrame, offsets: BatchOffsets, folder: Callable[[Target], str]) -> BatchResult:
+        """One batch's windows to write, its late events and rejects, and the open windows it leaves (saved as its
+        state)."""
         before = self.store.load_before(offsets.batch_id)
         refused = mode_switch_refused(self.pipeline, before, str(self.store.folder))
         if refused is not None:  # checked at start too; a batch never writes open windows in the other mode
@@ -76,22 +80,32 @@ class WindowedShape:
         if before.watermark_ms > 0:
             late = F.col("__window.end") <= F.timestamp_millis(F.lit(before.watermark_ms))
         is_last = F.unix_millis(F.col("__window.end")) == last_window_end_ms(self.pipeline)
+        is_reject = F.col("reason").isNotNull()
         groups = (
-            valid.withColumn("__window", windows)
+            # Spark's window drops a row without a time: a reject is given the epoch, and its own group.
+            batch.withColumn(EVENT_TIME, F.when(is_reject, F.timestamp_millis(F.lit(0))).otherwise(F.col(EVENT_TIME)))
+            .withColumn("__window", windows)
             .groupBy(
                 F.col("__window.start").alias(WINDOW_START),
                 F.col("__window.end").alias(WINDOW_END),
                 *self.pipeline.group_by,
                 late.alias(_LATE),
                 is_last.alias(_LAST),
+                F.when(is_reject, F.col("partition")).alias(_REJECT_PARTITION),
+                F.when(is_reject, F.col("offset")).alias(_REJECT_OFFSET),
             )
             .agg(
                 *partial_columns(self.pipeline),
                 F.count(F.lit(1)).alias(_ROWS),
                 F.max(F.unix_millis(F.col(EVENT_TIME))).alias(_LATEST),
+                F.first(F.when(is_reject, F.struct(*QUERY_REJECT_COLUMNS)), ignorenulls=True).alias(_REJECT),
             )
             .toArrow()
         )
+        rejected = pc.is_valid(groups.column(_REJECT_PARTITION))
+        # A reject falls in every window of its (epoch) time when hopping: it is taken from its last one.
+        rejects = groups.filter(pc.and_(rejected, groups.column(_LAST))).column(_REJECT)
+        groups = groups.filter(pc.invert(rejected)).drop_columns([_REJECT_PARTITION, _REJECT_OFFSET, _REJECT])
         lasts = groups.filter(groups.column(_LAST))
         late_events = pc.sum(lasts.filter(lasts.column(_LATE)).column(_ROWS)).as_py() or 0
         valid_events = pc.sum(lasts.column(_ROWS)).as_py() or 0
@@ -108,6 +122,7 @@ class WindowedShape:
         return BatchResult(
             valid_events,
             rows={self.target.output.name: rows},
+            rejects=pa.Table.from_struct_array(rejects.combine_chunks()),
             late_events=late_events,
             metrics={"watermark_ms": watermark, "late_watermark_ms": before.watermark_ms},
         )

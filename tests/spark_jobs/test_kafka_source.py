@@ -35,9 +35,11 @@ from spark_jobs.errors import KafkaSourceError, OffsetsDeleted, OffsetsMovedBack
 from spark_jobs.kafka_source import (
     RANGE_QUEUE_KBYTES,
     RANGE_QUEUE_MAX_RECORDS,
+    TASK_PACK_RECORDS,
     KafkaAdmin,
     KafkaClients,
     KafkaRange,
+    KafkaSplit,
     KafkaStreamReader,
     batch_rows,
     cap_offsets,
@@ -188,6 +190,11 @@ def read(consumer: ScriptedConsumer, start: int, end: int, timeout_s: float = 30
     for batch in batches:
         assert batch.schema.field("offset").type == pa.int64()
     return [o for batch in batches for o in batch.column("offset").to_pylist()]
+
+
+def ranges_of(splits: list[KafkaSplit]) -> list[tuple[int, int, int]]:
+    """The ranges of a batch's tasks, in order, as (partition, start, end)."""
+    return [(r.partition, r.start, r.end) for split in splits for r in split.ranges]
 
 
 def reader(consumer: ScriptedConsumer, admin: ScriptedAdmin | None = None, **options: str) -> KafkaStreamReader:
@@ -481,10 +488,40 @@ def test_a_new_partition_starts_at_its_low_watermark() -> None:
     assert end == {"0": 50, "1": 7}
     assert source.latestOffset(start, ReadMaxRows(5)) == {"0": 15, "1": 7}
     # Nothing of the new partition is read in the batch that finds it; the next batch reads from its low watermark.
-    assert [(r.partition, r.start, r.end) for r in source.partitions(start, end)] == [(0, 10, 50)]
+    assert ranges_of(source.partitions(start, end)) == [(0, 10, 50)]
     assert source.latestOffset(end, ReadAllAvailable()) == {"0": 50, "1": 9}
-    assert [(r.partition, r.start, r.end) for r in source.partitions(end, {"0": 50, "1": 9})] == [(1, 7, 9)]
+    assert ranges_of(source.partitions(end, {"0": 50, "1": 9})) == [(1, 7, 9)]
     assert BatchOffsets(3, start, end).ranges() == {"0": [10, 50], "1": [7, 7]}
+
+
+def test_small_ranges_share_a_task_and_large_ones_are_split() -> None:
+    """A task's start costs more than reading a few thousand records: a batch's ranges are packed into tasks of up
+    to TASK_PACK_RECORDS records (recordsPerSplit if smaller); a range longer than recordsPerSplit is split."""
+    marks = {p: [(0, 10**6)] for p in range(4)}
+    source = reader(ScriptedConsumer(watermarks=marks))
+    small = source.partitions({str(p): 0 for p in range(4)}, {str(p): 250 for p in range(4)})
+    assert [len(s.ranges) for s in small] == [4]
+    assert ranges_of(small) == [(p, 0, 250) for p in range(4)]
+    big = TASK_PACK_RECORDS + 1
+    ends = {"0": big, "1": big, "2": 10, "3": 20}
+    mixed = source.partitions({p: 0 for p in ends}, ends)
+    assert [[(r.partition, r.end) for r in s.ranges] for s in mixed] == [[(0, big)], [(1, big)], [(2, 10), (3, 20)]]
+    by_two = reader(ScriptedConsumer(watermarks=marks), recordsPerSplit="2").partitions(
+        {"0": 0, "1": 0}, {"0": 5, "1": 2}
+    )
+    assert [ranges_of([s]) for s in by_two] == [[(0, 0, 2)], [(0, 2, 4)], [(0, 4, 5)], [(1, 0, 2)]]
+
+
+def test_a_task_reads_each_of_its_ranges_exactly() -> None:
+    consumer = ScriptedConsumer(watermarks={0: [(0, 6)], 1: [(0, 6)]}, fetches=[Fetch([2, 3, 4]), Fetch([0, 1])])
+    source = reader(consumer)
+    (split,) = source.partitions({"0": 2, "1": 0}, {"0": 5, "1": 2})
+    batches = list(source.read(split))
+    assert [(b.column("partition").to_pylist(), b.column("offset").to_pylist()) for b in batches] == [
+        ([0, 0, 0], [2, 3, 4]),
+        ([1, 1], [0, 1]),
+    ]
+    assert consumer.count("close") == 2, "each range's consumer is closed"
 
 
 def test_the_reader_reads_its_ranges_through_the_seam() -> None:
@@ -708,7 +745,7 @@ def test_partitions_the_start_does_not_know_begin_at_their_low_watermark(broker:
     try:
         end = source.latestOffset({"0": 0}, ReadAllAvailable())
         assert end == {"0": 2, "1": 0, "2": 0}
-        assert [(r.partition, r.start, r.end) for r in source.partitions({"0": 0}, end)] == [(0, 0, 2)]
+        assert ranges_of(source.partitions({"0": 0}, end)) == [(0, 0, 2)]
     finally:
         source.stop()
 
