@@ -287,16 +287,17 @@ def run_pipelines(
                     if len(pipelines) > 1:
                         _wait_for_source(running[-1])
                 if once:
-                    for i in range(len(running)):
-                        while True:
+                    # Every query is looked at in turn, so one that failed to start is started again at once, not
+                    # after the queries before it have read their topics.
+                    left = list(range(len(running)))
+                    while left and not requested.is_set():
+                        for i in list(left):
                             try:
-                                while not requested.is_set() and not running[i].query.awaitTermination(_POLL_S):
-                                    pass
-                                break
+                                if running[i].query.awaitTermination(_POLL_S / len(left)):
+                                    left.remove(i)
                             except StreamingQueryException as exc:
-                                if restarted(i):
-                                    continue
-                                raise _query_failed(running[i].query.name, exc) from exc
+                                if not restarted(i):
+                                    raise _query_failed(running[i].query.name, exc) from exc
                 else:
                     while True:
                         try:

@@ -108,12 +108,12 @@ def _recorded(checkpoint: Checkpoint, ledger: StagingLedger, table: str, topic: 
 #: source's driver-side runner always uses; no setting changes it): on a loaded machine importing PySpark in a new
 #: interpreter can take longer, and the query fails before it has read anything.
 WORKER_START_ATTEMPTS = 3
-_WORKER_START_TIMEOUT = "Python worker failed to connect back"
+WORKER_START_TIMEOUT = "Python worker failed to connect back"  # Spark's message
 
 
 def worker_start_timed_out(failure: BaseException) -> bool:
     """Whether a query failed only because Spark's Python worker did not connect back within Spark's limit."""
-    return _WORKER_START_TIMEOUT in str(failure)
+    return WORKER_START_TIMEOUT in str(failure)
 
 
 def stop_between_batches(query: StreamingQuery, timeout_s: float = 30.0) -> None:

@@ -15,7 +15,7 @@ from chaos.__main__ import main
 from chaos.checks import _coverage, _local, check_contract, live_files
 from chaos.oracle import expected_output
 from chaos.runner import FAULT_POINTS
-from chaos.scenarios import MATRIX
+from chaos.scenarios import MATRIX, query_failed
 from chaos.workspace import SPEC_TEMPLATE, Workspace
 from krishiv.operations import open_ledger
 from krishiv_core.catalog import load_catalog, qualified
@@ -145,3 +145,16 @@ def test_the_oracle_reads_each_batch_from_its_topic_generation():
     assert expected.valid_events == 2
     assert expected.windows[60_000]["amount_total"] == Decimal("1.00")  # closed by batch 1's watermark (195 s)
     assert 180_000 not in expected.windows  # batch 1's own window is still open
+
+
+def test_a_query_the_run_starts_again_is_not_a_failure():
+    """Spark fails a query whose Python worker did not connect back within its fixed 10 s (a loaded machine); the
+    run starts it again, so the harness must not stop the scenario for it. Any other cause is a failure."""
+    failed = "26/11/26 11:18:03 ERROR MicroBatchExecution: Query q [id = 1] terminated with error\n"
+    timed_out = failed + "org.apache.spark.SparkException: Python worker failed to connect back.\n\tat x\n"
+    other = failed + "org.apache.spark.SparkException: something else\n\tat x\n"
+    assert not query_failed("query q started\n")
+    assert not query_failed(timed_out)
+    assert not query_failed(failed), "the cause is not written yet"
+    assert query_failed(other)
+    assert query_failed(timed_out + other)
