@@ -107,7 +107,7 @@ def _recorded(checkpoint: Checkpoint, ledger: StagingLedger, table: str, topic: 
 #: Spark 4.3 waits a fixed 10 s for it (``PythonWorkerFactory.createSimpleWorker``, which the Python streaming
 #: source's driver-side runner always uses; no setting changes it): on a loaded machine importing PySpark in a new
 #: interpreter can take longer, and the query fails before it has read anything.
-WORKER_START_ATTEMPTS = 3
+WORKER_START_ATTEMPTS = 5
 WORKER_START_TIMEOUT = "Python worker failed to connect back"  # Spark's message
 
 

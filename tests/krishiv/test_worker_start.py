@@ -51,7 +51,7 @@ def test_a_worker_that_connects_back_too_late_starts_the_query_again(
     assert (tmp_path / "slept").exists(), "the first source runner was slow"
     assert done.returncode == 0, said
     assert "Spark's Python worker did not connect back within Spark's 10 s" in said, said
-    assert "starting the query again (2 of 3) (see README: Recovery runbook > A query that did not start in time)" in (
+    assert "starting the query again (2 of 5) (see README: Recovery runbook > A query that did not start in time)" in (
         said
     ), said
     # The only traceback is the late worker's own, printed by PySpark when it wakes and finds Spark gone from the
