@@ -754,8 +754,6 @@ KINDS_STAGE_POINTS = ("stage.after_compute", "stage.after_files", "stage.after_l
 KINDS_PAUSE_BATCHES = (1, 2, 3)
 KINDS_RELAY_POINTS = ("relay.before_catalog_commit", "relay.after_catalog_commit")
 KINDS_PAUSE_TIMEOUT_S = 240.0  # below the fault point's own pause limit, after which a paused kind would go on
-#: How Spark says a Python worker (a data source's, a streaming source runner) did not start within its 10 s.
-SPARK_WORKER_TIMEOUT = "Python worker failed to connect back"
 QUERY_FAILED = "terminated with error"  # Spark's log line when a streaming query fails
 
 
@@ -857,7 +855,7 @@ def _kill_driver_with_every_kind_at(ctx: Context, point: str, batches: list[int]
                 batches = sorted(b for b in at.values() if b is not None)
             elif started:
                 raise
-            if attempt == ATTEMPTS - 1 or SPARK_WORKER_TIMEOUT not in ctx.output_of_last("run"):
+            if attempt == ATTEMPTS - 1 or WORKER_START_TIMEOUT not in ctx.output_of_last("run"):
                 raise
             _log_line(ctx, f"Spark's Python worker did not connect back in time; the round runs again at {batches}")
             continue
