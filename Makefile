@@ -13,7 +13,7 @@ dagster: setup
 test: setup
 	@bash scripts/setup-browser.sh
 	.venv/bin/ruff check .
-	.venv/bin/pytest
+	.venv/bin/pytest -n 2
 
 test-heavy: setup
 	.venv/bin/pytest -m heavy
