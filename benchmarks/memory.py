@@ -38,12 +38,13 @@ class RssSampler:
         for child in me.children(recursive=True):
             try:
                 rss = child.memory_info().rss
-                name = child.name()
+                # the executable, not the process name: a worker runs as the krishiv-spark-python script
+                program = os.path.basename(child.exe())
             except psutil.Error:
                 continue
-            if name == "java":
+            if program == "java":
                 jvm += rss
-            elif name.startswith("python"):
+            elif program.startswith("python"):
                 workers += rss
         self.peak.jvm_mb = max(self.peak.jvm_mb, jvm / MB)
         self.peak.python_workers_mb = max(self.peak.python_workers_mb, workers / MB)
