@@ -427,11 +427,15 @@ def cmd_lineage(args: argparse.Namespace, spec: KrishivSpec) -> int:
     return 0
 
 
+def _counted(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def cmd_verify(args: argparse.Namespace, spec: KrishivSpec) -> int:
     results = verify_pipelines(spec, _pipelines(spec, args.pipeline), ledger=open_existing_ledger(spec))
     for r in results:
         mark = "[green]ok[/]" if r.ok else "[red]VIOLATIONS[/]"
-        console.print(f"{escape(r.table)}: {mark} ({r.rows} rows, {r.snapshots} snapshots)")
+        console.print(f"{escape(r.table)}: {mark} ({_counted(r.rows, 'row')}, {_counted(r.snapshots, 'snapshot')})")
         console.print(f"  unique by {', '.join(r.key)}" if r.key else "  no per-row key")
         for v in r.violations:
             console.print(f"  - {escape(v)}")
