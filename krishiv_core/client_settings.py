@@ -24,7 +24,7 @@ _UNCLOSED = re.compile(r"(?<!\$)\$\{(?![A-Za-z_][A-Za-z0-9_]*\})")
 #: ``s3.session-token``, ``adls.account-key``, ``gcs.oauth2.token``; librdkafka's ``sasl.password``,
 #: ``ssl.key.password``, ``ssl.keystore.password``, ``sasl.oauthbearer.client.secret``; a ``header.Authorization``.
 _SECRET_NAME = re.compile(
-    r"token|credential|password|secret|account-key|sas-token|header\.authorization|ssl\.key\.pem|private",
+    r"token|credential|password|secret|account-key|sas-token|header\.authorization|ssl\.key\.pem|private|user\.info",
     re.IGNORECASE,
 )
 

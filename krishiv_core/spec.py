@@ -27,7 +27,19 @@ from typing import Any
 
 from krishiv_core.client_settings import parse_properties, resolve
 from krishiv_core.errors import ConfigError
+from krishiv_core.formats import (
+    AVRO,
+    CDC_COLUMNS,
+    FORMAT_KEYS,
+    JSON_SCHEMA,
+    RecordFormat,
+    RegistrySettings,
+    parse_record_format,
+    parse_registry,
+)
 from krishiv_core.partitioning import PartitionField, parse_partition_by
+from krishiv_core.schema_fields import registry_fields
+from krishiv_core.spec_types import EventField, FieldType
 
 DEFAULT_SPEC_FILE = "krishiv.toml"
 SPEC_FILE_ENV = "KRISHIV_SPEC"
@@ -53,7 +65,7 @@ ENV_OVERRIDES = {
 }
 
 _DECIMAL = re.compile(r"^decimal\((\d+),\s*(\d+)\)$")
-_SCALAR_TYPES = ("string", "long", "int", "double", "boolean", "timestamp_ms", "timestamp")
+_SCALAR_TYPES = ("string", "long", "int", "double", "boolean", "timestamp_ms", "timestamp", "date")
 _AGG_FUNCTIONS = ("count", "sum", "min", "max", "avg")
 _DURATION = re.compile(r"^(\d+)\s*(ms|s|m|h|d)$")
 _DURATION_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -68,33 +80,6 @@ KINDS = (WINDOWED, EVENTS, UPSERT)
 KAFKA_METADATA = ("topic", "partition", "offset", "timestamp", "key")
 KAFKA_METADATA_PREFIX = "_kafka_"
 REJECTS = "rejects"
-
-
-@dataclass(frozen=True)
-class FieldType:
-    """A JSON field's declared type: a scalar name or a decimal with precision and scale."""
-
-    name: str
-    precision: int = 0
-    scale: int = 0
-
-    @property
-    def is_decimal(self) -> bool:
-        return self.name == "decimal"
-
-    @property
-    def is_numeric(self) -> bool:
-        return self.name in ("long", "int", "double", "decimal")
-
-    def __str__(self) -> str:
-        return f"decimal({self.precision},{self.scale})" if self.is_decimal else self.name
-
-
-@dataclass(frozen=True)
-class EventField:
-    name: str
-    type: FieldType
-    required: bool = True
 
 
 @dataclass(frozen=True)
@@ -141,6 +126,14 @@ class PipelineSpec:
     key: tuple[str, ...] = ()
     version_field: str | None = None
     delete_field: str | None = None
+    #: How the topic's records are encoded (JSON by default; Schema Registry formats; a Debezium envelope).
+    record_format: RecordFormat = field(default_factory=RecordFormat)
+
+    @property
+    def remembers_deletes(self) -> bool:
+        """Whether a delete event carries a version the key must remember (upsert rule): a ``delete_field`` or
+        Debezium's ``d`` events, ordered by a version."""
+        return bool(self.version_field) and (bool(self.delete_field) or self.record_format.envelope is not None)
 
     @property
     def rejects_table(self) -> str:
@@ -260,6 +253,7 @@ class KrishivSpec:
     pipelines: tuple[PipelineSpec, ...]
     base_dir: Path = Path(".")
     maintenance: MaintenanceSettings = field(default_factory=MaintenanceSettings)
+    schema_registry: RegistrySettings | None = None
 
     def pipeline(self, name: str | None = None) -> PipelineSpec:
         if name is None:
@@ -517,6 +511,7 @@ _COMMON_KEYS = {
     "max_records_per_batch",
     "catch_up_records_per_batch",
     "partition_by",
+    *FORMAT_KEYS,
 }
 _KIND_KEYS = {
     WINDOWED: {"event_time_field", "watermark_delay", "window", "slide", "group_by", "output_mode", "aggregations"},
@@ -672,7 +667,40 @@ def _output_columns(kind: str, fields: tuple[EventField, ...], extra: Mapping[st
     return columns | {KAFKA_METADATA_PREFIX + m: types[m] for m in extra.get("kafka_metadata", ())}
 
 
-def _parse_pipeline(raw: Any, where: str) -> PipelineSpec:
+def _with_cdc_fields(raw: dict[str, Any], where: str, fields: tuple[EventField, ...], fmt: RecordFormat) -> Any:
+    """A Debezium pipeline's fields: the row's, then the change-event columns it keeps; its version is the position."""
+    assert fmt.cdc is not None
+    for name in ("version_field", "delete_field"):
+        if name in raw:
+            raise ConfigError(
+                f"{where}.{name}",
+                "a Debezium pipeline is ordered by the source position (cdc_position) and deletes by op = d; "
+                f"remove {name}",
+            )
+    names = {f.name for f in fields}
+    for short in fmt.cdc.columns:
+        column, type_name = CDC_COLUMNS[short]
+        if column in names:
+            raise ConfigError(f"{where}.fields.{column}", "is the change events' own column: rename the field")
+        fields += (EventField(column, FieldType(type_name), required=False),)
+    raw["version_field"] = fmt.cdc.version_column
+    return fields
+
+
+def _fields(
+    raw: Mapping[str, Any], where: str, fmt: RecordFormat, registry: RegistrySettings | None, env: Mapping[str, str]
+) -> tuple[tuple[EventField, ...], RecordFormat]:
+    """The pipeline's fields: listed in the spec, or a registry format's subject's latest schema's (which then is
+    the reader schema, so records of newer versions are read as the fields were taken)."""
+    if "fields" in raw or fmt.value not in (AVRO, JSON_SCHEMA) or registry is None or fmt.subject is None:
+        return _parse_fields(raw.get("fields"), f"{where}.fields"), fmt
+    fields, schema = registry_fields(registry, fmt.subject, fmt.value, fmt.envelope is not None, env)
+    return fields, replace(fmt, reader_schema=schema if fmt.value == AVRO and fmt.envelope is None else None)
+
+
+def _parse_pipeline(
+    raw: Any, where: str, registry: RegistrySettings | None = None, env: Mapping[str, str] | None = None
+) -> PipelineSpec:
     _expect(raw, dict, where, "a table")
     kind = raw.get("kind", WINDOWED)
     if kind not in KINDS:
@@ -690,7 +718,11 @@ def _parse_pipeline(raw: Any, where: str) -> PipelineSpec:
     if not re.match(r"^[A-Za-z0-9._-]{1,249}$", topic):
         raise ConfigError(f"{where}.topic", f"not a valid Kafka topic name: {topic!r}")
     table = _identifier(raw.get("table", name), f"{where}.table")
-    fields = _parse_fields(raw.get("fields"), f"{where}.fields")
+    record_format = parse_record_format(raw, where, kind, topic, registry)
+    fields, record_format = _fields(raw, where, record_format, registry, env or {})
+    if record_format.envelope is not None:
+        raw = dict(raw)
+        fields = _with_cdc_fields(raw, where, fields, record_format)
     by_name = {f.name: f for f in fields}
     event_time = raw.get("event_time_field")
     if event_time is not None or kind == WINDOWED:
@@ -721,6 +753,7 @@ def _parse_pipeline(raw: Any, where: str) -> PipelineSpec:
         max_records_per_batch=max_records,
         catch_up_records_per_batch=_catch_up_records(raw.get("catch_up_records_per_batch", 0), where, max_records),
         partition_by=partition_by,
+        record_format=record_format,
         **extra,
     )
 
@@ -774,7 +807,7 @@ def parse_spec(
     """Validate a decoded spec document, applying environment overrides first."""
     doc = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
     _apply_env(doc, env if env is not None else {})
-    unknown = set(doc) - {"kafka", "iceberg", "storage", "spark", "maintenance", "pipelines"}
+    unknown = set(doc) - {"kafka", "iceberg", "storage", "spark", "maintenance", "schema_registry", "pipelines"}
     if unknown:
         raise ConfigError("spec", f"unknown sections {sorted(unknown)}")
 
@@ -859,7 +892,8 @@ def parse_spec(
     _expect(raw_pipelines, list, "pipelines", "at least one [[pipelines]] table")
     if not raw_pipelines:
         raise ConfigError("pipelines", "expected at least one [[pipelines]] table")
-    pipelines = tuple(_parse_pipeline(p, f"pipelines[{n}]") for n, p in enumerate(raw_pipelines))
+    registry = parse_registry(doc.get("schema_registry"), environ)
+    pipelines = tuple(_parse_pipeline(p, f"pipelines[{n}]", registry, environ) for n, p in enumerate(raw_pipelines))
     names = [p.name for p in pipelines]
     dupes = {v for v in names if names.count(v) > 1}
     if dupes:
@@ -871,7 +905,7 @@ def parse_spec(
             "pipelines.table", f"each table is written by one pipeline only; written by several: {sorted(dupes)}"
         )
     maintenance = _parse_maintenance(doc)
-    return KrishivSpec(kafka, iceberg, storage, spark, pipelines, base_dir or Path.cwd(), maintenance)
+    return KrishivSpec(kafka, iceberg, storage, spark, pipelines, base_dir or Path.cwd(), maintenance, registry)
 
 
 def load_spec(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> KrishivSpec:

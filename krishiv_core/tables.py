@@ -14,6 +14,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import (
     BinaryType,
     BooleanType,
+    DateType,
     DecimalType,
     DoubleType,
     IcebergType,
@@ -64,6 +65,7 @@ def iceberg_type(t: FieldType) -> IcebergType:
         "boolean": BooleanType(),
         "timestamp_ms": TimestamptzType(),
         "timestamp": TimestamptzType(),
+        "date": DateType(),
     }.get(t.name) or DecimalType(t.precision, t.scale)
 
 
@@ -79,6 +81,7 @@ def spark_type(t: FieldType) -> str:
         "boolean": "boolean",
         "timestamp_ms": "timestamp",
         "timestamp": "timestamp",
+        "date": "date",
     }[t.name]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -139,6 +140,16 @@ def broker_outage_s() -> float:
     return seconds_from_env(BROKER_OUTAGE_ENV, DEFAULT_OUTAGE_S)
 
 
+#: How long a running query's tasks wait for a Schema Registry that stopped answering before they fail (seconds).
+REGISTRY_OUTAGE_ENV = "KRISHIV_REGISTRY_OUTAGE_S"
+
+
+def decoding_of(spec: KrishivSpec, pipeline: PipelineSpec) -> Decoding:
+    """What the source's tasks decode for ``pipeline``, the registry's settings resolved here as Kafka's are."""
+    registry = spec.schema_registry.client_config(os.environ) if spec.schema_registry else None
+    return Decoding.of(pipeline, registry, seconds_from_env(REGISTRY_OUTAGE_ENV, 60.0))
+
+
 def kafka_stream(spark: SparkSession, spec: KrishivSpec, pipeline: PipelineSpec, **options: str) -> DataFrame:
     """The pipeline's topic as a streaming DataFrame of Krishiv's Kafka source, its records decoded into the
     pipeline's fields in the source's tasks, with extra source ``options``."""
@@ -151,7 +162,7 @@ def kafka_stream(spark: SparkSession, spec: KrishivSpec, pipeline: PipelineSpec,
         .option("maxRecordsPerBatch", str(pipeline.max_records_per_batch))
         .option("catchUpRecordsPerBatch", str(pipeline.catch_up_records_per_batch))
         .option("recordsPerSplit", str(spec.spark.records_per_split))
-        .option("decoding", Decoding.of(pipeline).to_option())
+        .option("decoding", decoding_of(spec, pipeline).to_option())
     )
     for key, value in {**{f"kafka.{k}": v for k, v in spec.kafka.consumer_settings().items()}, **options}.items():
         reader = reader.option(key, value)

@@ -63,6 +63,7 @@ from spark_jobs.errors import KafkaSourceError, OffsetsDeleted, OffsetsMovedBack
 from spark_jobs.kafka_clients import KafkaProblems, build, list_topics
 from spark_jobs.ports import RecordedBatches, apply_skips
 from spark_jobs.record_decoder import KAFKA_COLUMNS, Decoding, RecordDecoder
+from spark_jobs.registry_decoder import decoder_for
 
 SOURCE_NAME = "krishiv-kafka"
 SCHEMA = "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp"
@@ -464,7 +465,7 @@ def read_range(part: KafkaRange, clients: KafkaClients = CONFLUENT_CLIENTS) -> I
     problems = KafkaProblems(part.config)
     consumer = build(clients.consumer, part.config, problems)
     transient = _transient_codes()
-    decoder = RecordDecoder(part.decoding) if part.decoding is not None else None
+    decoder = decoder_for(part.decoding) if part.decoding is not None else None
 
     def skip(offset: int | str) -> str:
         return skip_hint(part.partition, offset, part.pipeline, f"{part.topic} re-created or emptied")

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from decimal import Context, Decimal
 from typing import Annotated, Any
 
@@ -37,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from krishiv_core.formats import JSON, STRING
 from krishiv_core.spec import EventField, FieldType, PipelineSpec
 
 #: The epoch milliseconds of a ``timestamp_ms`` field: 0001-01-01 to 9999-12-31, as Spark's timestamps.
@@ -61,6 +62,8 @@ KAFKA_COLUMNS = (
 REASON = "reason"
 #: An upsert row that is a tombstone (a null Kafka value): its key fields come from the Kafka key.
 TOMBSTONE = "__tombstone"
+#: A Debezium change event that deletes its row (``op = d``): its key fields come from ``before``.
+CDC_DELETE = "__cdc_delete"
 
 _PLAIN = re.compile(r"-?[0-9]+(\.[0-9]+)?")
 _EXPONENT = re.compile(r"-?[0-9]+(\.[0-9]+)?[eE][+-]?[0-9]+")
@@ -68,7 +71,7 @@ _EXPONENT = re.compile(r"-?[0-9]+(\.[0-9]+)?[eE][+-]?[0-9]+")
 _FAST_DECIMAL = r'^"?-?0*(?P<i>[0-9]*?)(?:\.(?P<f>[0-9]*?)0*)?"?$'
 _FAST_DECIMAL_GUARD = r'^"?-?[0-9]+(\.[0-9]+)?"?$'
 #: Decimal arithmetic wide enough for any value of a decimal(38, s) (Python's default context keeps 28 digits).
-_EXACT = Context(prec=80)
+EXACT = Context(prec=80)
 _RAW_OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _ANY = msgspec.json.Decoder()
 
@@ -84,6 +87,7 @@ def arrow_type(t: FieldType) -> pa.DataType:
         "boolean": pa.bool_(),
         "timestamp": pa.timestamp("us", tz="UTC"),
         "timestamp_ms": pa.timestamp("us", tz="UTC"),
+        "date": pa.date32(),
     }[t.name]
 
 
@@ -105,9 +109,24 @@ class Decoding:
     required: frozenset[str]
     output: tuple[str, ...]
     tombstone_key: tuple[str, ...] | None = None
+    #: How the records are encoded (``krishiv_core.formats``): value and key formats, envelope, Debezium options.
+    value_format: str = JSON
+    key_format: str = STRING
+    envelope: str | None = None
+    decimal_handling: str = "precise"
+    #: The column that orders a Debezium pipeline's events (``_cdc_lsn`` or ``_cdc_ts``).
+    cdc_version: str | None = None
+    #: The Schema Registry client's configuration, resolved (the driver resolves it, as it does Kafka's settings).
+    registry: Mapping[str, str] | None = None
+    #: How long a task waits for a Schema Registry that does not answer (``KRISHIV_REGISTRY_OUTAGE_S``).
+    registry_outage_s: float = 60.0
+    #: The Avro reader schema (fields taken from the registry), else each record is read by its writer schema.
+    reader_schema: str | None = None
 
     @classmethod
-    def of(cls, pipeline: PipelineSpec) -> Decoding:
+    def of(
+        cls, pipeline: PipelineSpec, registry: Mapping[str, str] | None = None, registry_outage_s: float = 60.0
+    ) -> Decoding:
         from krishiv_core.spec import EVENTS, UPSERT
 
         required = {f.name for f in pipeline.fields if f.required or f.name == pipeline.event_time_field}
@@ -118,7 +137,21 @@ class Decoding:
             read.add(pipeline.event_time_field or "")
             output = tuple(f.name for f in pipeline.fields if f.name in read)
         key = tuple(pipeline.key) if pipeline.kind == UPSERT else None
-        return cls(tuple(pipeline.fields), frozenset(required), output, key)
+        fmt = pipeline.record_format
+        return cls(
+            tuple(pipeline.fields),
+            frozenset(required),
+            output,
+            key,
+            fmt.value,
+            fmt.key,
+            fmt.envelope,
+            fmt.cdc.decimal_handling if fmt.cdc else "precise",
+            fmt.cdc.version_column if fmt.cdc else None,
+            dict(registry) if fmt.uses_registry and registry is not None else None,
+            registry_outage_s,
+            fmt.reader_schema,
+        )
 
     def to_option(self) -> str:
         return json.dumps(
@@ -127,6 +160,10 @@ class Decoding:
                 "required": sorted(self.required),
                 "output": list(self.output),
                 "tombstone_key": None if self.tombstone_key is None else list(self.tombstone_key),
+                "format": [self.value_format, self.key_format, self.envelope, self.decimal_handling, self.cdc_version],
+                "registry": None if self.registry is None else dict(self.registry),
+                "registry_outage_s": self.registry_outage_s,
+                "reader_schema": self.reader_schema,
             }
         )
 
@@ -137,19 +174,40 @@ class Decoding:
         doc = json.loads(text)
         fields = tuple(EventField(n, parse_field_type(t, n), bool(r)) for n, t, r in doc["fields"])
         key = doc.get("tombstone_key")
-        return cls(fields, frozenset(doc["required"]), tuple(doc["output"]), None if key is None else tuple(key))
+        value_format, key_format, envelope, handling, version = doc.get("format", [JSON, STRING, None, "precise", None])
+        return cls(
+            fields,
+            frozenset(doc["required"]),
+            tuple(doc["output"]),
+            None if key is None else tuple(key),
+            value_format,
+            key_format,
+            envelope,
+            handling,
+            version,
+            doc.get("registry"),
+            float(doc.get("registry_outage_s", 60.0)),
+            doc.get("reader_schema"),
+        )
+
+    @property
+    def is_plain_json(self) -> bool:
+        """JSON values and string keys, no envelope: what :class:`RecordDecoder`'s fast path reads."""
+        return self.value_format == JSON and self.envelope is None and self.key_format in (STRING, JSON)
 
     def field(self, name: str) -> EventField:
         return next(f for f in self.fields if f.name == name)
 
     def arrow_schema(self) -> pa.Schema:
         extra = [(TOMBSTONE, pa.bool_())] if self.tombstone_key is not None else []
+        extra += [(CDC_DELETE, pa.bool_())] if self.envelope is not None else []
         return pa.schema(
             [*KAFKA_COLUMNS, (REASON, pa.string()), *extra] + [(n, arrow_type(self.field(n).type)) for n in self.output]
         )
 
     def spark_schema(self) -> str:
         extra = f", {TOMBSTONE} boolean" if self.tombstone_key is not None else ""
+        extra += f", {CDC_DELETE} boolean" if self.envelope is not None else ""
         columns = "".join(f", `{n}` {_spark_type(self.field(n).type)}" for n in self.output)
         return (
             "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp, "
@@ -168,7 +226,7 @@ def _plural(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
-def _decimal_excess(digits: str, t: FieldType) -> str | None:
+def decimal_excess(digits: str, t: FieldType) -> str | None:
     """Why plain ``digits`` do not fit ``decimal(p,s)`` exactly (None when they do)."""
     whole, _, fraction = digits.lstrip("-").partition(".")
     whole, fraction = whole.lstrip("0"), fraction.rstrip("0")
@@ -179,7 +237,7 @@ def _decimal_excess(digits: str, t: FieldType) -> str | None:
     return None
 
 
-def _iso_time(text: str) -> datetime | None:
+def iso_time(text: str) -> datetime | None:
     try:
         return _utc(datetime.fromisoformat(text))
     except ValueError:
@@ -221,8 +279,13 @@ def read_token(token: bytes, t: FieldType) -> tuple[Any, str | None]:
         why = "exponent notation" if exponent else "not an integer" if fraction else "out of range"
     elif name == "double" and is_number:
         return float(spelling), None
+    elif name == "date" and first == b'"':
+        try:
+            return date.fromisoformat(value), None
+        except ValueError:
+            why = "not an ISO-8601 date"
     elif name == "timestamp" and first == b'"':
-        moment = _iso_time(value)
+        moment = iso_time(value)
         if moment is not None:
             return moment, None
         why = "not an ISO-8601 time"
@@ -233,9 +296,9 @@ def read_token(token: bytes, t: FieldType) -> tuple[Any, str | None]:
         elif not _PLAIN.fullmatch(digits):
             why = "not a number"
         else:
-            why = _decimal_excess(digits, t)
+            why = decimal_excess(digits, t)
             if why is None:
-                return Decimal(digits).quantize(Decimal(1).scaleb(-t.scale), context=_EXACT), None
+                return Decimal(digits).quantize(Decimal(1).scaleb(-t.scale), context=EXACT), None
     return None, f"({t}, got {got}" + (f": {why})" if why else ")")
 
 
@@ -289,7 +352,7 @@ def read_tombstone_key(key: bytes | None, decoding: Decoding) -> Reading:
         if f.type.name == "string":
             return Reading(None, {f.name: text})
         if f.type.name == "timestamp":
-            moment = _iso_time(text)
+            moment = iso_time(text)
             if moment is None:
                 return Reading(f"mistyped field: {f.name} ({f.type}, got {text[:SHOWN]}: not an ISO-8601 time)", {})
             return Reading(None, {f.name: moment})
@@ -336,7 +399,7 @@ def _struct_type(f: EventField, required: bool) -> tuple[Any, Any]:
         low, high = INTEGER_RANGES[t.name]
         base: Any = Annotated[int, msgspec.Meta(ge=low, le=high)]
     else:
-        base = {"string": str, "timestamp": str, "double": float, "boolean": bool}[t.name]
+        base = {"string": str, "timestamp": str, "date": str, "double": float, "boolean": bool}[t.name]
     return (base, msgspec.NODEFAULT) if required else (base | None, None)
 
 
@@ -361,7 +424,9 @@ class RecordDecoder:
         self._output = set(decoding.output)
         # what the fast path reads: the columns carried, and the types msgspec alone does not settle
         self._checked = [
-            f for f in decoding.fields if f.name in self._output or f.type.is_decimal or f.type.name == "timestamp"
+            f
+            for f in decoding.fields
+            if f.name in self._output or f.type.is_decimal or f.type.name in ("timestamp", "date")
         ]
 
     def decode(
@@ -391,8 +456,8 @@ class RecordDecoder:
             listed = [getattr(r, self._attr[f.name]) for r in rows]
             if f.type.is_decimal:
                 column, bad = _fast_decimals(listed, f.type, f.name in self.decoding.required)
-            elif f.type.name == "timestamp":
-                column, bad = _fast_times(listed)
+            elif f.type.name in ("timestamp", "date"):
+                column, bad = _fast_times(listed, date.fromisoformat if f.type.name == "date" else _utc_iso)
             else:
                 column, bad = listed, []
             slow.update(bad)
@@ -416,15 +481,14 @@ class RecordDecoder:
         kept: list[bytes | None] = [None] * n if slow else []
         tombstones: list[bool] = [False] * n if self.decoding.tombstone_key is not None and slow else []
         patches: dict[int, Reading] = {}
+        deletes: list[bool] = [False] * n if self.decoding.envelope is not None else []
         for i in slow:
             value = values[i]
+            reading = self.read_slow(keys[i], value, topic)
             if value is None and self.decoding.tombstone_key is not None:
-                reading = read_tombstone_key(keys[i], self.decoding)
                 tombstones[i] = True
-            elif value is None:
-                reading = Reading("null value", {})
-            else:
-                reading = read_record(value, self.decoding)
+            if deletes:
+                deletes[i] = bool(reading.values.get(CDC_DELETE))
             reasons[i] = reading.reason
             if reading.reason is not None:
                 kept[i] = value
@@ -458,7 +522,17 @@ class RecordDecoder:
         ]
         if self.decoding.tombstone_key is not None:
             head.append(pa.array(tombstones, pa.bool_()) if slow else pa.repeat(pa.scalar(False), n))
+        if self.decoding.envelope is not None:
+            head.append(pa.array(deletes, pa.bool_()))
         return pa.RecordBatch.from_arrays([*head, *arrays], schema=self.schema)
+
+    def read_slow(self, key: bytes | None, value: bytes | None, topic: str) -> Reading:
+        """One record the fast path did not take, by the rule."""
+        if value is None and self.decoding.tombstone_key is not None:
+            return read_tombstone_key(key, self.decoding)
+        if value is None:
+            return Reading("null value", {})
+        return read_record(value, self.decoding)
 
     def from_kafka(self, raw: pa.RecordBatch | pa.Table) -> pa.Table:
         """Decoded rows of a table of Kafka records (``key``, ``value``, ``topic``, ``partition``, ``offset``,
@@ -517,18 +591,24 @@ def _fast_decimals(raws: list[Any], t: FieldType, required: bool) -> tuple[pa.Ar
     return values, bad
 
 
-def _fast_times(texts: list[str | None]) -> tuple[list[datetime | None], list[int]]:
-    """The ISO-8601 times of ``texts`` (None stays None), and the rows whose text is not one (left to the rule)."""
+def _utc_iso(text: str) -> datetime:
+    return _utc(datetime.fromisoformat(text))
+
+
+def _fast_times(texts: list[str | None], parse: Any) -> tuple[list[Any], list[int]]:
+    """The ISO-8601 times or dates of ``texts`` (None stays None), and the rows whose text is not one (left to
+    the rule)."""
     try:
-        return [None if s is None else _utc(datetime.fromisoformat(s)) for s in texts], []
+        return [None if s is None else parse(s) for s in texts], []
     except ValueError:
-        times: list[datetime | None] = []
+        times: list[Any] = []
         bad = []
         for i, s in enumerate(texts):
-            moment = None if s is None else _iso_time(s)
-            if s is not None and moment is None:
+            try:
+                times.append(None if s is None else parse(s))
+            except ValueError:
+                times.append(None)
                 bad.append(i)
-            times.append(moment)
         return times, bad
 
 

@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 
 from krishiv_core.spec import EVENTS, KAFKA_METADATA_PREFIX, REJECTS, UPSERT, Aggregation, PipelineSpec
 from krishiv_core.tables import WINDOW_END, WINDOW_START, aggregate_type, spark_type
-from spark_jobs.record_decoder import TOMBSTONE
+from spark_jobs.record_decoder import CDC_DELETE, TOMBSTONE
 
 EVENT_TIME = "__event_time"
 TARGET = "__target"  # the (unqualified) table an events row goes to
@@ -105,9 +105,13 @@ def build_output(events: DataFrame, pipeline: PipelineSpec) -> DataFrame:
     if pipeline.kind == UPSERT:
         tombstone = F.col(TOMBSTONE)  # a null Kafka value: the decoder read its key fields from the Kafka key
         reason = F.col("reason")
-        deleting = tombstone | (
-            F.coalesce(F.col(pipeline.delete_field), F.lit(False)) if pipeline.delete_field else F.lit(False)
-        )
+        if pipeline.record_format.envelope is not None:
+            flag = F.coalesce(F.col(CDC_DELETE), F.lit(False))  # Debezium's op = d, decoded by the source
+        elif pipeline.delete_field:
+            flag = F.coalesce(F.col(pipeline.delete_field), F.lit(False))
+        else:
+            flag = F.lit(False)
+        deleting = tombstone | flag
         columns = [F.col(f.name) for f in pipeline.fields]
         return events.select(
             *columns,

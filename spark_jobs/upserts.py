@@ -101,9 +101,9 @@ class UpsertShape:
     def __init__(self, pipeline: PipelineSpec, target: Target, memory: DeleteMemoryStore | None = None) -> None:
         self.pipeline = pipeline
         self.target = target
-        # Deletes are remembered only with a version (without one every event applies) and a delete field (a
-        # tombstone forgets).
-        self.memory = memory if pipeline.version_field and pipeline.delete_field else None
+        # Deletes are remembered only with a version (without one every event applies) and delete events (a
+        # delete field, or Debezium's op d; a tombstone forgets).
+        self.memory = memory if pipeline.remembers_deletes else None
         # A replay must carry the remembered deletes through the batch, like the windowed kind's open windows.
         self.stateful = self.memory is not None
 

@@ -1,0 +1,210 @@
+"""Debezium's change events: which row an event writes or deletes, and its columns in their own encodings.
+
+A change event's value holds ``op`` (``c`` create, ``r`` snapshot read, ``u`` update, ``d`` delete), the row
+``before`` and ``after`` it, and ``source`` (``lsn``, ``ts_ms`` …). ``c``/``r``/``u`` upsert ``after``; ``d``
+deletes the key its ``before`` holds (or its Kafka key, with ``REPLICA IDENTITY`` not covering the key); the
+tombstone that follows a delete is the upsert kind's own tombstone. An event is ordered by its source position,
+``source.lsn`` (PostgreSQL's log sequence number) or ``source.ts_ms`` (``cdc_position = "ts_ms"``, for connectors
+with no log position), under the upsert rule.
+
+Debezium writes some column types in encodings of its own, named by the column's schema (``schema.name`` in the
+JSON converter's embedded schema, ``connect.name`` in the Avro converter's); where the schema is not in the record
+(JSON with ``schemas.enable = false``), by the field's declared type:
+
+- ``numeric``/``decimal`` (``org.apache.kafka.connect.data.Decimal``): by ``decimal_handling`` (Debezium's
+  ``decimal.handling.mode``): ``precise`` the base64 of the big-endian two's-complement unscaled integer, at the
+  schema's scale (else the field's); ``string`` its digits; ``double`` a JSON number (a double already: exact only
+  when the double is). ``io.debezium.data.VariableScaleDecimal``: ``{"scale", "value"}``;
+- ``timestamp``: ``MicroTimestamp`` microseconds (PostgreSQL's ``timestamp`` under ``time.precision.mode =
+  adaptive``, the default, and the reading of an integer without a schema), ``Timestamp`` milliseconds,
+  ``NanoTimestamp`` nanoseconds; ``timestamptz``: ``ZonedTimestamp``, ISO-8601 text;
+- ``date``: ``Date``, days since 1970-01-01.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import msgspec
+
+from krishiv_core.spec import FieldType
+
+#: A column's schema as the record names it: (name, parameters).
+Hint = tuple[str, Mapping[str, Any]]
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_EPOCH_DAY = date(1970, 1, 1)
+_TIME_UNITS = {
+    "io.debezium.time.Timestamp": 1_000,
+    "org.apache.kafka.connect.data.Timestamp": 1_000,
+    "io.debezium.time.MicroTimestamp": 1,
+    "io.debezium.time.NanoTimestamp": 0.001,
+}
+_DATES = ("io.debezium.time.Date", "org.apache.kafka.connect.data.Date")
+_DECIMAL = "org.apache.kafka.connect.data.Decimal"
+_VARIABLE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
+_ANY = msgspec.json.Decoder()
+
+
+class Unreadable(Exception):
+    """A change event that is not one Krishiv can apply: the message is the reject's reason."""
+
+
+@dataclass
+class Decoded:
+    """A decoded key or value with the schema hints of its row's columns (empty when the record has none)."""
+
+    payload: Any
+    hints: dict[str, Hint] = field(default_factory=dict)
+
+
+def _struct_hints(schema: Any) -> dict[str, Hint]:
+    """Column hints of a Connect struct schema (the JSON converter's embedded ``schema``)."""
+    hints: dict[str, Hint] = {}
+    for f in schema.get("fields", []) if isinstance(schema, Mapping) else []:
+        if isinstance(f, Mapping) and f.get("name"):
+            hints[f.get("field", "")] = (str(f["name"]), f.get("parameters") or {})
+    return hints
+
+
+def unwrap_json(data: bytes, what: str) -> Decoded:
+    """A JSON key or value of the JSON converter, with (``schemas.enable = true``) or without its schema."""
+    try:
+        doc = _ANY.decode(data)
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        raise Unreadable(f"malformed JSON {what}") from None
+    if isinstance(doc, dict) and set(doc) == {"schema", "payload"}:
+        schema = doc["schema"]
+        if what == "key":
+            return Decoded(doc["payload"], _struct_hints(schema))
+        # the envelope's schema: the row's columns are the fields of its ``after`` (or ``before``) struct
+        hints: dict[str, Hint] = {}
+        for f in schema.get("fields", []) if isinstance(schema, Mapping) else []:
+            if isinstance(f, Mapping) and f.get("field") in ("before", "after"):
+                hints |= _struct_hints(f)
+        return Decoded(doc["payload"], hints)
+    return Decoded(doc)
+
+
+def avro_hints(schema_text: str) -> dict[str, Hint]:
+    """Column hints of a Debezium envelope (or key) in Avro: each field's ``connect.name`` and parameters."""
+    import json
+
+    schema = json.loads(schema_text)
+    hints: dict[str, Hint] = {}
+
+    def record(s: Any) -> None:
+        for f in s.get("fields", []):
+            t = f.get("type")
+            for branch in t if isinstance(t, list) else [t]:
+                if isinstance(branch, dict) and branch.get("connect.name"):
+                    params = branch.get("connect.parameters") or {}
+                    if branch.get("logicalType") == "decimal" and "scale" not in params:
+                        params = {"scale": branch.get("scale", 0)}
+                    hints[f["name"]] = (branch["connect.name"], params)
+
+    if isinstance(schema, dict):
+        rows = [f for f in schema.get("fields", []) if f.get("name") in ("before", "after")]
+        for f in rows:
+            for branch in f["type"] if isinstance(f["type"], list) else [f["type"]]:
+                if isinstance(branch, dict) and branch.get("type") == "record":
+                    record(branch)
+        if not rows:
+            record(schema)
+    return hints
+
+
+def _unscaled(value: Any) -> int:
+    raw = value if isinstance(value, bytes) else base64.b64decode(str(value), validate=True)
+    return int.from_bytes(raw, "big", signed=True)
+
+
+def decode_column(value: Any, t: FieldType, hint: Hint | None, decimal_handling: str) -> Any:
+    """One column's value out of Debezium's encoding, for the value rule to read as ``t`` (unchanged when it is
+    not one of Debezium's: the rule names what it got)."""
+    if value is None:
+        return None
+    name, params = hint or ("", {})
+    try:
+        if name == _VARIABLE_DECIMAL and isinstance(value, Mapping):
+            return Decimal(_unscaled(value["value"])).scaleb(-int(value["scale"]))
+        if t.is_decimal or name == _DECIMAL:
+            if isinstance(value, Decimal | int | float) and not isinstance(value, bool):
+                return Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
+            if isinstance(value, bytes) or (isinstance(value, str) and decimal_handling == "precise"):
+                scale = int(params.get("scale", t.scale))
+                return Decimal(_unscaled(value)).scaleb(-scale)
+            if isinstance(value, str):
+                return Decimal(value)
+        if name in _TIME_UNITS and isinstance(value, int):
+            return _EPOCH + timedelta(microseconds=value * _TIME_UNITS[name])
+        if name in _DATES and isinstance(value, int):
+            return _EPOCH_DAY + timedelta(days=value)
+        if not name and t.name == "timestamp" and isinstance(value, int) and not isinstance(value, bool):
+            return _EPOCH + timedelta(microseconds=value)  # MicroTimestamp, adaptive precision's default
+    except (binascii.Error, ValueError, ArithmeticError, OverflowError, KeyError, TypeError):
+        return value  # not the encoding it should be in: the rule names the value
+    return value
+
+
+def decode_columns(
+    row: Mapping[str, Any], types: Mapping[str, FieldType], hints: Mapping[str, Hint], decimal_handling: str
+) -> dict[str, Any]:
+    """The row's declared columns out of Debezium's encodings; the others as they are."""
+    return {
+        name: decode_column(value, types[name], hints.get(name), decimal_handling) if name in types else value
+        for name, value in row.items()
+    }
+
+
+@dataclass
+class ChangeEvent:
+    op: str
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+    #: The change-event columns: ``_cdc_op``, ``_cdc_lsn``, ``_cdc_ts``.
+    cdc: dict[str, Any]
+
+    @property
+    def deletes(self) -> bool:
+        return self.op == "d"
+
+
+def change_event(
+    decoded: Decoded, types: Mapping[str, FieldType], decimal_handling: str, position: str | None
+) -> ChangeEvent:
+    """The change event of a decoded Debezium value, its rows' columns decoded; :class:`Unreadable` otherwise.
+    ``position`` is the ordering column the pipeline keeps (``_cdc_lsn`` or ``_cdc_ts``): an event without it is
+    unreadable, since the upsert rule could not order it."""
+    doc = decoded.payload
+    if not isinstance(doc, Mapping) or "op" not in doc:
+        raise Unreadable("not a Debezium change event: no op (is the topic's envelope debezium?)")
+    op = doc.get("op")
+    if op not in ("c", "r", "u", "d"):
+        raise Unreadable(f"Debezium op {op!r} is not applied (only c, r, u and d are)")
+    source = doc.get("source") if isinstance(doc.get("source"), Mapping) else {}
+    lsn = source.get("lsn")
+    ts_ms = source.get("ts_ms")
+    cdc = {
+        "_cdc_op": op,
+        "_cdc_lsn": lsn,
+        "_cdc_ts": _EPOCH + timedelta(milliseconds=ts_ms) if isinstance(ts_ms, int) else ts_ms,
+    }
+    if position is not None and cdc.get(position) is None:
+        wanted = "source.lsn" if position == "_cdc_lsn" else "source.ts_ms"
+        raise Unreadable(f"Debezium event without {wanted}, which orders a key's changes (cdc_position)")
+    rows = []
+    for name in ("before", "after"):
+        row = doc.get(name)
+        if row is not None and not isinstance(row, Mapping):
+            raise Unreadable(f"Debezium {name} is not a row: {str(row)[:40]}")
+        rows.append(None if row is None else decode_columns(row, types, decoded.hints, decimal_handling))
+    before, after = rows
+    if op != "d" and after is None:
+        raise Unreadable(f"Debezium op {op} without an after row")
+    return ChangeEvent(op, before, after, cdc)

@@ -1,0 +1,300 @@
+"""Records in the Schema Registry formats, and Debezium change events, to a pipeline's typed columns.
+
+A value (or key) in the Confluent wire format is a magic byte 0, a 4-byte big-endian schema id and the payload.
+Each record is read in three steps, each a reject with its reason when it fails, never a crash:
+
+1. the frame: fewer than 6 bytes is ``not in the Confluent wire format: N bytes``; another first byte is ``… magic
+   byte 0x7b, expected 0``;
+2. the writer schema, fetched by id through confluent-kafka's ``SchemaRegistryClient`` (which caches it): an id
+   the registry does not know is ``schema id N is not in the registry``. A registry that does not answer (refused
+   connection, timeout, 5xx) is retried with back-off for ``registry_outage_s``, then the task fails naming it; a
+   401/403 fails it at once: records are never skipped, the batch fails whole and is read again when restarted;
+3. the payload, by confluent-kafka's deserializer for the format (``AvroDeserializer``: read by the writer schema,
+   or resolved to the reader schema Krishiv took the fields from; ``JSONDeserializer``: validated by the schema;
+   ``ProtobufDeserializer``): a payload it cannot read is ``undecodable avro payload (schema id N): why``.
+
+The decoded value is then read field by field (:func:`spark_jobs.value_reading.read_value`; a JSON Schema payload
+by the JSON rule, so its decimals stay exact), after the Debezium envelope, when the pipeline has one, is opened
+(:mod:`spark_jobs.debezium`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from krishiv_core.formats import AVRO, DEBEZIUM, JSON, JSON_SCHEMA, PROTOBUF, STRING
+from krishiv_core.schema_fields import SEPARATOR
+from spark_jobs.debezium import Decoded, Unreadable, avro_hints, change_event, decode_columns, unwrap_json
+from spark_jobs.errors import KafkaSourceError
+from spark_jobs.record_decoder import (
+    CDC_DELETE,
+    SHOWN,
+    Decoding,
+    Reading,
+    RecordDecoder,
+    read_record,
+    read_tombstone_key,
+)
+from spark_jobs.value_reading import read_value
+
+_HEADER = 5
+#: The change-event columns a Debezium pipeline's table may carry (``krishiv_core.formats.CDC_COLUMNS``).
+CDC_PREFIX = "_cdc_"
+
+
+class RegistryUnavailable(KafkaSourceError):
+    """The Schema Registry did not answer within the bound, or refused Krishiv's credentials."""
+
+
+class _Reject(Exception):
+    """A record that is a reject: the message is its reason."""
+
+
+_CLIENTS: dict[tuple[tuple[str, str], ...], Any] = {}
+
+
+def decoder_for(decoding: Decoding) -> RecordDecoder:
+    """The decoder of a pipeline's records: JSON's fast path, or the registry formats' and Debezium's."""
+    return RecordDecoder(decoding) if decoding.is_plain_json else RegistryRecordDecoder(decoding)
+
+
+def registry_client(config: Mapping[str, str]) -> Any:
+    """One ``SchemaRegistryClient`` per configuration in a process, so its schema cache serves every task."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    key = tuple(sorted(config.items()))
+    client = _CLIENTS.get(key)
+    if client is None:
+        client = _CLIENTS[key] = SchemaRegistryClient.new_client(dict(config))  # mock:// for unit tests
+    return client
+
+
+def _status(exc: Exception) -> int | None:
+    return getattr(exc, "http_status_code", None)
+
+
+def fetch_writer_schema(client: Any, schema_id: int, url: str, outage_s: float) -> Any:
+    """The registry's schema of ``schema_id`` (cached by the client), None if the registry does not know it;
+    :class:`RegistryUnavailable` when it does not answer within ``outage_s`` or refuses the credentials."""
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    deadline = time.monotonic() + outage_s
+    pause = 0.5
+    while True:
+        try:
+            return client.get_schema(schema_id)
+        except SchemaRegistryError as exc:
+            status = _status(exc)
+            if status == 404:
+                return None
+            if status in (401, 403):
+                raise RegistryUnavailable(
+                    f"the Schema Registry at {url} refused Krishiv ({status} {exc.error_message}): check the "
+                    "credentials in [schema_registry] (basic.auth.user.info or bearer.auth.*)"
+                ) from None
+            problem = f"{status} {exc.error_message}"
+            if status is not None and status < 500:
+                raise RegistryUnavailable(
+                    f"the Schema Registry at {url} answered {problem} for schema id {schema_id}"
+                ) from None
+        except Exception as exc:  # connection refused, timeout: the client's own errors are not one class
+            problem = f"{type(exc).__name__}: {str(exc)[:200]}"
+        if time.monotonic() + pause > deadline:
+            raise RegistryUnavailable(
+                f"the Schema Registry at {url} did not answer for {outage_s:.0f}s ({problem}); the batch's records "
+                "were not read: start again once it answers (KRISHIV_REGISTRY_OUTAGE_S sets how long to wait)"
+            )
+        time.sleep(pause)
+        pause = min(pause * 2, 5.0)
+
+
+class _FormatReader:
+    """Bytes in one format to a decoded value, by confluent-kafka's deserializer for it."""
+
+    def __init__(self, fmt: str, decoding: Decoding, field: str, outage_s: float) -> None:
+        from confluent_kafka.serialization import MessageField
+
+        self.fmt = fmt
+        self.field = MessageField.KEY if field == "key" else MessageField.VALUE
+        self.what = "key" if field == "key" else "payload"
+        self.outage_s = outage_s
+        self._deserialize: Callable[[bytes, Any], Any] | None = None
+        self._hints: dict[int, dict[str, Any]] = {}
+        self.reader_schema = decoding.reader_schema if field == "value" else None
+        if fmt in (AVRO, PROTOBUF, JSON_SCHEMA):
+            assert decoding.registry is not None, "a registry format needs [schema_registry]"
+            self.url = decoding.registry.get("url", "")
+            self.client = registry_client(decoding.registry)
+            self._deserialize = self._deserializer()
+
+    def _deserializer(self) -> Callable[[bytes, Any], Any]:
+        if self.fmt == AVRO:
+            from confluent_kafka.schema_registry.avro import AvroDeserializer
+
+            return AvroDeserializer(self.client, schema_str=self.reader_schema)
+        if self.fmt == JSON_SCHEMA:
+            from confluent_kafka.schema_registry.json_schema import JSONDeserializer
+
+            return JSONDeserializer(None, schema_registry_client=self.client)
+        from spark_jobs.protobuf_messages import ProtobufReader
+
+        return ProtobufReader(self.client)
+
+    def frame(self, data: bytes) -> tuple[int, Any]:
+        """The schema id of a value in the Confluent wire format and its schema, once the registry knows it."""
+        if len(data) <= _HEADER:
+            raise _Reject(
+                f"not in the Confluent wire format: {len(data)} bytes, expected a magic byte 0, a 4-byte schema "
+                f"id and the {self.fmt} {self.what}"
+            )
+        if data[0] != 0:
+            raise _Reject(f"not in the Confluent wire format: magic byte 0x{data[0]:02x}, expected 0")
+        schema_id = int.from_bytes(data[1:_HEADER], "big")
+        schema = fetch_writer_schema(self.client, schema_id, self.url, self.outage_s)
+        if schema is None:
+            raise _Reject(f"schema id {schema_id} is not in the Schema Registry at {self.url}")
+        return schema_id, schema
+
+    def read(self, data: bytes, topic: str) -> Decoded:
+        """The decoded value (a dict for a record, a message, a JSON object) with its Debezium column hints."""
+        from confluent_kafka.serialization import SerializationContext
+
+        assert self._deserialize is not None
+        schema_id, schema = self.frame(data)
+        hints = self._hints.get(schema_id)
+        if hints is None:
+            hints = self._hints[schema_id] = avro_hints(schema.schema_str) if self.fmt == AVRO else {}
+        try:
+            return Decoded(self._deserialize(data, SerializationContext(topic, self.field)), hints)
+        except RegistryUnavailable:
+            raise
+        except Exception as exc:
+            why = str(exc).strip() or type(exc).__name__
+            if isinstance(exc, EOFError | StopIteration):
+                why = "it ends before the record does (truncated)"
+            raise _Reject(f"undecodable {self.fmt} {self.what} (schema id {schema_id}): {why[:200]}") from None
+
+
+def _read_fields(row: Mapping[str, Any], decoding: Decoding, names: Sequence[str], required: Any) -> Reading:
+    """The fields ``names`` of a decoded row by the value rule; ``required`` says which must be present."""
+    values: dict[str, Any] = {}
+    mistyped: list[str] = []
+    absent: list[str] = []
+    for name in names:
+        raw = row.get(name)
+        if raw is None:
+            if name in required:
+                absent.append(f"{'missing' if name not in row else 'null'} field: {name}")
+            continue
+        value, why = read_value(raw, decoding.field(name).type)
+        if why is not None:
+            mistyped.append(f"{name} {why}")
+        values[name] = value
+    if mistyped:
+        return Reading("mistyped field: " + ", ".join(mistyped), {})
+    if absent:
+        return Reading(absent[0], {})
+    return Reading(None, values)
+
+
+def flattened(row: Mapping[str, Any], prefix: str = "") -> Mapping[str, Any]:
+    """A decoded record with its nested records' fields as ``<record>_<field>`` (``krishiv_core.schema_fields``)."""
+    if not prefix and not any(isinstance(v, Mapping) for v in row.values()):
+        return row
+    flat: dict[str, Any] = {}
+    for name, value in row.items():
+        if isinstance(value, Mapping):
+            flat |= flattened(value, f"{prefix}{name}{SEPARATOR}")
+        else:
+            flat[prefix + name] = value
+    return flat
+
+
+class RegistryRecordDecoder(RecordDecoder):
+    """:class:`RecordDecoder` for the Schema Registry formats and the Debezium envelope: every record is read by
+    :meth:`read_slow` (no fast path), into the same Arrow batch."""
+
+    def __init__(self, decoding: Decoding) -> None:
+        super().__init__(decoding)
+        outage_s = decoding.registry_outage_s
+        self.values = _FormatReader(decoding.value_format, decoding, "value", outage_s)
+        self.keys = _FormatReader(decoding.key_format, decoding, "key", outage_s)
+        self._types = {f.name: f.type for f in decoding.fields}
+        self._row_fields = tuple(f.name for f in decoding.fields if not f.name.startswith(CDC_PREFIX))
+        self._cdc_fields = tuple(f.name for f in decoding.fields if f.name.startswith(CDC_PREFIX))
+
+    def decode(
+        self,
+        keys: Sequence[bytes | None],
+        values: Sequence[bytes | None],
+        topic: str,
+        partition: int,
+        offsets: Sequence[int],
+        timestamps_ms: Sequence[int],
+    ) -> pa.RecordBatch:
+        n = len(values)
+        columns = {name: [None] * n for name in self.decoding.output}
+        return self._assemble(n, keys, values, topic, partition, offsets, timestamps_ms, columns, list(range(n)))
+
+    def read_slow(self, key: bytes | None, value: bytes | None, topic: str) -> Reading:
+        """One record by the rule of its format and envelope."""
+        try:
+            if value is None:
+                return self._tombstone(key, topic)
+            if self.decoding.envelope == DEBEZIUM:
+                return self._change(self._read(self.values, value, topic), key, topic)
+            if self.decoding.value_format == JSON_SCHEMA:
+                self.values.read(value, topic)  # validated by its writer schema
+                return read_record(value[_HEADER:], self.decoding)
+            decoded = self.values.read(value, topic).payload
+            if not isinstance(decoded, Mapping):
+                return Reading(f"expected a record, got {type(decoded).__name__} {str(decoded)[:SHOWN]}", {})
+            return _read_fields(
+                flattened(decoded), self.decoding, [f.name for f in self.decoding.fields], self.decoding.required
+            )
+        except (_Reject, Unreadable) as reject:
+            return Reading(str(reject), {})
+
+    @staticmethod
+    def _read(reader: _FormatReader, data: bytes, topic: str) -> Decoded:
+        return unwrap_json(data, reader.what) if reader.fmt == JSON else reader.read(data, topic)
+
+    def _key_row(self, key: bytes | None, topic: str) -> Mapping[str, Any]:
+        """The key fields a Kafka key holds (a Debezium key is a struct of the key columns)."""
+        names = self.decoding.tombstone_key or ()
+        if key is None:
+            raise _Reject(f"no Kafka key: expected it to hold {', '.join(names)}")
+        decoded = self._read(self.keys, key, topic)
+        row = decoded.payload
+        if not isinstance(row, Mapping):
+            row = {names[0]: row} if len(names) == 1 else {}
+        types = {n: self._types[n] for n in names}
+        return decode_columns(row, types, decoded.hints, self.decoding.decimal_handling)
+
+    def _tombstone(self, key: bytes | None, topic: str) -> Reading:
+        if self.decoding.tombstone_key is None:
+            return Reading("null value", {})
+        if self.decoding.key_format == STRING or (self.decoding.key_format == JSON and self.decoding.envelope is None):
+            return read_tombstone_key(key, self.decoding)
+        names = self.decoding.tombstone_key
+        return _read_fields(self._key_row(key, topic), self.decoding, names, set(names))
+
+    def _change(self, decoded: Decoded, key: bytes | None, topic: str) -> Reading:
+        event = change_event(decoded, self._types, self.decoding.decimal_handling, self.decoding.cdc_version)
+        names = self.decoding.tombstone_key or ()
+        if event.deletes:
+            row: Mapping[str, Any] = event.before or {}
+            if any(row.get(n) is None for n in names):  # REPLICA IDENTITY without the key: the Kafka key has it
+                row = self._key_row(key, topic)
+            fields = [*names, *self._cdc_fields]
+            reading = _read_fields({**row, **event.cdc}, self.decoding, fields, set(names))
+        else:
+            fields = [*self._row_fields, *self._cdc_fields]
+            reading = _read_fields({**(event.after or {}), **event.cdc}, self.decoding, fields, self.decoding.required)
+        if reading.reason is None:
+            reading.values[CDC_DELETE] = event.deletes
+        return reading
