@@ -261,7 +261,8 @@ class RegistryRecordDecoder(RecordDecoder):
 
     @staticmethod
     def _read(reader: _FormatReader, data: bytes, topic: str) -> Decoded:
-        return unwrap_json(data, reader.what) if reader.fmt == JSON else reader.read(data, topic)
+        what = "key" if reader.what == "key" else "value"
+        return unwrap_json(data, what) if reader.fmt == JSON else reader.read(data, topic)
 
     def _key_row(self, key: bytes | None, topic: str) -> Mapping[str, Any]:
         """The key fields a Kafka key holds (a Debezium key is a struct of the key columns)."""

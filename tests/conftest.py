@@ -20,6 +20,8 @@ pytest_plugins: list[str] = [
     "tests.services.rest_catalog",
     "tests.services.otlp_receiver",
     "tests.services.secured_broker",
+    "tests.services.private_postgres",
+    "tests.services.schema_registry",
 ]
 
 PG_ADMIN_DSN = os.environ.get("KRISHIV_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")

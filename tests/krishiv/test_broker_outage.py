@@ -9,14 +9,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from krishiv.operations import open_ledger
-from krishiv_core.catalog import qualified
-from krishiv_core.entries import COMMITTED
-from krishiv_core.spec import KrishivSpec
-from spark_jobs.kafka_source import latest_offsets
 from tests.services.processes import stop
 from tests.services.tcp_front import TcpFront, fronted_broker  # noqa: F401 - the fixture
-from tests.spark_jobs.pipeline_helpers import assert_exactly_once, produce_orders, start_krishiv, wait_for
+from tests.spark_jobs.pipeline_helpers import (
+    all_committed,
+    assert_exactly_once,
+    produce_orders,
+    start_krishiv,
+    wait_for,
+)
 
 TIMEOUT_S = 240.0  # a bound, not a target: Spark starts in a process of its own on a loaded 2-core machine
 OUTAGE_BOUND_S = 25
@@ -26,18 +27,6 @@ SECOND_WAVE_START_MS = 1_767_225_600_000 + 400 * 50
 
 def _wait(condition: Callable[[], object], what: str, output: Path) -> None:
     wait_for(condition, what, output, TIMEOUT_S)
-
-
-def _all_committed(spec: KrishivSpec) -> bool:
-    pipeline = spec.pipeline()
-    tables = [qualified(spec, t) for t in pipeline.all_tables]
-    ledger = open_ledger(spec)
-    if not Path(ledger.path).exists():
-        return False
-    latest = latest_offsets(spec.kafka.bootstrap_servers, pipeline.topic)
-    return all(ledger.end_offsets(t, pipeline.topic, status=COMMITTED) == latest for t in tables) and not (
-        ledger.pending_batches(tables)
-    )
 
 
 def test_a_continuous_run_rides_out_a_broker_outage_and_stops_after_the_bound(
@@ -52,7 +41,7 @@ def test_a_continuous_run_rides_out_a_broker_outage_and_stops_after_the_bound(
     output = tmp_path / "run.log"
     run = start_krishiv(spec_file, "run", output=output, env={"KRISHIV_BROKER_OUTAGE_S": str(OUTAGE_BOUND_S)})
     try:
-        _wait(lambda: _all_committed(spec), "the first wave was not committed", output)
+        _wait(lambda: all_committed(spec), "the first wave was not committed", output)
 
         fronted_broker.cut()
         cut_at = time.monotonic()
@@ -63,7 +52,7 @@ def test_a_continuous_run_rides_out_a_broker_outage_and_stops_after_the_bound(
         fronted_broker.restore()
         _wait(lambda: "is back after" in output.read_text(), "the broker's return was not reported", output)
         produce_orders(spec, 400, malformed=4, seed=8, start_ms=SECOND_WAVE_START_MS)
-        _wait(lambda: _all_committed(spec), "the second wave was not committed", output)
+        _wait(lambda: all_committed(spec), "the second wave was not committed", output)
         assert run.poll() is None, output.read_text()
 
         # Gone for longer than the bound: the run stops with one line naming the broker and the way out.

@@ -11,9 +11,12 @@ from pathlib import Path
 
 from chaos.checks import compare_with_oracle
 from chaos.oracle import Expected
-from krishiv.operations import commit_pipelines
+from krishiv.operations import commit_pipelines, open_ledger
 from krishiv.produce import demo_orders, ensure_topic, produce
+from krishiv_core.catalog import qualified
+from krishiv_core.entries import COMMITTED
 from krishiv_core.spec import KrishivSpec
+from spark_jobs.kafka_source import latest_offsets
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,6 +65,19 @@ def start_krishiv(spec_file: Path, *args: str, output: Path, env: dict[str, str]
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
         )
+
+
+def all_committed(spec: KrishivSpec) -> bool:
+    """Every table of the spec's first pipeline has committed its topic up to the latest offsets, nothing pending."""
+    pipeline = spec.pipeline()
+    tables = [qualified(spec, t) for t in pipeline.all_tables]
+    ledger = open_ledger(spec)
+    if not Path(ledger.path).exists():
+        return False
+    latest = latest_offsets(spec.kafka.bootstrap_servers, pipeline.topic)
+    return all(ledger.end_offsets(t, pipeline.topic, status=COMMITTED) == latest for t in tables) and not (
+        ledger.pending_batches(tables)
+    )
 
 
 def wait_for(condition: Callable[[], object], what: str, output: Path, timeout_s: float) -> None:
