@@ -112,8 +112,9 @@ def avro_fields(schema_text: str, debezium: bool) -> tuple[EventField, ...]:
     """The fields of an Avro record schema (of a Debezium envelope: its ``after`` row's)."""
     schema = json.loads(schema_text)
     if debezium:
-        after = next((f for f in schema.get("fields", []) if f.get("name") == "after"), None)
-        rows = [b for b in (after or {}).get("type", []) if isinstance(b, dict) and b.get("type") == "record"]
+        # the row's record is defined where it first appears (``before``); ``after`` names it
+        sides = [f for f in schema.get("fields", []) if f.get("name") in ("before", "after")]
+        rows = [b for f in sides for b in f.get("type", []) if isinstance(b, dict) and b.get("type") == "record"]
         if not rows:
             raise ConfigError("schema", "is not a Debezium envelope: no after record")
         schema = rows[0]

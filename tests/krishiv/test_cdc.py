@@ -14,11 +14,14 @@ from __future__ import annotations
 import os
 import random
 import signal
+import tomllib
 import zlib
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from krishiv.broker import LocalBroker
 from krishiv.operations import open_ledger
@@ -28,6 +31,7 @@ from krishiv_core.spec import KrishivSpec, load_spec
 from tests.services.debezium_capture import Capture, CapturedRecord, start_capture
 from tests.services.private_postgres import LogicalPostgres
 from tests.services.processes import stop
+from tests.services.schema_registry import SchemaRegistryServer
 from tests.spark_jobs.pipeline_helpers import all_committed, krishiv_cli, start_krishiv, wait_for
 
 TIMEOUT_S = 240.0
@@ -55,7 +59,7 @@ envelope = "debezium"
 key = ["id"]
 cdc_columns = ["op"]
 trigger_interval = "500ms"
-max_records_per_batch = 7
+max_records_per_batch = 20
 {format}
 """
 
@@ -161,14 +165,14 @@ class Source:
             return rows
 
 
-def _to_broker(spec: KrishivSpec, records: list[CapturedRecord]) -> None:
+def _to_broker(bootstrap: str, topic: str, records: list[CapturedRecord]) -> None:
     """Produce the captured records in order, each key's to one partition (Kafka Connect's default partitioner
     hashes the key the same way for every record of a key)."""
     events = [
         OrderEvent(seq, zlib.crc32(r.key or b"") % PARTITIONS, r.key or b"", r.value, "valid")  # type: ignore[arg-type]
         for seq, r in enumerate(records)
     ]
-    produce(spec.kafka.bootstrap_servers, spec.pipeline().topic, events)
+    produce(bootstrap, topic, events)
 
 
 def _table_rows(spec: KrishivSpec) -> dict[int, dict[str, Any]]:
@@ -187,26 +191,34 @@ def _staged_offsets(spec: KrishivSpec) -> int:
     return sum(ledger.end_offsets(qualified(spec, pipeline.rejects_table), pipeline.topic).values())
 
 
-def _run_through_a_kill(spec: KrishivSpec, spec_file: Path, source: Source, capture: Capture, tmp_path: Path) -> None:
+def _run_through_a_kill(
+    spec_file: Path, source: Source, capture: Capture, tmp_path: Path, *, column_added_while_down: bool
+) -> KrishivSpec:
     """Wave 1 (the snapshot and churn) committed by a continuous run, which is SIGKILLed once it has staged a
-    batch of wave 2 (a column added, more churn); wave 3 is sent while it is down, and a second run finishes."""
+    batch of wave 2; wave 3 is sent while it is down, and a second run finishes. The column is added in wave 2
+    (fields listed in the spec: the run reads it at once) or in wave 3 (fields from the registry: the restarted
+    run takes the new schema as its reader schema and adds the column). Returns the spec as the last run read it."""
     sent = 0
+    topic = tomllib.loads(spec_file.read_text())["pipelines"][0]["topic"]
+    bootstrap = tomllib.loads(spec_file.read_text())["kafka"]["bootstrap_servers"]
 
     def send_captured() -> None:
         nonlocal sent
         records = capture.wait(source.records)
-        _to_broker(spec, records[sent:])
+        _to_broker(bootstrap, topic, records[sent:])
         sent = len(records)
 
-    ensure_topic(spec.kafka.bootstrap_servers, spec.pipeline().topic, PARTITIONS)
+    ensure_topic(bootstrap, topic, PARTITIONS)
     source.churn(25)
     send_captured()
+    spec = load_spec(spec_file, env={})  # after the capture registered its schemas: fields may come from them
     output = tmp_path / "run-1.log"
     run = start_krishiv(spec_file, "run", output=output)
     try:
         wait_for(lambda: all_committed(spec), "wave 1 was not committed", output, TIMEOUT_S)
         before = _staged_offsets(spec)
-        source.add_note()
+        if not column_added_while_down:
+            source.add_note()
         source.churn(25)
         send_captured()
         wait_for(lambda: _staged_offsets(spec) > before, "no batch of wave 2 was staged", output, TIMEOUT_S)
@@ -214,6 +226,8 @@ def _run_through_a_kill(spec: KrishivSpec, spec_file: Path, source: Source, capt
         run.wait(30)
     finally:
         stop(run)
+    if column_added_while_down:
+        source.add_note()
     source.churn(10)
     send_captured()
     output = tmp_path / "run-2.log"
@@ -222,6 +236,13 @@ def _run_through_a_kill(spec: KrishivSpec, spec_file: Path, source: Source, capt
         wait_for(lambda: all_committed(spec), "the run after the kill did not commit everything", output, TIMEOUT_S)
     finally:
         stop(run)
+    return load_spec(spec_file, env={})
+
+
+def _check(spec: KrishivSpec, spec_file: Path, source: Source) -> None:
+    assert _table_rows(spec) == source.rows()
+    result = krishiv_cli(spec_file, "verify")
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_a_debezium_json_stream_of_a_postgresql_table_lands_equal_to_the_table_through_a_kill(
@@ -233,9 +254,37 @@ def test_a_debezium_json_stream_of_a_postgresql_table_lands_equal_to_the_table_t
     spec_file.write_text(
         SPEC.format(bootstrap=broker.bootstrap, partitions=PARTITIONS, topic=topic, registry="", format="") + FIELDS
     )
-    spec = load_spec(spec_file, env={})
     with start_capture(cdc_database, "public.customers", out_dir=tmp_path / "capture") as capture:
-        _run_through_a_kill(spec, spec_file, source, capture, tmp_path)
-    assert _table_rows(spec) == source.rows()
-    result = krishiv_cli(spec_file, "verify")
-    assert result.returncode == 0, result.stdout + result.stderr
+        spec = _run_through_a_kill(spec_file, source, capture, tmp_path, column_added_while_down=False)
+    _check(spec, spec_file, source)
+
+
+@pytest.mark.heavy
+def test_a_debezium_avro_stream_lands_with_fields_from_the_registry_through_a_kill_and_a_new_column(
+    cdc_database: LogicalPostgres,
+    broker: LocalBroker,
+    topic: str,
+    tmp_path: Path,
+    schema_registry: SchemaRegistryServer,
+) -> None:
+    """Debezium's Avro converter registers the envelope's schemas in the test's registry over HTTP; Krishiv takes
+    the fields from the value subject's latest schema and reads every record through the registry's REST API."""
+    source = Source(cdc_database, seed=25)
+    source.create(rows=8)
+    spec_file = tmp_path / "krishiv.toml"
+    registry = f'\n[schema_registry]\nurl = "{schema_registry.url}"\n'
+    avro = 'format = "avro"\nsubject = "krishiv.public.customers-value"\n'
+    spec_file.write_text(
+        SPEC.format(bootstrap=broker.bootstrap, partitions=PARTITIONS, topic=topic, registry=registry, format=avro)
+    )
+    with start_capture(
+        cdc_database,
+        "public.customers",
+        out_dir=tmp_path / "capture",
+        converter="avro",
+        registry_url=schema_registry.url,
+    ) as capture:
+        spec = _run_through_a_kill(spec_file, source, capture, tmp_path, column_added_while_down=True)
+    assert [f.name for f in spec.pipeline().fields] == [*COLUMNS, "_cdc_op", "_cdc_lsn"]
+    _check(spec, spec_file, source)
+    assert schema_registry.unknown_requests == []
