@@ -12,7 +12,8 @@ optional field, any other field required. A nested record's fields are flattened
 (:data:`SEPARATOR`). Debezium's envelope (``envelope = "debezium"``) gives the fields of its ``after`` row, with
 the column types Debezium names (``io.debezium.time.*``, Connect's ``Decimal``). JSON Schema: a ``properties``
 object's ``string`` (``format: date-time`` a ``timestamp``, ``date`` a ``date``), ``integer`` (``long``),
-``number`` (``double``), ``boolean``; ``required`` lists the required fields. A type Krishiv's tables do not
+``number`` (``double``), ``boolean``; ``required`` lists the required fields. Protobuf: the subject's first
+message type, by ``krishiv_core.protobuf_schemas``. A type Krishiv's tables do not
 hold (an array, a map, bytes, a union of two types) stops the load naming the field: list the fields to keep under
 ``[pipelines.fields]``.
 """
@@ -24,7 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from krishiv_core.errors import ConfigError
-from krishiv_core.formats import AVRO, JSON_SCHEMA, RegistrySettings
+from krishiv_core.formats import AVRO, JSON_SCHEMA, PROTOBUF, RegistrySettings
 from krishiv_core.spec_types import EventField, FieldType
 
 #: Between a nested record's name and its fields' names, in a flattened field's name.
@@ -144,14 +145,12 @@ def json_schema_fields(schema_text: str) -> tuple[EventField, ...]:
     return tuple(fields)
 
 
-def latest_schema(registry: RegistrySettings, subject: str, env: Mapping[str, str]) -> Any:
+def latest_schema(client: Any, registry: RegistrySettings, subject: str, fmt: str | None = None) -> Any:
     """The subject's latest registered schema (a ``RegisteredSchema``); one clear line when it cannot be read."""
-    from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-    client = SchemaRegistryClient.new_client(registry.client_config(env))
     try:
-        return client.get_latest_version(subject)
+        return client.get_latest_version(subject, fmt=fmt)
     except SchemaRegistryError as exc:
         if exc.http_status_code == 404:
             raise ConfigError(
@@ -174,16 +173,25 @@ def registry_fields(
     registry: RegistrySettings, subject: str, fmt: str, debezium: bool, env: Mapping[str, str]
 ) -> tuple[tuple[EventField, ...], str]:
     """(the fields, the schema's text) of ``subject``'s latest schema."""
-    registered = latest_schema(registry, subject, env)
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    client = SchemaRegistryClient.new_client(registry.client_config(env))
+    registered = latest_schema(client, registry, subject, "serialized" if fmt == PROTOBUF else None)
     text = registered.schema.schema_str
     try:
         if fmt == AVRO:
             return avro_fields(text, debezium), text
         if fmt == JSON_SCHEMA:
             return json_schema_fields(text), text
+        if fmt == PROTOBUF:
+            from krishiv_core.protobuf_schemas import message_descriptor, protobuf_fields
+
+            return tuple(
+                protobuf_fields(message_descriptor(client, registered.schema, registered.schema_id, [0]))
+            ), text
     except ConfigError as exc:
         raise ConfigError(
             f"subject {subject} (schema id {registered.schema_id}) field {exc.field}",
             str(exc).split(": ", 1)[1] + "; list the fields to keep under [pipelines.fields]",
         ) from None
-    raise ConfigError("format", f"fields are taken from {AVRO} and {JSON_SCHEMA} schemas; list the {fmt} fields")
+    raise ConfigError("format", f"fields are taken from registry schemas; list the {fmt} fields")

@@ -31,7 +31,7 @@ from krishiv_core.formats import (
     AVRO,
     CDC_COLUMNS,
     FORMAT_KEYS,
-    JSON_SCHEMA,
+    REGISTRY_FORMATS,
     RecordFormat,
     RegistrySettings,
     parse_record_format,
@@ -692,7 +692,7 @@ def _fields(
 ) -> tuple[tuple[EventField, ...], RecordFormat]:
     """The pipeline's fields: listed in the spec, or a registry format's subject's latest schema's (which then is
     the reader schema, so records of newer versions are read as the fields were taken)."""
-    if "fields" in raw or fmt.value not in (AVRO, JSON_SCHEMA) or registry is None or fmt.subject is None:
+    if "fields" in raw or fmt.value not in REGISTRY_FORMATS or registry is None or fmt.subject is None:
         return _parse_fields(raw.get("fields"), f"{where}.fields"), fmt
     fields, schema = registry_fields(registry, fmt.subject, fmt.value, fmt.envelope is not None, env)
     return fields, replace(fmt, reader_schema=schema if fmt.value == AVRO and fmt.envelope is None else None)

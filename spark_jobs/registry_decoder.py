@@ -77,7 +77,7 @@ def _status(exc: Exception) -> int | None:
     return getattr(exc, "http_status_code", None)
 
 
-def fetch_writer_schema(client: Any, schema_id: int, url: str, outage_s: float) -> Any:
+def fetch_writer_schema(client: Any, schema_id: int, url: str, outage_s: float, fmt: str | None = None) -> Any:
     """The registry's schema of ``schema_id`` (cached by the client), None if the registry does not know it;
     :class:`RegistryUnavailable` when it does not answer within ``outage_s`` or refuses the credentials."""
     from confluent_kafka.schema_registry.error import SchemaRegistryError
@@ -86,7 +86,7 @@ def fetch_writer_schema(client: Any, schema_id: int, url: str, outage_s: float) 
     pause = 0.5
     while True:
         try:
-            return client.get_schema(schema_id)
+            return client.get_schema(schema_id, fmt=fmt)  # cached by id, whatever the format: always ask the same
         except SchemaRegistryError as exc:
             status = _status(exc)
             if status == 404:
@@ -154,7 +154,8 @@ class _FormatReader:
         if data[0] != 0:
             raise _Reject(f"not in the Confluent wire format: magic byte 0x{data[0]:02x}, expected 0")
         schema_id = int.from_bytes(data[1:_HEADER], "big")
-        schema = fetch_writer_schema(self.client, schema_id, self.url, self.outage_s)
+        fmt = "serialized" if self.fmt == PROTOBUF else None  # as ProtobufReader asks (and confluent-kafka's own)
+        schema = fetch_writer_schema(self.client, schema_id, self.url, self.outage_s, fmt)
         if schema is None:
             raise _Reject(f"schema id {schema_id} is not in the Schema Registry at {self.url}")
         return schema_id, schema
@@ -170,13 +171,31 @@ class _FormatReader:
             hints = self._hints[schema_id] = avro_hints(schema.schema_str) if self.fmt == AVRO else {}
         try:
             return Decoded(self._deserialize(data, SerializationContext(topic, self.field)), hints)
-        except RegistryUnavailable:
-            raise
-        except Exception as exc:
+        except _unreadable() as exc:
             why = str(exc).strip() or type(exc).__name__
             if isinstance(exc, EOFError | StopIteration):
                 why = "it ends before the record does (truncated)"
             raise _Reject(f"undecodable {self.fmt} {self.what} (schema id {schema_id}): {why[:200]}") from None
+
+
+def _unreadable() -> tuple[type[BaseException], ...]:
+    """What a deserializer raises for a payload it cannot read (the record is a reject). Anything else (a missing
+    module, a bug) fails the batch whole: a record is never made a reject by Krishiv's own fault."""
+    from confluent_kafka.serialization import SerializationError
+    from fastavro.read import SchemaResolutionError
+    from google.protobuf.message import DecodeError
+
+    return (
+        SerializationError,
+        SchemaResolutionError,
+        DecodeError,
+        EOFError,
+        StopIteration,
+        ValueError,
+        IndexError,
+        OverflowError,
+        UnicodeDecodeError,
+    )
 
 
 def _read_fields(row: Mapping[str, Any], decoding: Decoding, names: Sequence[str], required: Any) -> Reading:

@@ -227,3 +227,22 @@ def test_an_upsert_tombstone_with_an_avro_key_is_read_through_the_registry() -> 
     rows = _decode(decoding, [None, None], keys=[key, b"\x07"])
     assert (rows[0]["reason"], rows[0]["order_id"], rows[0]["__tombstone"]) == (None, "o-9", True)
     assert rows[1]["reason"].startswith("not in the Confluent wire format: 1 bytes")
+
+
+def test_a_failure_of_krishivs_own_is_never_a_reject_the_batch_fails_whole() -> None:
+    """Only what the deserializer raises for an unreadable payload makes a reject; a missing module or a bug must
+    fail the batch (which is read again), not turn every record into a reject."""
+    registry = _registry()
+    fields = avro_fields(json.dumps(ORDER), debezium=False)
+    decoder = decoder_for(_decoding(fields, registry, value_format="avro"))
+
+    def broken(data: bytes, ctx: Any) -> Any:
+        raise AttributeError("a bug")
+
+    decoder.values._deserialize = broken
+    good = _avro(registry, ORDER, _order())
+    try:
+        decoder.decode([None], [good], TOPIC, 0, [0], [0])
+    except AttributeError:
+        return
+    raise AssertionError("the bug became a reject")

@@ -1,0 +1,304 @@
+"""Avro and Protobuf topics through the broker, Spark and the catalog, with the fields taken from the registry.
+
+The registry is ``tests.services.schema_registry``: every schema Krishiv reads travels over the client's real HTTP
+path. The producers are confluent-kafka's serializers. The oracle is the records as produced: a record a
+serializer wrote is a row with the values it was given (the first schema's fields; after a restart on a newer
+version, its new field too), any other bytes a reject with the reason the README gives.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
+
+from chaos.workspace import SETTINGS_TEMPLATE
+from krishiv.operations import commit_pipelines, run_pipelines
+from krishiv.produce import OrderEvent, ensure_topic, produce
+from krishiv_core.catalog import load_catalog, qualified
+from krishiv_core.errors import KrishivError
+from krishiv_core.spec import KrishivSpec, load_spec
+from tests.services.schema_registry import SchemaRegistryServer
+
+PIPELINE = """
+[schema_registry]
+url = "{registry}"
+{auth}
+[[pipelines]]
+name = "orders"
+kind = "events"
+topic = "{topic}"
+format = "{format}"
+kafka_metadata = ["offset"]
+"""
+
+
+def _spec(tmp_path: Path, broker, topic: str, registry: SchemaRegistryServer, fmt: str, auth: str = "") -> Path:
+    path = tmp_path / "krishiv.toml"
+    settings = SETTINGS_TEMPLATE.format(
+        bootstrap=broker.bootstrap, partitions=1, catalog_uri="sqlite:///catalog.db", warehouse="w", topic=topic
+    )
+    path.write_text(settings + PIPELINE.format(registry=registry.url, topic=topic, format=fmt, auth=auth))
+    return path
+
+
+def _send(broker, topic: str, values: list[bytes]) -> None:
+    ensure_topic(broker.bootstrap, topic, 1)
+    produce(broker.bootstrap, topic, [OrderEvent(n, 0, b"k", v, "valid") for n, v in enumerate(values)])
+
+
+def _run(spec: KrishivSpec) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
+    run_pipelines(spec, list(spec.pipelines), once=True)
+    commit_pipelines(spec, list(spec.pipelines))
+    catalog = load_catalog(spec)
+    rows = catalog.load_table(qualified(spec, "orders")).scan().to_arrow().to_pylist()
+    rejects = catalog.load_table(qualified(spec, "orders_rejects")).scan().to_arrow().to_pylist()
+    assert len({r["_kafka_offset"] for r in rows}) == len(rows), "each offset once"
+    return {r["_kafka_offset"]: r for r in rows}, {r["offset"]: r["reason"] for r in rejects}
+
+
+CUSTOMER = [{"name": "id", "type": "long"}]
+AVRO_V1 = {
+    "type": "record",
+    "name": "Order",
+    "namespace": "shop",
+    "fields": [
+        {"name": "order_id", "type": "string"},
+        {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 38, "scale": 10}},
+        {"name": "placed_at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {
+            "name": "customer",
+            "type": {"type": "record", "name": "Customer", "fields": [{"name": "id", "type": "long"}]},
+        },
+        {"name": "coupon", "type": ["null", "string"], "default": None},
+    ],
+}
+AVRO_V2 = {**AVRO_V1, "fields": [*AVRO_V1["fields"], {"name": "note", "type": ["null", "string"], "default": None}]}
+
+
+def _avro_order(rng: random.Random, n: int, v2: bool) -> dict[str, Any]:
+    digits = rng.choice([0, 1, 10**27 - 1, -(10**27) + 1, rng.randrange(-(10**20), 10**20)])
+    order = {
+        "order_id": f"o-{n}",
+        "amount": Decimal(digits).scaleb(-10),
+        "placed_at": datetime(2026, 1, 1, tzinfo=UTC) + timedelta(milliseconds=rng.randrange(10**11)),
+        "customer": {"id": rng.randrange(-(2**63), 2**63)},
+        "coupon": rng.choice([None, "", "SPRING"]),
+    }
+    return order | ({"note": rng.choice([None, f"note {n}"])} if v2 else {})
+
+
+def test_an_avro_topic_lands_with_fields_from_the_registry_and_evolves_with_a_new_schema_version(
+    tmp_path, broker, spark, topic, schema_registry: SchemaRegistryServer
+):
+    rng = random.Random(2424)
+    client = SchemaRegistryClient({"url": schema_registry.url})
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    v1 = AvroSerializer(client, json.dumps(AVRO_V1))
+    orders = [_avro_order(rng, n, v2=False) for n in range(40)]
+    values = [v1(o, ctx) for o in orders]
+    good = values[0]
+    frame = "expected a magic byte 0, a 4-byte schema id and the avro payload"
+    broken = {  # offset -> (bytes, reason)
+        40: (b'{"order_id": "o-x"}', "not in the Confluent wire format: magic byte 0x7b, expected 0"),
+        41: (
+            b"\x00\x00\x00\x03\xe7" + good[5:],
+            f"schema id 999 is not in the Schema Registry at {schema_registry.url}",
+        ),
+        42: (good[:8], "undecodable avro payload (schema id 1): it ends before the record does (truncated)"),
+        43: (
+            b"\x00\x00\x00",
+            f"not in the Confluent wire format: 3 bytes, {frame}",
+        ),
+    }
+    _send(broker, topic, values + [b for b, _ in broken.values()])
+    path = _spec(tmp_path, broker, topic, schema_registry, "avro")
+    spec = load_spec(path, env={})
+    assert [(f.name, str(f.type), f.required) for f in spec.pipeline().fields] == [
+        ("order_id", "string", True),
+        ("amount", "decimal(38,10)", True),
+        ("placed_at", "timestamp", True),
+        ("customer_id", "long", True),
+        ("coupon", "string", False),
+    ]
+    rows, rejects = _run(spec)
+    assert rejects == {offset: reason for offset, (_, reason) in broken.items()}
+    assert {o: _columns(r, V1) for o, r in rows.items()} == {n: _flat(order, V1) for n, order in enumerate(orders)}
+
+    # A newer compatible version: read by the first until the next start, which adds its new field as a column.
+    v2 = AvroSerializer(client, json.dumps(AVRO_V2))
+    newer = [_avro_order(rng, n, v2=True) for n in range(44, 60)]
+    _send(broker, topic, [v2(o, ctx) for o in newer[:8]])
+    rows, _ = _run(spec)
+    assert all("note" not in r for r in rows.values())
+    assert {o: _columns(r, V1) for o, r in rows.items() if o >= 44} == {
+        n: _flat(order, V1) for n, order in enumerate(newer[:8], start=44)
+    }
+    _send(broker, topic, [v2(o, ctx) for o in newer[8:]])
+    spec = load_spec(path, env={})
+    assert spec.pipeline().fields[-1].name == "note"
+    rows, rejects = _run(spec)
+    assert {o: _columns(r, V2) for o, r in rows.items() if o >= 52} == {
+        n: _flat(order, V2) for n, order in enumerate(newer[8:], start=52)
+    }
+    assert all(r["note"] is None for o, r in rows.items() if o < 52), "rows staged before the column came keep it null"
+    assert len(rows) == 56 and len(rejects) == 4
+    assert schema_registry.unknown_requests == []
+
+
+V1 = ("order_id", "amount", "placed_at", "customer_id", "coupon")
+V2 = (*V1, "note")
+
+
+def _flat(order: dict[str, Any], columns: tuple[str, ...]) -> dict[str, Any]:
+    flat = {**order, "customer_id": order["customer"]["id"]}
+    return {k: flat[k] for k in columns}
+
+
+def _columns(row: dict[str, Any], columns: tuple[str, ...]) -> dict[str, Any]:
+    return {k: row[k] for k in columns}
+
+
+_F = descriptor_pb2.FieldDescriptorProto
+
+
+def _order_type(with_note: bool) -> Any:
+    """shop.Order as protoc would describe it (no protoc here): the second version adds ``optional string note``."""
+    proto = descriptor_pb2.FileDescriptorProto(name="shop/order.proto", package="shop", syntax="proto3")
+    proto.dependency.append("google/protobuf/timestamp.proto")
+    order = proto.message_type.add(name="Order")
+    status = order.enum_type.add(name="Status")
+    for number, name in enumerate(["UNKNOWN", "PLACED", "SHIPPED"]):
+        status.value.add(name=name, number=number)
+    customer = order.nested_type.add(name="Customer")
+    customer.field.add(name="name", number=1, type=_F.TYPE_STRING, label=_F.LABEL_OPTIONAL)
+    for name, number, kind, type_name in [
+        ("order_id", 1, _F.TYPE_STRING, ""),
+        ("quantity", 2, _F.TYPE_INT64, ""),
+        ("price", 3, _F.TYPE_DOUBLE, ""),
+        ("placed_at", 4, _F.TYPE_MESSAGE, ".google.protobuf.Timestamp"),
+        ("status", 5, _F.TYPE_ENUM, ".shop.Order.Status"),
+        ("customer", 6, _F.TYPE_MESSAGE, ".shop.Order.Customer"),
+    ]:
+        field = order.field.add(name=name, number=number, type=kind, label=_F.LABEL_OPTIONAL)
+        if type_name:
+            field.type_name = type_name
+    optional = [("coupon", 7)] + ([("note", 8)] if with_note else [])
+    for name, number in optional:  # proto3 ``optional``: a synthetic oneof each
+        order.oneof_decl.add(name=f"_{name}")
+        order.field.add(
+            name=name,
+            number=number,
+            type=_F.TYPE_STRING,
+            label=_F.LABEL_OPTIONAL,
+            proto3_optional=True,
+            oneof_index=len(order.oneof_decl) - 1,
+        )
+    pool = descriptor_pool.DescriptorPool()
+    pool.AddSerializedFile(timestamp_pb2.DESCRIPTOR.serialized_pb)
+    pool.Add(proto)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("shop.Order"))
+
+
+def _protobuf_order(cls: Any, rng: random.Random, n: int, with_note: bool) -> tuple[Any, dict[str, Any]]:
+    """A message and the row the README's rule makes of it."""
+    placed = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(microseconds=rng.randrange(10**13))
+    row = {
+        "order_id": f"o-{n}",
+        "quantity": rng.choice([0, -1, 2**63 - 1, rng.randrange(1000)]),
+        "price": rng.choice([0.0, 0.1, 1e300]),
+        "placed_at": placed,
+        "status": rng.choice(["UNKNOWN", "PLACED", "SHIPPED"]),
+        "customer_name": rng.choice(["", "Asha"]),
+        "coupon": rng.choice([None, "", "SPRING"]),
+    } | ({"note": rng.choice([None, f"note {n}"])} if with_note else {})
+    message = cls(order_id=row["order_id"], quantity=row["quantity"], price=row["price"], status=row["status"])
+    message.placed_at.FromDatetime(placed)
+    message.customer.name = row["customer_name"]
+    for name in ("coupon", "note"):
+        if row.get(name) is not None:
+            setattr(message, name, row[name])
+    return message, row
+
+
+def test_a_protobuf_topic_lands_with_fields_from_the_registry_without_a_generated_class(
+    tmp_path, broker, spark, topic, schema_registry: SchemaRegistryServer
+):
+    rng = random.Random(77)
+    client = SchemaRegistryClient({"url": schema_registry.url})
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    first = _order_type(with_note=False)
+    serializer = ProtobufSerializer(first, client, {"use.deprecated.format": False})
+    sent = [_protobuf_order(first, rng, n, with_note=False) for n in range(30)]
+    values = [serializer(m, ctx) for m, _ in sent]
+    order_id = int.from_bytes(values[0][1:5], "big")
+    _send(broker, topic, [*values, values[0][:6] + b"\xff\xff"])  # the first order's frame, then no message
+    path = _spec(tmp_path, broker, topic, schema_registry, "protobuf")
+    spec = load_spec(path, env={})
+    assert [(f.name, str(f.type), f.required) for f in spec.pipeline().fields] == [
+        ("order_id", "string", True),
+        ("quantity", "long", True),
+        ("price", "double", True),
+        ("placed_at", "timestamp", False),
+        ("status", "string", True),
+        ("customer_name", "string", False),
+        ("coupon", "string", False),
+    ]
+    rows, rejects = _run(spec)
+    columns = tuple(f.name for f in spec.pipeline().fields)
+    assert {o: _columns(r, columns) for o, r in rows.items()} == {n: row for n, (_, row) in enumerate(sent)}
+    assert list(rejects) == [30] and rejects[30].startswith(f"undecodable protobuf payload (schema id {order_id}): ")
+
+    second = _order_type(with_note=True)
+    serializer = ProtobufSerializer(second, client, {"use.deprecated.format": False})
+    newer = [_protobuf_order(second, rng, n, with_note=True) for n in range(31, 41)]
+    _send(broker, topic, [serializer(m, ctx) for m, _ in newer])
+    spec = load_spec(path, env={})
+    rows, _ = _run(spec)
+    columns = (*columns, "note")
+    assert {o: _columns(r, columns) for o, r in rows.items() if o > 30} == {
+        n: row for n, (_, row) in enumerate(newer, start=31)
+    }
+    assert schema_registry.unknown_requests == []
+
+
+def test_a_registry_that_is_down_stops_the_run_after_the_bound_and_skips_no_record(
+    tmp_path, broker, spark, topic, monkeypatch
+):
+    """Fields listed in the spec, so only the source's tasks ask the registry: down past the bound, the run stops
+    naming it and no batch is recorded; wrong credentials stop it at once naming the 401; then every record once."""
+    monkeypatch.setenv("KRISHIV_REGISTRY_OUTAGE_S", "2")
+    monkeypatch.setenv("KRISHIV_TEST_SR_AUTH", "krishiv:wrong")
+    with SchemaRegistryServer(user="krishiv", password="s3cret") as registry:
+        client = SchemaRegistryClient({"url": registry.url, "basic.auth.user.info": "krishiv:s3cret"})
+        serializer = AvroSerializer(client, json.dumps(AVRO_V1))
+        orders = [_avro_order(random.Random(5), n, v2=False) for n in range(12)]
+        _send(broker, topic, [serializer(o, SerializationContext(topic, MessageField.VALUE)) for o in orders])
+        path = _spec(tmp_path, broker, topic, registry, "avro", auth='basic.auth.user.info = "${KRISHIV_TEST_SR_AUTH}"')
+        fields = '\n[pipelines.fields]\norder_id = "string"\namount = "decimal(38,10)"\ncustomer_id = "long"\n'
+        path.write_text(path.read_text() + fields)
+        spec = load_spec(path)
+
+        with pytest.raises(KrishivError, match=r"refused Krishiv \(401 Unauthorized\): check the credentials"):
+            run_pipelines(spec, list(spec.pipelines), once=True)
+        monkeypatch.setenv("KRISHIV_TEST_SR_AUTH", "krishiv:s3cret")
+        spec = load_spec(path)
+        registry.down()
+        with pytest.raises(KrishivError, match=rf"the Schema Registry at {registry.url} did not answer for 2s"):
+            run_pipelines(spec, list(spec.pipelines), once=True)
+        registry.up()
+        rows, rejects = _run(spec)
+    assert rejects == {}
+    assert {o: (r["order_id"], r["amount"], r["customer_id"]) for o, r in rows.items()} == {
+        n: (o["order_id"], o["amount"], o["customer"]["id"]) for n, o in enumerate(orders)
+    }
