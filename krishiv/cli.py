@@ -520,6 +520,7 @@ def _environment() -> str:
         (LEDGER_LOCK_TIMEOUT_ENV, "seconds to wait for a ledger another process holds (default 30)"),
         (STAGER_LEASE_TTL_ENV, "seconds a stager's lease lasts unless renewed (default 30)"),
         ("KRISHIV_BROKER_OUTAGE_S", "seconds a running query waits for a broker that stopped answering (default 300)"),
+        ("KRISHIV_REGISTRY_OUTAGE_S", "seconds a query's tasks wait for a Schema Registry that stopped answering (60)"),
         ("OTEL_EXPORTER_OTLP_ENDPOINT", "export metrics over OTLP/HTTP there (with the other OTEL_* variables)"),
         ("KRISHIV_METRICS_PORT", "serve Prometheus metrics on this port (0: any free port)"),
         ("KRISHIV_METRICS_HOST", "the address the metrics endpoint binds (default 127.0.0.1)"),

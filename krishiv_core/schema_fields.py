@@ -26,8 +26,10 @@ from typing import Any
 
 from krishiv_core.errors import ConfigError
 from krishiv_core.formats import AVRO, JSON_SCHEMA, PROTOBUF, RegistrySettings
+from krishiv_core.runbook import runbook
 from krishiv_core.spec_types import EventField, FieldType
 
+_RUNBOOK = runbook("A Schema Registry that does not answer")
 #: Between a nested record's name and its fields' names, in a flattened field's name.
 SEPARATOR = "_"
 
@@ -159,13 +161,14 @@ def latest_schema(client: Any, registry: RegistrySettings, subject: str, fmt: st
                 "pipeline's subject, or list its fields under [pipelines.fields]",
             ) from None
         raise ConfigError(
-            "schema_registry", f"the Schema Registry at {registry.url} answered {exc.http_status_code} {exc}"
+            "schema_registry",
+            f"the Schema Registry at {registry.url} answered {exc.http_status_code} {exc.error_message} {_RUNBOOK}",
         ) from None
     except Exception as exc:
         raise ConfigError(
             "schema_registry",
             f"the Schema Registry at {registry.url} did not answer ({type(exc).__name__}); the fields of {subject!r} "
-            "come from it: start it, or list the fields under [pipelines.fields]",
+            f"come from it: start it, or list the fields under [pipelines.fields] {_RUNBOOK}",
         ) from None
 
 

@@ -27,6 +27,7 @@ from typing import Any
 import pyarrow as pa
 
 from krishiv_core.formats import AVRO, DEBEZIUM, JSON, JSON_SCHEMA, PROTOBUF, STRING
+from krishiv_core.runbook import runbook
 from krishiv_core.schema_fields import SEPARATOR
 from spark_jobs.debezium import Decoded, Unreadable, avro_hints, change_event, decode_columns, unwrap_json
 from spark_jobs.errors import KafkaSourceError
@@ -42,6 +43,7 @@ from spark_jobs.record_decoder import (
 from spark_jobs.value_reading import read_value
 
 _HEADER = 5
+_RUNBOOK = runbook("A Schema Registry that does not answer")
 #: The change-event columns a Debezium pipeline's table may carry (``krishiv_core.formats.CDC_COLUMNS``).
 CDC_PREFIX = "_cdc_"
 
@@ -94,19 +96,20 @@ def fetch_writer_schema(client: Any, schema_id: int, url: str, outage_s: float, 
             if status in (401, 403):
                 raise RegistryUnavailable(
                     f"the Schema Registry at {url} refused Krishiv ({status} {exc.error_message}): check the "
-                    "credentials in [schema_registry] (basic.auth.user.info or bearer.auth.*)"
+                    f"credentials in [schema_registry] (basic.auth.user.info or bearer.auth.*) {_RUNBOOK}"
                 ) from None
             problem = f"{status} {exc.error_message}"
             if status is not None and status < 500:
                 raise RegistryUnavailable(
-                    f"the Schema Registry at {url} answered {problem} for schema id {schema_id}"
+                    f"the Schema Registry at {url} answered {problem} for schema id {schema_id} {_RUNBOOK}"
                 ) from None
         except Exception as exc:  # connection refused, timeout: the client's own errors are not one class
             problem = f"{type(exc).__name__}: {str(exc)[:200]}"
         if time.monotonic() + pause > deadline:
             raise RegistryUnavailable(
                 f"the Schema Registry at {url} did not answer for {outage_s:.0f}s ({problem}); the batch's records "
-                "were not read: start again once it answers (KRISHIV_REGISTRY_OUTAGE_S sets how long to wait)"
+                "were not read: start again once it answers (KRISHIV_REGISTRY_OUTAGE_S sets how long to wait) "
+                + _RUNBOOK
             )
         time.sleep(pause)
         pause = min(pause * 2, 5.0)
