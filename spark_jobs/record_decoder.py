@@ -457,7 +457,7 @@ class RecordDecoder:
             if f.type.is_decimal:
                 column, bad = _fast_decimals(listed, f.type, f.name in self.decoding.required)
             elif f.type.name in ("timestamp", "date"):
-                column, bad = _fast_times(listed, date.fromisoformat if f.type.name == "date" else _utc_iso)
+                column, bad = _fast_times(listed, dates=f.type.name == "date")
             else:
                 column, bad = listed, []
             slow.update(bad)
@@ -591,21 +591,19 @@ def _fast_decimals(raws: list[Any], t: FieldType, required: bool) -> tuple[pa.Ar
     return values, bad
 
 
-def _utc_iso(text: str) -> datetime:
-    return _utc(datetime.fromisoformat(text))
-
-
-def _fast_times(texts: list[str | None], parse: Any) -> tuple[list[Any], list[int]]:
-    """The ISO-8601 times or dates of ``texts`` (None stays None), and the rows whose text is not one (left to
+def _fast_times(texts: list[str | None], dates: bool) -> tuple[list[Any], list[int]]:
+    """The ISO-8601 times (or dates) of ``texts`` (None stays None), and the rows whose text is not one (left to
     the rule)."""
     try:
-        return [None if s is None else parse(s) for s in texts], []
+        if dates:
+            return [None if s is None else date.fromisoformat(s) for s in texts], []
+        return [None if s is None else _utc(datetime.fromisoformat(s)) for s in texts], []
     except ValueError:
         times: list[Any] = []
         bad = []
         for i, s in enumerate(texts):
             try:
-                times.append(None if s is None else parse(s))
+                times.append(None if s is None else date.fromisoformat(s) if dates else _utc(datetime.fromisoformat(s)))
             except ValueError:
                 times.append(None)
                 bad.append(i)

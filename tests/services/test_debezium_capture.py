@@ -250,6 +250,7 @@ def _decode_avro(registry: _Registry, data: bytes) -> tuple[int, Any]:
     return schema_id, fastavro.schemaless_reader(io.BytesIO(data[5:]), schema, schema)
 
 
+@pytest.mark.heavy  # make test-heavy: the same capture feeds tests/krishiv/test_cdc.py's heavy Avro stream
 def test_avro_with_schema_registry(cdc_database: LogicalPostgres, tmp_path: Path, registry: _Registry) -> None:
     pg = cdc_database
     table = _make_table(pg, replica_identity_full=True)

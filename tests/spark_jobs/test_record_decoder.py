@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime
+from datetime import date, datetime
 from decimal import Decimal
 
 import pytest
@@ -250,6 +250,31 @@ def test_timestamps_are_iso_8601_strings(token, reason, millis):
     ).pipelines[0]
     row = _decode(pipeline, [f'{{"t": {token}}}'.encode()])[0]
     assert (row["reason"], _millis(row["t"])) == (reason, millis)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "reasons", "days"),
+    [
+        (['"2026-11-26"', "null"], [None, None], [date(2026, 11, 26), None]),  # the fast path
+        (
+            ['"2026-11-26"', '"2026-13-01"'],
+            [None, 'mistyped field: d (date, got a JSON string "2026-13-01": not an ISO-8601 date)'],
+            [date(2026, 11, 26), None],
+        ),
+        (['"0001-01-01"', "20000"], [None, "mistyped field: d (date, got a JSON number 20000)"], [date(1, 1, 1), None]),
+    ],
+)
+def test_dates_are_iso_8601_date_strings(tokens, reasons, days):
+    pipeline = parse_spec(
+        {
+            "pipelines": [
+                {"name": "p", "kind": "events", "topic": "t", "fields": {"d": {"type": "date", "required": False}}}
+            ]
+        },
+        env={},
+    ).pipelines[0]
+    rows = _decode(pipeline, [f'{{"d": {token}}}'.encode() for token in tokens])
+    assert [(r["reason"], r["d"]) for r in rows] == list(zip(reasons, days, strict=True))
 
 
 def test_required_fields_and_whole_records_are_named_in_spec_order():

@@ -1,0 +1,17 @@
+"""The decode benchmark: every format decoded (and checked against the orders it encoded), figures written."""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks import decode
+
+
+def test_a_tiny_decode_run_writes_every_formats_figures(tmp_path) -> None:
+    out = tmp_path / "decode.json"
+    assert decode.main(["--records", "300", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    formats = {"json", "avro", "json_schema", "protobuf", "debezium_json"}
+    assert set(doc["records_per_s_one_core"]) == formats
+    assert all(v > 0 for v in doc["records_per_s_one_core"].values())
+    assert doc["relative_to_json"]["json"] == 1.0
