@@ -20,8 +20,11 @@ by the JSON rule, so its decimals stay exact), after the Debezium envelope, when
 
 from __future__ import annotations
 
+import io
 import time
 from collections.abc import Callable, Mapping, Sequence
+from datetime import date, datetime
+from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
@@ -37,6 +40,7 @@ from spark_jobs.record_decoder import (
     Decoding,
     Reading,
     RecordDecoder,
+    arrow_type,
     read_record,
     read_tombstone_key,
 )
@@ -126,7 +130,9 @@ class _FormatReader:
         self.what = "key" if field == "key" else "payload"
         self.outage_s = outage_s
         self._deserialize: Callable[[bytes, Any], Any] | None = None
-        self._hints: dict[int, dict[str, Any]] = {}
+        #: Per schema id as framed (4 bytes): the id, its Debezium column hints, and its Avro reader (None: the
+        #: deserializer reads it).
+        self._known: dict[bytes, tuple[int, dict[str, Any], Callable[[bytes], Any] | None]] = {}
         self.reader_schema = decoding.reader_schema if field == "value" else None
         if fmt in (AVRO, PROTOBUF, JSON_SCHEMA):
             assert decoding.registry is not None, "a registry format needs [schema_registry]"
@@ -168,17 +174,35 @@ class _FormatReader:
         from confluent_kafka.serialization import SerializationContext
 
         assert self._deserialize is not None
-        schema_id, schema = self.frame(data)
-        hints = self._hints.get(schema_id)
-        if hints is None:
-            hints = self._hints[schema_id] = avro_hints(schema.schema_str) if self.fmt == AVRO else {}
+        known = self._known.get(data[1:_HEADER]) if len(data) > _HEADER and data[0] == 0 else None
+        if known is None:
+            schema_id, schema = self.frame(data)
+            hints = avro_hints(schema.schema_str) if self.fmt == AVRO else {}
+            plain = self.fmt == AVRO and not (schema.rule_set and schema.rule_set.domain_rules)
+            reader = avro_reader(self._deserialize, schema) if plain else None
+            known = self._known[data[1:_HEADER]] = (schema_id, hints, reader)
+        schema_id, hints, reader = known
         try:
+            if reader is not None:
+                return Decoded(reader(data[_HEADER:]), hints)
             return Decoded(self._deserialize(data, SerializationContext(topic, self.field)), hints)
         except _unreadable() as exc:
             why = str(exc).strip() or type(exc).__name__
             if isinstance(exc, EOFError | StopIteration):
                 why = "it ends before the record does (truncated)"
             raise _Reject(f"undecodable {self.fmt} {self.what} (schema id {schema_id}): {why[:200]}") from None
+
+
+def avro_reader(deserializer: Any, writer: Any) -> Callable[[bytes], Any]:
+    """How ``AvroDeserializer`` reads a payload of ``writer`` (a schema with no data-contract rules): the same
+    ``fastavro.schemaless_reader`` call with the deserializer's own parsed schemas (its reader schema, else the
+    writer's), without its per-record work for rules, subjects and tags (60 of the 75 µs a record took).
+    ``tests/spark_jobs/test_registry_decoder.py`` holds the canary on the deserializer's internals used here."""
+    from fastavro import schemaless_reader
+
+    parsed = deserializer._get_parsed_schema(writer)
+    reader = deserializer._reader_schema if deserializer._reader_schema is not None else parsed
+    return lambda payload: schemaless_reader(io.BytesIO(payload), parsed, reader, False)
 
 
 def _unreadable() -> tuple[type[BaseException], ...]:
@@ -201,8 +225,9 @@ def _unreadable() -> tuple[type[BaseException], ...]:
     )
 
 
-def _read_fields(row: Mapping[str, Any], decoding: Decoding, names: Sequence[str], required: Any) -> Reading:
-    """The fields ``names`` of a decoded row by the value rule; ``required`` says which must be present."""
+def _read_fields(row: Mapping[str, Any], types: Mapping[str, Any], names: Sequence[str], required: Any) -> Reading:
+    """The fields ``names`` of a decoded row by the value rule (``types``: each field's type); ``required`` says
+    which must be present."""
     values: dict[str, Any] = {}
     mistyped: list[str] = []
     absent: list[str] = []
@@ -212,7 +237,7 @@ def _read_fields(row: Mapping[str, Any], decoding: Decoding, names: Sequence[str
             if name in required:
                 absent.append(f"{'missing' if name not in row else 'null'} field: {name}")
             continue
-        value, why = read_value(raw, decoding.field(name).type)
+        value, why = read_value(raw, types[name])
         if why is not None:
             mistyped.append(f"{name} {why}")
         values[name] = value
@@ -236,6 +261,21 @@ def flattened(row: Mapping[str, Any], prefix: str = "") -> Mapping[str, Any]:
     return flat
 
 
+#: The Python type a deserializer gives a value that certainly fits a field of each type (a decimal's and an
+#: integer's range are Arrow's to check); the fast path takes a value only of this exact type.
+_PLAIN_TYPES: dict[str, type] = {
+    "string": str,
+    "long": int,
+    "int": int,
+    "double": float,
+    "boolean": bool,
+    "decimal": Decimal,
+    "timestamp": datetime,
+    "timestamp_ms": datetime,
+    "date": date,
+}
+
+
 class RegistryRecordDecoder(RecordDecoder):
     """:class:`RecordDecoder` for the Schema Registry formats and the Debezium envelope: every record is read by
     :meth:`read_slow` (no fast path), into the same Arrow batch."""
@@ -246,6 +286,7 @@ class RegistryRecordDecoder(RecordDecoder):
         self.values = _FormatReader(decoding.value_format, decoding, "value", outage_s)
         self.keys = _FormatReader(decoding.key_format, decoding, "key", outage_s)
         self._types = {f.name: f.type for f in decoding.fields}
+        self._names = tuple(f.name for f in decoding.fields)
         self._row_fields = tuple(f.name for f in decoding.fields if not f.name.startswith(CDC_PREFIX))
         self._cdc_fields = tuple(f.name for f in decoding.fields if f.name.startswith(CDC_PREFIX))
 
@@ -259,8 +300,48 @@ class RegistryRecordDecoder(RecordDecoder):
         timestamps_ms: Sequence[int],
     ) -> pa.RecordBatch:
         n = len(values)
-        columns = {name: [None] * n for name in self.decoding.output}
-        return self._assemble(n, keys, values, topic, partition, offsets, timestamps_ms, columns, list(range(n)))
+        if self.decoding.envelope is None and self.decoding.value_format in (AVRO, PROTOBUF):
+            columns, slow = self._fast_columns(values, topic)
+        else:
+            columns, slow = {name: [None] * n for name in self.decoding.output}, list(range(n))
+        return self._assemble(n, keys, values, topic, partition, offsets, timestamps_ms, columns, slow)
+
+    def _fast_columns(self, values: Sequence[bytes | None], topic: str) -> tuple[dict[str, Any], list[int]]:
+        """The fast path, one rule: each value decoded once and each field's column built by Arrow where every
+        value is plainly of its type (:data:`_PLAIN_TYPES`) and fits; any record with anything else (not
+        decodable, a null required field, a value of another type, one Arrow refuses) is left to
+        :meth:`read_slow`, which reads it by the rule, so a record's reading never depends on the path."""
+        n = len(values)
+        rows: list[Mapping[str, Any]] = []
+        slow: set[int] = set()
+        empty: Mapping[str, Any] = {}
+        for i, value in enumerate(values):
+            try:
+                decoded = self.values.read(value, topic).payload if value is not None else None
+            except _Reject:
+                decoded = None
+            if not isinstance(decoded, Mapping):
+                slow.add(i)
+                rows.append(empty)
+            else:
+                rows.append(flattened(decoded))
+        columns: dict[str, Any] = {}
+        for f in self.decoding.fields:
+            listed = [row.get(f.name) for row in rows]
+            plain = _PLAIN_TYPES[f.type.name]
+            required = f.name in self.decoding.required
+            for i, v in enumerate(listed):
+                if (v is None and required) or (v is not None and type(v) is not plain):
+                    slow.add(i)
+                    listed[i] = None
+            if f.name not in self._output:
+                continue
+            try:
+                columns[f.name] = pa.array(listed, arrow_type(f.type))
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):  # a value out of the type's range
+                columns[f.name] = [None] * n
+                slow.update(range(n))
+        return columns, sorted(slow)
 
     def read_slow(self, key: bytes | None, value: bytes | None, topic: str) -> Reading:
         """One record by the rule of its format and envelope."""
@@ -275,9 +356,7 @@ class RegistryRecordDecoder(RecordDecoder):
             decoded = self.values.read(value, topic).payload
             if not isinstance(decoded, Mapping):
                 return Reading(f"expected a record, got {type(decoded).__name__} {str(decoded)[:SHOWN]}", {})
-            return _read_fields(
-                flattened(decoded), self.decoding, [f.name for f in self.decoding.fields], self.decoding.required
-            )
+            return _read_fields(flattened(decoded), self._types, self._names, self.decoding.required)
         except (_Reject, Unreadable) as reject:
             return Reading(str(reject), {})
 
@@ -304,7 +383,7 @@ class RegistryRecordDecoder(RecordDecoder):
         if self.decoding.key_format == STRING or (self.decoding.key_format == JSON and self.decoding.envelope is None):
             return read_tombstone_key(key, self.decoding)
         names = self.decoding.tombstone_key
-        return _read_fields(self._key_row(key, topic), self.decoding, names, set(names))
+        return _read_fields(self._key_row(key, topic), self._types, names, set(names))
 
     def _change(self, decoded: Decoded, key: bytes | None, topic: str) -> Reading:
         event = change_event(decoded, self._types, self.decoding.decimal_handling, self.decoding.cdc_version)
@@ -314,10 +393,10 @@ class RegistryRecordDecoder(RecordDecoder):
             if any(row.get(n) is None for n in names):  # REPLICA IDENTITY without the key: the Kafka key has it
                 row = self._key_row(key, topic)
             fields = [*names, *self._cdc_fields]
-            reading = _read_fields({**row, **event.cdc}, self.decoding, fields, set(names))
+            reading = _read_fields({**row, **event.cdc}, self._types, fields, set(names))
         else:
             fields = [*self._row_fields, *self._cdc_fields]
-            reading = _read_fields({**(event.after or {}), **event.cdc}, self.decoding, fields, self.decoding.required)
+            reading = _read_fields({**(event.after or {}), **event.cdc}, self._types, fields, self.decoding.required)
         if reading.reason is None:
             reading.values[CDC_DELETE] = event.deletes
         return reading

@@ -230,17 +230,85 @@ def test_an_upsert_tombstone_with_an_avro_key_is_read_through_the_registry() -> 
     assert rows[1]["reason"].startswith("not in the Confluent wire format: 1 bytes")
 
 
-def test_a_failure_of_krishivs_own_is_never_a_reject_the_batch_fails_whole() -> None:
+def test_a_failure_of_krishivs_own_is_never_a_reject_the_batch_fails_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     """Only what the deserializer raises for an unreadable payload makes a reject; a missing module or a bug must
     fail the batch (which is read again), not turn every record into a reject."""
-    registry = _registry()
-    fields = avro_fields(json.dumps(ORDER), debezium=False)
-    decoder = decoder_for(_decoding(fields, registry, value_format="avro"))
+    from spark_jobs import registry_decoder
 
-    def broken(data: bytes, ctx: Any) -> Any:
+    def broken(data: bytes, *args: Any) -> Any:
         raise AttributeError("a bug")
 
-    decoder.values._deserialize = broken
+    registry = _registry()
+    fields = avro_fields(json.dumps(ORDER), debezium=False)
     good = _avro(registry, ORDER, _order())
+    monkeypatch.setattr(registry_decoder, "avro_reader", lambda *args: broken)
+    with pytest.raises(AttributeError, match="a bug"):
+        decoder_for(_decoding(fields, registry, value_format="avro")).decode([None], [good], TOPIC, 0, [0], [0])
+    json_schema = _decoding((EventField("order_id", FieldType("string")),), registry, value_format="json_schema")
+    decoder = decoder_for(json_schema)
+    decoder.values._deserialize = broken  # the deserializer's own path
     with pytest.raises(AttributeError, match="a bug"):
         decoder.decode([None], [good], TOPIC, 0, [0], [0])
+
+
+def test_canary_the_avro_fast_reader_reads_as_confluent_kafkas_deserializer_does() -> None:
+    """``avro_reader`` uses ``AvroDeserializer``'s ``_get_parsed_schema`` and ``_reader_schema``: if a release of
+    confluent-kafka changes them, this fails before any record is read otherwise."""
+    from confluent_kafka.schema_registry.avro import AvroDeserializer
+
+    from spark_jobs.registry_decoder import avro_reader
+
+    registry = _registry()
+    client = registry_client(registry)
+    value = _avro(registry, ORDER, _order())
+    ctx = SerializationContext(TOPIC, MessageField.VALUE)
+    v1 = {"type": "record", "name": "Order", "fields": ORDER["fields"][:2]}
+    for deserializer in (AvroDeserializer(client), AvroDeserializer(client, schema_str=json.dumps(v1))):
+        writer = client.get_schema(int.from_bytes(value[1:5], "big"))
+        assert avro_reader(deserializer, writer)(value[5:]) == deserializer(value, ctx)
+
+
+LOOSE = {
+    "type": "record",
+    "name": "Loose",
+    "fields": [
+        {"name": "n", "type": "long"},
+        {"name": "d", "type": {"type": "bytes", "logicalType": "decimal", "precision": 20, "scale": 4}},
+        {"name": "s", "type": ["null", "string"], "default": None},
+        {"name": "t", "type": ["null", {"type": "long", "logicalType": "timestamp-micros"}], "default": None},
+    ],
+}
+_LOOSE_RECORDS = st.lists(
+    st.fixed_dictionaries(
+        {
+            "n": st.sampled_from([0, 1, -(2**31), 2**31 - 1, 2**31, -(2**31) - 1, 2**62]),
+            "d": st.sampled_from([Decimal("0"), Decimal("1.5000"), Decimal("1.2345"), Decimal("12345678.9")]),
+            "s": st.sampled_from([None, "", "x"]),
+            "t": st.sampled_from([None, datetime(2026, 1, 1, tzinfo=UTC)]),
+        }
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(records=_LOOSE_RECORDS)
+def test_the_fast_path_reads_every_avro_record_as_the_rule_does(records: list[dict[str, Any]]) -> None:
+    """A batch (the fast path: Arrow columns where values plainly fit) against each record read alone by the rule
+    (``read_slow``): the same rows, values and reasons, whatever else the batch holds."""
+    registry = _registry()
+    fields = (
+        EventField("n", FieldType("int")),
+        EventField("d", FieldType("decimal", 9, 2)),
+        EventField("s", FieldType("string")),
+        EventField("t", FieldType("timestamp"), required=False),
+    )
+    decoder = decoder_for(_decoding(fields, registry, value_format="avro"))
+    values = [_avro(registry, LOOSE, r) for r in records]
+    batch = decoder.decode([None] * len(values), values, TOPIC, 0, list(range(len(values))), [0] * len(values))
+    for row, value in zip(batch.to_pylist(), values, strict=True):
+        alone = decoder.read_slow(None, value, TOPIC)
+        assert row["reason"] == alone.reason
+        if alone.reason is None:
+            assert {f.name: row[f.name] for f in fields} == {f.name: alone.values.get(f.name) for f in fields}
