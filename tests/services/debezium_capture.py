@@ -353,37 +353,6 @@ def start_capture(
     return capture
 
 
-def capture(
-    pg: LogicalPostgres,
-    table: str,
-    *,
-    expected: int,
-    out_dir: Path,
-    converter: Converter = "json",
-    schemas_enable: bool = True,
-    registry_url: str | None = None,
-    decimal_handling_mode: DecimalHandlingMode = "precise",
-    topic_prefix: str = "krishiv",
-    extra_properties: Mapping[str, str] | None = None,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-) -> list[CapturedRecord]:
-    """Capture ``table`` until ``expected`` records arrived (the snapshot's, plus whatever changes come meanwhile)."""
-    with start_capture(
-        pg,
-        table,
-        out_dir=out_dir,
-        converter=converter,
-        schemas_enable=schemas_enable,
-        registry_url=registry_url,
-        decimal_handling_mode=decimal_handling_mode,
-        topic_prefix=topic_prefix,
-        extra_properties=extra_properties,
-        wait_streaming=False,
-        timeout_s=timeout_s,
-    ) as running:
-        return running.wait(expected)
-
-
 # --- the child process -------------------------------------------------------------------------------------------
 
 
