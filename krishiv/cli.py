@@ -752,6 +752,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    # A batch that fails in Krishiv's foreachBatch is reported in one line from the query's exception; py4j's own
+    # ERROR for the callback repeats it as a Python traceback (and -v shows everything).
+    logging.getLogger("py4j.clientserver").setLevel(logging.INFO if args.verbose else logging.CRITICAL)
     for handler in logging.getLogger().handlers:
         handler.addFilter(_not_an_interrupted_py4j_call)
     spec: KrishivSpec | None = None

@@ -35,10 +35,11 @@ def produce_orders(
 
 
 def krishiv_cli(
-    spec_file: Path, *args: str, faults: str | None = None, timeout: float = 300
+    spec_file: Path, *args: str, faults: str | None = None, timeout: float = 300, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
-    """Run the real ``krishiv`` command in its own process (so it can be killed)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KRISHIV_")}
+    """Run the real ``krishiv`` command in its own process (so it can be killed); the environment is this one's
+    without ``KRISHIV_*``, plus ``env``."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("KRISHIV_")}, **(env or {})}
     if faults:
         env["KRISHIV_FAULTS"] = faults
     return subprocess.run(

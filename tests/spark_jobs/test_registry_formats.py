@@ -302,3 +302,24 @@ def test_a_registry_that_is_down_stops_the_run_after_the_bound_and_skips_no_reco
     assert {o: (r["order_id"], r["amount"], r["customer_id"]) for o, r in rows.items()} == {
         n: (o["order_id"], o["amount"], o["customer"]["id"]) for n, o in enumerate(orders)
     }
+
+
+def test_the_cli_says_a_registry_outage_in_one_line_without_a_traceback(
+    tmp_path, broker, topic, schema_registry: SchemaRegistryServer
+):
+    """The real ``krishiv run`` process: the source task's failure reaches the user as one line, exit 2 (Spark's
+    executor and scheduler ERRORs and py4j's callback traceback would repeat it in about 150 lines)."""
+    from tests.spark_jobs.pipeline_helpers import krishiv_cli
+
+    serializer = AvroSerializer(SchemaRegistryClient({"url": schema_registry.url}), json.dumps(AVRO_V1))
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    _send(broker, topic, [serializer(_avro_order(random.Random(3), n, v2=False), ctx) for n in range(5)])
+    path = _spec(tmp_path, broker, topic, schema_registry, "avro")
+    path.write_text(path.read_text() + '\n[pipelines.fields]\norder_id = "string"\n')
+    schema_registry.down()
+    result = krishiv_cli(path, "run", "--once", env={"KRISHIV_REGISTRY_OUTAGE_S": "2"})
+    said = [line for line in result.stderr.splitlines() if not line.startswith("WARNING: Using incubator modules")]
+    assert result.returncode == 2, result.stderr
+    assert len(said) == 1, result.stderr
+    assert said[0].startswith("krishiv run: query orders failed: RegistryUnavailable: the Schema Registry at ")
+    assert said[0].endswith("(see README: Recovery runbook > A Schema Registry that does not answer)")
