@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from krishiv_core.errors import ConfigError
@@ -147,6 +148,10 @@ def json_schema_fields(schema_text: str) -> tuple[EventField, ...]:
     return tuple(fields)
 
 
+class RegistryDown(ConfigError):
+    """The registry did not answer when the fields were to be read from it."""
+
+
 def latest_schema(client: Any, registry: RegistrySettings, subject: str, fmt: str | None = None) -> Any:
     """The subject's latest registered schema (a ``RegisteredSchema``); one clear line when it cannot be read."""
     from confluent_kafka.schema_registry.error import SchemaRegistryError
@@ -165,36 +170,61 @@ def latest_schema(client: Any, registry: RegistrySettings, subject: str, fmt: st
             f"the Schema Registry at {registry.url} answered {exc.http_status_code} {exc.error_message} {_RUNBOOK}",
         ) from None
     except Exception as exc:
-        raise ConfigError(
+        raise RegistryDown(
             "schema_registry",
             f"the Schema Registry at {registry.url} did not answer ({type(exc).__name__}); the fields of {subject!r} "
             f"come from it: start it, or list the fields under [pipelines.fields] {_RUNBOOK}",
         ) from None
 
 
+def _fields_of(client: Any, schema: Any, schema_id: int, fmt: str, debezium: bool) -> tuple[EventField, ...]:
+    text = schema.schema_str
+    if fmt == AVRO:
+        return avro_fields(text, debezium)
+    if fmt == JSON_SCHEMA:
+        return json_schema_fields(text)
+    from krishiv_core.protobuf_schemas import message_descriptor, protobuf_fields
+
+    return tuple(protobuf_fields(message_descriptor(client, schema, schema_id, [0])))
+
+
 def registry_fields(
-    registry: RegistrySettings, subject: str, fmt: str, debezium: bool, env: Mapping[str, str]
+    registry: RegistrySettings,
+    subject: str,
+    fmt: str,
+    debezium: bool,
+    env: Mapping[str, str],
+    remembered: Path | None = None,
 ) -> tuple[tuple[EventField, ...], str]:
-    """(the fields, the schema's text) of ``subject``'s latest schema."""
-    from confluent_kafka.schema_registry import SchemaRegistryClient
+    """(the fields, the schema's text) of ``subject``'s latest schema.
+
+    ``remembered``: a file keeping the last schema read, so that commands that decode nothing (``commit``,
+    ``status``, ``verify``…) still load the spec while the registry does not answer; a run then waits for the
+    registry in its tasks (up to ``KRISHIV_REGISTRY_OUTAGE_S``) as it would for a schema id it has not seen.
+    """
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
     client = SchemaRegistryClient.new_client(registry.client_config(env))
-    registered = latest_schema(client, registry, subject, "serialized" if fmt == PROTOBUF else None)
-    text = registered.schema.schema_str
     try:
-        if fmt == AVRO:
-            return avro_fields(text, debezium), text
-        if fmt == JSON_SCHEMA:
-            return json_schema_fields(text), text
-        if fmt == PROTOBUF:
-            from krishiv_core.protobuf_schemas import message_descriptor, protobuf_fields
-
-            return tuple(
-                protobuf_fields(message_descriptor(client, registered.schema, registered.schema_id, [0]))
-            ), text
+        registered = latest_schema(client, registry, subject, "serialized" if fmt == PROTOBUF else None)
+        schema, schema_id = registered.schema, registered.schema_id
+    except RegistryDown:
+        kept = json.loads(remembered.read_text()) if remembered is not None and remembered.exists() else {}
+        if kept.get("subject") != subject or kept.get("format") != fmt:
+            raise
+        schema, schema_id = Schema(kept["schema"], kept["type"]), kept["schema_id"]
+    else:
+        if remembered is not None:
+            doc = {"subject": subject, "format": fmt, "schema_id": schema_id, "type": schema.schema_type}
+            doc["schema"] = schema.schema_str
+            text = json.dumps(doc, indent=1)
+            if not remembered.exists() or remembered.read_text() != text:
+                remembered.parent.mkdir(parents=True, exist_ok=True)
+                remembered.write_text(text)
+    try:
+        return _fields_of(client, schema, schema_id, fmt, debezium), schema.schema_str
     except ConfigError as exc:
         raise ConfigError(
-            f"subject {subject} (schema id {registered.schema_id}) field {exc.field}",
+            f"subject {subject} (schema id {schema_id}) field {exc.field}",
             str(exc).split(": ", 1)[1] + "; list the fields to keep under [pipelines.fields]",
         ) from None
-    raise ConfigError("format", f"fields are taken from registry schemas; list the {fmt} fields")

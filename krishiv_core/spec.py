@@ -64,6 +64,9 @@ ENV_OVERRIDES = {
     "KRISHIV_CHECKPOINT_LOCATION": "storage.checkpoint_location",
 }
 
+#: Where a pipeline whose fields come from the registry keeps the schema it read last (in its checkpoint folder).
+REGISTRY_SCHEMA_FILE = "krishiv/registry-schema.json"
+
 _DECIMAL = re.compile(r"^decimal\((\d+),\s*(\d+)\)$")
 _SCALAR_TYPES = ("string", "long", "int", "double", "boolean", "timestamp_ms", "timestamp", "date")
 _AGG_FUNCTIONS = ("count", "sum", "min", "max", "avg")
@@ -688,18 +691,27 @@ def _with_cdc_fields(raw: dict[str, Any], where: str, fields: tuple[EventField, 
 
 
 def _fields(
-    raw: Mapping[str, Any], where: str, fmt: RecordFormat, registry: RegistrySettings | None, env: Mapping[str, str]
+    raw: Mapping[str, Any],
+    where: str,
+    fmt: RecordFormat,
+    registry: RegistrySettings | None,
+    env: Mapping[str, str],
+    remembered: Path | None,
 ) -> tuple[tuple[EventField, ...], RecordFormat]:
     """The pipeline's fields: listed in the spec, or a registry format's subject's latest schema's (which then is
     the reader schema, so records of newer versions are read as the fields were taken)."""
     if "fields" in raw or fmt.value not in REGISTRY_FORMATS or registry is None or fmt.subject is None:
         return _parse_fields(raw.get("fields"), f"{where}.fields"), fmt
-    fields, schema = registry_fields(registry, fmt.subject, fmt.value, fmt.envelope is not None, env)
+    fields, schema = registry_fields(registry, fmt.subject, fmt.value, fmt.envelope is not None, env, remembered)
     return fields, replace(fmt, reader_schema=schema if fmt.value == AVRO and fmt.envelope is None else None)
 
 
 def _parse_pipeline(
-    raw: Any, where: str, registry: RegistrySettings | None = None, env: Mapping[str, str] | None = None
+    raw: Any,
+    where: str,
+    registry: RegistrySettings | None = None,
+    env: Mapping[str, str] | None = None,
+    checkpoints: Path | None = None,
 ) -> PipelineSpec:
     _expect(raw, dict, where, "a table")
     kind = raw.get("kind", WINDOWED)
@@ -719,7 +731,8 @@ def _parse_pipeline(
         raise ConfigError(f"{where}.topic", f"not a valid Kafka topic name: {topic!r}")
     table = _identifier(raw.get("table", name), f"{where}.table")
     record_format = parse_record_format(raw, where, kind, topic, registry)
-    fields, record_format = _fields(raw, where, record_format, registry, env or {})
+    remembered = checkpoints / str(raw.get("name")) / REGISTRY_SCHEMA_FILE if checkpoints else None
+    fields, record_format = _fields(raw, where, record_format, registry, env or {}, remembered)
     if record_format.envelope is not None:
         raw = dict(raw)
         fields = _with_cdc_fields(raw, where, fields, record_format)
@@ -893,7 +906,12 @@ def parse_spec(
     if not raw_pipelines:
         raise ConfigError("pipelines", "expected at least one [[pipelines]] table")
     registry = parse_registry(doc.get("schema_registry"), environ)
-    pipelines = tuple(_parse_pipeline(p, f"pipelines[{n}]", registry, environ) for n, p in enumerate(raw_pipelines))
+    checkpoints = KrishivSpec(kafka, iceberg, storage, spark, (), base_dir or Path.cwd()).resolve(
+        storage.checkpoint_location
+    )
+    pipelines = tuple(
+        _parse_pipeline(p, f"pipelines[{n}]", registry, environ, checkpoints) for n, p in enumerate(raw_pipelines)
+    )
     names = [p.name for p in pipelines]
     dupes = {v for v in names if names.count(v) > 1}
     if dupes:

@@ -29,6 +29,7 @@ from krishiv_core.catalog import load_catalog, qualified
 from krishiv_core.errors import KrishivError
 from krishiv_core.spec import KrishivSpec, load_spec
 from tests.services.schema_registry import SchemaRegistryServer
+from tests.spark_jobs.pipeline_helpers import krishiv_cli
 
 PIPELINE = """
 [schema_registry]
@@ -309,8 +310,6 @@ def test_the_cli_says_a_registry_outage_in_one_line_without_a_traceback(
 ):
     """The real ``krishiv run`` process: the source task's failure reaches the user as one line, exit 2 (Spark's
     executor and scheduler ERRORs and py4j's callback traceback would repeat it in about 150 lines)."""
-    from tests.spark_jobs.pipeline_helpers import krishiv_cli
-
     serializer = AvroSerializer(SchemaRegistryClient({"url": schema_registry.url}), json.dumps(AVRO_V1))
     ctx = SerializationContext(topic, MessageField.VALUE)
     _send(broker, topic, [serializer(_avro_order(random.Random(3), n, v2=False), ctx) for n in range(5)])
@@ -323,3 +322,27 @@ def test_the_cli_says_a_registry_outage_in_one_line_without_a_traceback(
     assert len(said) == 1, result.stderr
     assert said[0].startswith("krishiv run: query orders failed: RegistryUnavailable: the Schema Registry at ")
     assert said[0].endswith("(see README: Recovery runbook > A Schema Registry that does not answer)")
+
+
+def test_commands_that_decode_nothing_load_the_spec_while_the_registry_is_down(
+    tmp_path, broker, spark, topic, schema_registry: SchemaRegistryServer
+):
+    """Fields from the registry are remembered in the pipeline's checkpoint folder when read, so ``commit``,
+    ``status`` and ``verify`` go on through a registry outage (here committing a batch staged before it); with
+    nothing remembered the load says the registry did not answer, in one line."""
+    serializer = AvroSerializer(SchemaRegistryClient({"url": schema_registry.url}), json.dumps(AVRO_V1))
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    _send(broker, topic, [serializer(_avro_order(random.Random(4), n, v2=False), ctx) for n in range(6)])
+    path = _spec(tmp_path, broker, topic, schema_registry, "avro")
+    spec = load_spec(path, env={})
+    run_pipelines(spec, list(spec.pipelines), once=True, commit=False)
+    schema_registry.down()
+    assert load_spec(path, env={}).pipeline().fields == spec.pipeline().fields
+    for command in ("status", "commit", "verify"):
+        result = krishiv_cli(path, command)
+        assert result.returncode == 0, result.stdout + result.stderr
+    table = load_catalog(spec).load_table(qualified(spec, "orders"))
+    assert len(table.scan().to_arrow()) == 6
+    (tmp_path / "checkpoints").rename(tmp_path / "elsewhere")
+    with pytest.raises(KrishivError, match=r"did not answer \(ConnectError\); the fields of '.*' come from it"):
+        load_spec(path, env={})
