@@ -6,6 +6,7 @@ maintenance (compact, expire-snapshots, remove-orphans, maintain)."""
 from __future__ import annotations
 
 import argparse
+import io
 import logging
 import sys
 import textwrap
@@ -13,7 +14,7 @@ import time
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, RenderableType
 from rich.markup import escape
@@ -222,6 +223,7 @@ def cmd_commit(args: argparse.Namespace, spec: KrishivSpec) -> int:
 
 
 def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
+    from krishiv.json_output import status_document, status_pipeline
     from krishiv.preflight import check_broker
     from krishiv.status import pipeline_status
     from krishiv.views import lag_table, short_id, table_name, when
@@ -237,6 +239,7 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
         broker_down = None
     except BrokerUnavailable as exc:
         broker_down = str(exc)
+    documents: list[dict] = []
     for p in _pipelines(spec, args.pipeline):
         latest, broker_error = None, broker_down
         if broker_down is None:
@@ -248,6 +251,9 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
         names = [qualified(spec, t) for t in p.all_tables]  # the first table's entries carry the batch counts
         names += [t for t in ledger.pending_tables([p.name]) if t not in names]  # a route removed with batches pending
         s = pipeline_status(ledger, p.name, names[0], p.topic, latest, broker_error, other_tables=names[1:])
+        if args.json:
+            documents.append(status_pipeline(s, p.kind, p.topic, merged))
+            continue
         console.print(f"[bold]{escape(p.name)}[/] ({p.kind}) reads {escape(p.topic)} into {len(names)} tables")
         console.print(f"  events: {s.records_read} read, {s.rejects} rejected, {s.late_events} dropped as late")
         for t in s.tables:
@@ -265,14 +271,23 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
         if broker_error and broker_error != broker_down:
             err_console.print(f"  [red]broker: {escape(broker_error)}[/]")
         _show(lag_table(s), args.wide)
+    removed: list[dict] = []
     if args.pipeline is None:  # a pipeline removed from the spec whose batches are still pending
         for name in removed_pipelines_pending(spec, ledger):
+            if args.json:
+                summaries = [(t, ledger.table_summary(t, pipeline=name)) for t in ledger.pending_tables([name])]
+                tables = [{"table": t, "pending": x.pending, "committed": x.committed} for t, x in summaries]
+                removed.append({"name": name, "tables": tables})
+                continue
             console.print(f"[bold]{escape(name)}[/] (no longer in the spec; `krishiv commit` commits what it staged)")
             for table in ledger.pending_tables([name]):
                 t = ledger.table_summary(table, pipeline=name)
                 console.print(
                     f"  {escape(table_name(spec, table, args.wide))}: {t.pending} pending, {t.committed} committed"
                 )
+    if args.json:
+        print(status_document(documents, removed, broker_down))
+        return 1 if broker_down else 0
     if broker_down:
         _fail("status", f"{broker_down}; lag unknown")
         return 1
@@ -419,11 +434,19 @@ def cmd_lineage(args: argparse.Namespace, spec: KrishivSpec) -> int:
     open_existing_ledger(spec)  # a ledger path with a typo is named, as in status, verify and commit
     catalog = load_catalog(spec)
     address = redact(spec.catalog_uri())
+    found = []
     for p in _pipelines(spec, args.pipeline):
         for name in p.all_tables:  # the row tables (each route of a fan-out), then the rejects table
             table = load_table(catalog, qualified(spec, name), address)
+            if args.json:
+                found.append((qualified(spec, name), lineage(table)))
+                continue
             title = f"lineage of {table_name(spec, qualified(spec, name), args.wide)} (newest last)"
             _show(lineage_table(escape(title), lineage(table), wide=args.wide), args.wide)
+    if args.json:
+        from krishiv.json_output import lineage_document
+
+        print(lineage_document(found))
     return 0
 
 
@@ -433,6 +456,11 @@ def _counted(n: int, noun: str) -> str:
 
 def cmd_verify(args: argparse.Namespace, spec: KrishivSpec) -> int:
     results = verify_pipelines(spec, _pipelines(spec, args.pipeline), ledger=open_existing_ledger(spec))
+    if args.json:
+        from krishiv.json_output import verify_document
+
+        print(verify_document(results))
+        return 0 if all(r.ok for r in results) else 1
     for r in results:
         mark = "[green]ok[/]" if r.ok else "[red]VIOLATIONS[/]"
         console.print(f"{escape(r.table)}: {mark} ({_counted(r.rows, 'row')}, {_counted(r.snapshots, 'snapshot')})")
@@ -557,6 +585,15 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
 _SPEC_HELP = f"pipeline spec file (default: ${SPEC_FILE_ENV}, else ./krishiv.toml)"
 
 
+def _json(c: argparse.ArgumentParser) -> None:
+    c.add_argument(
+        "--json", action="store_true", help="one JSON document on stdout, its shape versioned (README: Commands)"
+    )
+
+
+_VERBOSE_HELP = "log what the relay and stager do"
+
+
 def _command(
     sub: argparse._SubParsersAction,
     name: str,
@@ -569,6 +606,7 @@ def _command(
     c = sub.add_parser(name, help=text, description=textwrap.fill(text, 79), formatter_class=_HelpFormatter)
     if spec:
         c.add_argument("--spec", default=argparse.SUPPRESS, help=_SPEC_HELP)
+    c.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=_VERBOSE_HELP)
     if pipeline:
         c.add_argument("--pipeline", help=pipeline)
     return c
@@ -594,7 +632,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"krishiv {_version()}")
     parser.add_argument("--spec", help=_SPEC_HELP)
-    parser.add_argument("-v", "--verbose", action="store_true", help="log what the relay and stager do")
+    parser.add_argument("-v", "--verbose", action="store_true", help=_VERBOSE_HELP)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     b = _command(
@@ -632,9 +670,11 @@ def build_parser() -> argparse.ArgumentParser:
     _metrics_port(c)
     c = _command(sub, "status", "outbox, events and lag per pipeline; exit 1 if the broker does not answer")
     _wide(c)
+    _json(c)
     c = _command(sub, "lineage", "snapshot lineage of the tables, newest last")
     _wide(c)
-    _command(sub, "verify", "check the exactly-once invariants; exit 1 on any violation")
+    _json(c)
+    _json(_command(sub, "verify", "check the exactly-once invariants; exit 1 on any violation"))
 
     lc = _command(
         sub,
@@ -746,7 +786,39 @@ COMMANDS = {
 }
 
 
+class _PipeSafe(io.TextIOBase):
+    """stdout that stops writing, silently, once its reader has gone (``krishiv verify | head -1``): the command
+    goes on to its end and exits with its own status, as the output it still had would have said."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.gone = False
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            try:
+                self.stream.write(text)
+            except BrokenPipeError:
+                self.gone = True
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self.stream.flush()
+            except BrokenPipeError:
+                self.gone = True
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    if not isinstance(sys.stdout, _PipeSafe):
+        sys.stdout = _PipeSafe(sys.stdout)
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s"

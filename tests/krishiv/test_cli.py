@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -12,6 +14,7 @@ from krishiv.cli import main
 from krishiv.operations import run_pipelines
 from krishiv_core.catalog import load_catalog, qualified
 from krishiv_core.spec import load_spec
+from spark_jobs.kafka_source import latest_offsets
 from tests.spark_jobs.pipeline_helpers import produce_orders
 
 
@@ -24,10 +27,29 @@ def test_status_lineage_and_verify_catch_a_duplicate_window(make_spec, spec_file
     out = capsys.readouterr().out
     assert "pending" in out and "4 rejected" in out
 
+    assert main(["--spec", str(spec_file), "status", "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert (status["version"], status["command"], status["broker_error"]) == (1, "status", None)
+    [pipeline] = status["pipelines"]
+    assert pipeline["events"]["rejected"] == 4 and pipeline["events"]["late"] == 5
+    assert sum(t["pending"] for t in pipeline["tables"]) > 0
+    latest = latest_offsets(spec.kafka.bootstrap_servers, spec.pipeline().topic)
+    assert {str(p["partition"]): p["latest"] for p in pipeline["partitions"]} == latest
+    assert all(p["lag"] == p["latest"] for p in pipeline["partitions"]), "nothing committed yet"
+
     assert main(["--spec", str(spec_file), "commit"]) == 0
     assert main(["--spec", str(spec_file), "lineage"]) == 0
     assert main(["--spec", str(spec_file), "verify"]) == 0
     assert "VIOLATIONS" not in capsys.readouterr().out
+    assert main(["--spec", str(spec_file), "status", "-v", "--json"]) == 0  # -v after the command too
+    status = json.loads(capsys.readouterr().out)
+    assert all(p["lag"] == 0 for p in status["pipelines"][0]["partitions"])
+    assert all(t["pending"] == 0 and t["last_commit_at"] for t in status["pipelines"][0]["tables"])
+    assert main(["--spec", str(spec_file), "lineage", "--json"]) == 0
+    lineage = json.loads(capsys.readouterr().out)
+    snapshots = lineage["tables"][0]["snapshots"]
+    assert [s["batch_id"] for s in snapshots] == sorted(s["batch_id"] for s in snapshots)
+    assert [s["parent_id"] for s in snapshots[1:]] == [s["snapshot_id"] for s in snapshots[:-1]]
 
     # A second writer appends a window that is already there: verify must say which one and fail.
     table = load_catalog(spec).load_table(qualified(spec, spec.pipeline().table))
@@ -37,6 +59,26 @@ def test_status_lineage_and_verify_catch_a_duplicate_window(make_spec, spec_file
     out = capsys.readouterr().out
     assert "VIOLATIONS" in out and "appears more than once" in out
     assert str(first.column("window_start")[0].as_py().date()) in out
+    assert main(["--spec", str(spec_file), "verify", "--json"]) == 1
+    verdict = json.loads(capsys.readouterr().out)
+    assert verdict["ok"] is False and verdict["tables"][0]["ok"] is False
+    assert "appears more than once" in verdict["tables"][0]["violations"][0]
+    assert verdict["tables"][1] == {**verdict["tables"][1], "ok": True, "violations": []}
+
+
+def test_output_to_a_reader_that_has_gone_is_dropped_quietly() -> None:
+    """``krishiv verify | head -1``: once the pipe's reader has gone, writes are dropped and the command goes on
+    to its own exit status (no BrokenPipeError, no traceback)."""
+    from krishiv.cli import _PipeSafe
+
+    read, write = os.pipe()
+    os.close(read)
+    with os.fdopen(write, "w") as stream:
+        safe = _PipeSafe(stream)
+        assert safe.write("x" * 100_000) == 100_000
+        safe.write("more")
+        safe.flush()
+        assert safe.gone
 
 
 FAN_OUT_SPEC = """

@@ -1,0 +1,118 @@
+"""The machine-readable output of ``status``, ``verify`` and ``lineage`` (``--json``): one JSON document on stdout.
+
+Each document has ``"version": 1`` and the command's name (``"command"``); a later version may add keys, and
+renames or removes one only with a new version number. Times are ISO 8601 in UTC, snapshot ids and offsets whole
+numbers, a value not known ``null`` (the lag when the broker does not answer). README, "Commands", shows each shape.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from krishiv.lineage import LineageRow
+from krishiv.status import PipelineStatus
+from krishiv.verify import Verification
+
+VERSION = 1
+
+
+def _time(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat()
+
+
+def status_pipeline(s: PipelineStatus, kind: str, topic: str, merged: set[str]) -> dict[str, Any]:
+    """One pipeline's status."""
+    return {
+        "name": s.pipeline,
+        "kind": kind,
+        "topic": topic,
+        "events": {"read": s.records_read, "rejected": s.rejects, "late": s.late_events},
+        "tables": [
+            {
+                "table": t.table,
+                "pending": t.pending,
+                "committed": t.committed,
+                "rows_staged": t.rows_staged,
+                "commit": "merge" if t.table in merged else "append",
+                "last_commit_at": _time(t.last_commit_at),
+                "last_snapshot_id": t.last_snapshot_id,
+            }
+            for t in s.tables
+        ],
+        "partitions": [
+            {
+                "partition": int(p.partition),
+                "latest": p.latest,
+                "staged": p.staged,
+                "committed": p.committed,
+                "lag": p.lag,
+            }
+            for p in s.partitions
+        ],
+        "broker_error": s.broker_error,
+    }
+
+
+def status_document(
+    pipelines: Sequence[dict[str, Any]], removed: Sequence[dict[str, Any]], broker_error: str | None
+) -> str:
+    """``krishiv status --json``: every pipeline, the pipelines removed from the spec with batches pending, and the
+    broker's error (then every lag is null and the command exits 1)."""
+    doc = {
+        "version": VERSION,
+        "command": "status",
+        "pipelines": list(pipelines),
+        "removed_pipelines": list(removed),
+        "broker_error": broker_error,
+    }
+    return json.dumps(doc, indent=2)
+
+
+def verify_document(results: Iterable[Verification]) -> str:
+    """``krishiv verify --json``: each table's verdict (``ok`` false exits 1)."""
+    tables = [
+        {
+            "table": r.table,
+            "ok": r.ok,
+            "rows": r.rows,
+            "snapshots": r.snapshots,
+            "key": list(r.key),
+            "violations": list(r.violations),
+        }
+        for r in results
+    ]
+    doc = {"version": VERSION, "command": "verify", "ok": all(t["ok"] for t in tables), "tables": tables}
+    return json.dumps(doc, indent=2)
+
+
+def lineage_document(tables: Iterable[tuple[str, list[LineageRow]]]) -> str:
+    """``krishiv lineage --json``: each table's snapshots, oldest first."""
+    doc = {
+        "version": VERSION,
+        "command": "lineage",
+        "tables": [
+            {
+                "table": table,
+                "snapshots": [
+                    {
+                        "snapshot_id": r.snapshot_id,
+                        "parent_id": r.parent_id,
+                        "committed_at": _time(r.committed_at),
+                        "operation": r.operation,
+                        "query_id": r.query_id,
+                        "batch_id": r.batch_id,
+                        "high_water_batch_id": r.high_water_batch_id,
+                        "added_records": r.added_records,
+                        "deleted_records": r.deleted_records,
+                        "maintenance": r.maintenance,
+                    }
+                    for r in rows
+                ],
+            }
+            for table, rows in tables
+        ],
+    }
+    return json.dumps(doc, indent=2)
