@@ -223,15 +223,24 @@ def cmd_commit(args: argparse.Namespace, spec: KrishivSpec) -> int:
 
 
 def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
+    from datetime import UTC, datetime
+
     from krishiv.json_output import status_document, status_pipeline
     from krishiv.preflight import check_broker
-    from krishiv.status import pipeline_status
+    from krishiv.status import (
+        DEFAULT_PENDING_AGE_S,
+        PENDING_AGE_ENV,
+        BrokerSide,
+        pipeline_status,
+        status_warnings,
+    )
     from krishiv.views import lag_table, short_id, table_name, when
     from krishiv_core.catalog import qualified
     from krishiv_core.entries import MERGE
+    from krishiv_core.env_settings import seconds_from_env
     from krishiv_core.tables import output_tables
     from spark_jobs.errors import KafkaSourceError
-    from spark_jobs.kafka_source import latest_offsets
+    from spark_jobs.kafka_source import KafkaAdmin
 
     ledger = open_existing_ledger(spec)
     try:
@@ -242,18 +251,32 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
     documents: list[dict] = []
     for p in _pipelines(spec, args.pipeline):
         latest, broker_error = None, broker_down
+        side = BrokerSide()
         if broker_down is None:
             try:
-                latest = latest_offsets(spec.kafka.bootstrap_servers, p.topic, spec.kafka.consumer_settings())
+                with KafkaAdmin(spec.kafka.bootstrap_servers, p.topic, spec.kafka.consumer_settings()) as admin:
+                    latest = admin.latest()
+                    side = BrokerSide(admin.earliest(), admin.topic_id())
             except KafkaSourceError as exc:
                 broker_error = str(exc)
         merged = {qualified(spec, o.name) for o in output_tables(p) if o.operation.kind == MERGE}
         names = [qualified(spec, t) for t in p.all_tables]  # the first table's entries carry the batch counts
         names += [t for t in ledger.pending_tables([p.name]) if t not in names]  # a route removed with batches pending
         s = pipeline_status(ledger, p.name, names[0], p.topic, latest, broker_error, other_tables=names[1:])
+        warnings = status_warnings(
+            s,
+            side,
+            ledger.newest_topic_id(names[0]),
+            ledger.pending_batches(names, pipeline=p.name),
+            ledger.current_lease(p.name),
+            datetime.now(UTC),
+            seconds_from_env(PENDING_AGE_ENV, DEFAULT_PENDING_AGE_S),
+        )
         if args.json:
-            documents.append(status_pipeline(s, p.kind, p.topic, merged))
+            documents.append(status_pipeline(s, p.kind, p.topic, merged) | {"warnings": warnings})
             continue
+        for line in warnings:
+            err_console.print(f"[yellow]warning: {escape(p.name)}: {escape(line)}[/]")
         console.print(f"[bold]{escape(p.name)}[/] ({p.kind}) reads {escape(p.topic)} into {len(names)} tables")
         console.print(f"  events: {s.records_read} read, {s.rejects} rejected, {s.late_events} dropped as late")
         for t in s.tables:
@@ -548,6 +571,7 @@ def _environment() -> str:
         (LEDGER_LOCK_TIMEOUT_ENV, "seconds to wait for a ledger another process holds (default 30)"),
         (STAGER_LEASE_TTL_ENV, "seconds a stager's lease lasts unless renewed (default 30)"),
         ("KRISHIV_BROKER_OUTAGE_S", "seconds a running query waits for a broker that stopped answering (default 300)"),
+        ("KRISHIV_STATUS_PENDING_S", "status warns of entries pending longer than this many seconds (600)"),
         ("KRISHIV_REGISTRY_OUTAGE_S", "seconds a query's tasks wait for a Schema Registry that stopped answering (60)"),
         ("OTEL_EXPORTER_OTLP_ENDPOINT", "export metrics over OTLP/HTTP there (with the other OTEL_* variables)"),
         ("KRISHIV_METRICS_PORT", "serve Prometheus metrics on this port (0: any free port)"),

@@ -6,12 +6,16 @@ A batch's counts (records read, rejects, late events) are on the entry of the pi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from krishiv_core.entries import OutboxEntry
-from outbox.ledger import Ledger
+from outbox.ledger import Ledger, PendingBatch, StagerLease
+
+#: ``krishiv status`` warns of batches pending longer than this many seconds (``KRISHIV_STATUS_PENDING_S``).
+PENDING_AGE_ENV = "KRISHIV_STATUS_PENDING_S"
+DEFAULT_PENDING_AGE_S = 600.0
 
 
 @dataclass
@@ -96,3 +100,53 @@ def pipeline_status(
     for p in sorted(set(staged) | set(latest or {}), key=int):
         status.partitions.append(PartitionLag(p, (latest or {}).get(p), staged.get(p, 0), done.get(p, 0)))
     return status
+
+
+@dataclass(frozen=True)
+class BrokerSide:
+    """What the broker says of the pipeline's topic now (None where it did not answer)."""
+
+    earliest: Mapping[str, int] | None = None
+    topic_id: str | None = None
+
+
+def status_warnings(
+    s: PipelineStatus,
+    broker: BrokerSide,
+    recorded_topic_id: str | None,
+    pending: Sequence[PendingBatch],
+    lease: StagerLease | None,
+    now: datetime,
+    pending_age_s: float = DEFAULT_PENDING_AGE_S,
+) -> list[str]:
+    """What ``status`` must not let pass silently, each a line with the way out: the topic is another incarnation
+    than the batches were read from, offsets the query has not read are gone from the broker, batches wait to be
+    committed, the stager's lease expired with no one running the pipeline."""
+    warnings = []
+    if broker.topic_id and recorded_topic_id and broker.topic_id != recorded_topic_id:
+        warnings.append(
+            f"topic re-created: its id is {broker.topic_id}, the last batch was read from {recorded_topic_id}; the "
+            "next run stops and names the krishiv skip-offsets command to move on from the new topic's first offsets"
+        )
+    elif broker.earliest:
+        for p in s.partitions:
+            first = broker.earliest.get(p.partition)
+            if first is not None and p.staged < first:
+                warnings.append(
+                    f"partition {p.partition}: offsets {p.staged} to {first - 1} were deleted by the broker's "
+                    "retention before the query read them; the next run stops there: krishiv skip-offsets --pipeline "
+                    f'{s.pipeline} --partition {p.partition} --to {first} --reason "…" moves on, recorded'
+                )
+    oldest = min((b.created_at for b in pending), default=None)
+    if oldest is not None and now - oldest > timedelta(seconds=pending_age_s):
+        minutes = (now - oldest).total_seconds() / 60
+        warnings.append(
+            f"{len(pending)} pending entries, the oldest staged {minutes:.0f} min ago: nothing is committing them; "
+            "run krishiv commit (or krishiv run, or turn on Dagster's sensors)"
+        )
+    if lease is not None and not lease.alive(now):
+        warnings.append(
+            f"the stager lease of {lease.describe()} has expired: that run stopped without releasing it; the "
+            "next krishiv run (or Dagster staging run) takes it over"
+        )
+    return warnings

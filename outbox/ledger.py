@@ -1462,6 +1462,15 @@ class Ledger:
         )
         return bool(rows) and lease.token == process_token()
 
+    def newest_topic_id(self, table: str) -> str | None:
+        """The topic id (incarnation) the table's newest entry still in the ledger was read from, if recorded."""
+        rows = self._read(
+            "SELECT topic_id FROM outbox WHERE table_name = ? AND topic_id IS NOT NULL AND topic_id <> '' "
+            "ORDER BY created_at DESC LIMIT 1",
+            [table],
+        )
+        return rows[0][0] if rows else None
+
     def current_lease(self, pipeline: str) -> StagerLease | None:
         """The pipeline's lease row as it stands, live or not."""
         rows = self._read(f"SELECT {_LEASE_COLUMNS} FROM stager_lease WHERE pipeline = ?", [pipeline])

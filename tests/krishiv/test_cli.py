@@ -18,7 +18,7 @@ from spark_jobs.kafka_source import latest_offsets
 from tests.spark_jobs.pipeline_helpers import produce_orders
 
 
-def test_status_lineage_and_verify_catch_a_duplicate_window(make_spec, spec_file, broker, spark, capsys):
+def test_status_lineage_and_verify_catch_a_duplicate_window(make_spec, spec_file, broker, spark, capsys, monkeypatch):
     spec = make_spec(max_records=1_000)
     produce_orders(spec, 3_000, late=5, malformed=4)
     run_pipelines(spec, list(spec.pipelines), once=True)
@@ -36,6 +36,12 @@ def test_status_lineage_and_verify_catch_a_duplicate_window(make_spec, spec_file
     latest = latest_offsets(spec.kafka.bootstrap_servers, spec.pipeline().topic)
     assert {str(p["partition"]): p["latest"] for p in pipeline["partitions"]} == latest
     assert all(p["lag"] == p["latest"] for p in pipeline["partitions"]), "nothing committed yet"
+    assert pipeline["warnings"] == []
+    monkeypatch.setenv("KRISHIV_STATUS_PENDING_S", "0.001")  # every pending entry is old now
+    assert main(["--spec", str(spec_file), "status"]) == 0
+    warning = capsys.readouterr().err
+    assert "warning: orders_per_minute: " in warning and "pending entries, the oldest staged" in warning
+    monkeypatch.delenv("KRISHIV_STATUS_PENDING_S")
 
     assert main(["--spec", str(spec_file), "commit"]) == 0
     assert main(["--spec", str(spec_file), "lineage"]) == 0
