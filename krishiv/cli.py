@@ -94,10 +94,18 @@ def cmd_produce(args: argparse.Namespace, spec: KrishivSpec) -> int:
     from rich.progress import Progress
 
     from krishiv.preflight import check_broker
-    from krishiv.produce import demo_orders, ensure_topic, produce
+    from krishiv.produce import demo_orders, ensure_topic, file_events, produce
 
+    if args.file is None and args.key is not None:
+        raise ConfigError("--key", "keys the lines of --file; the demo orders are keyed by customer already")
     if args.late + args.malformed > args.records:
         raise ConfigError("--late, --malformed", f"{args.late} + {args.malformed} exceed --records {args.records}")
+    lines = None
+    if args.file is not None:
+        try:
+            lines = sys.stdin.readlines() if args.file == "-" else Path(args.file).read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError("--file", f"cannot read {args.file}: {exc}") from None
     check_broker(spec)  # one line naming the address, not librdkafka's retries
     pipeline = spec.pipeline(args.pipeline)
     settings = spec.kafka.client_settings()  # [kafka.properties]: security, secrets resolved
@@ -105,9 +113,13 @@ def cmd_produce(args: argparse.Namespace, spec: KrishivSpec) -> int:
     extra = {}
     if args.rate:
         extra = {"start_ms": int(time.time() * 1000), "spacing_ms": max(1, int(1000 / args.rate)), "jitter_ms": 0}
-    events = demo_orders(
-        args.records, seed=args.seed, partitions=partitions, late=args.late, malformed=args.malformed, **extra
-    )
+    if lines is not None:
+        where = "standard input" if args.file == "-" else args.file
+        events = file_events(lines, partitions, args.key, where)
+    else:
+        events = demo_orders(
+            args.records, seed=args.seed, partitions=partitions, late=args.late, malformed=args.malformed, **extra
+        )
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task(f"producing to {pipeline.topic}", total=len(events))
         produce(
@@ -118,6 +130,10 @@ def cmd_produce(args: argparse.Namespace, spec: KrishivSpec) -> int:
             on_progress=lambda n: progress.update(task, completed=n),
             settings=settings,
         )
+    if lines is not None:
+        keyed = f"keyed by {args.key}" if args.key else "without keys, round the partitions"
+        console.print(f"produced {len(events)} lines of {where} to {pipeline.topic} ({keyed})")
+        return 0
     console.print(
         f"produced {len(events)} events to {pipeline.topic} on {spec.kafka.bootstrap_servers} "
         f"({args.late} late, {args.malformed} malformed, seed {args.seed})"
@@ -666,7 +682,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--host", default="127.0.0.1", help="the address it listens on")
 
     one = "the pipeline whose topic to write (default: the spec's first)"
-    p = _command(sub, "produce", "produce seeded demo orders to a pipeline's topic", pipeline=one)
+    text = "produce seeded demo orders, or your own JSON lines, to a pipeline's topic"
+    p = _command(sub, "produce", text, pipeline=one)
+    p.add_argument("--file", help="a JSON lines file (- for standard input): one record per line, sent as it is")
+    p.add_argument("--key", help="with --file: the field whose value is each record's Kafka key (default: no key)")
     p.add_argument("--records", type=_count, default=10_000, help="how many orders")
     p.add_argument("--rate", type=float, help="events per second (default: as fast as possible)")
     p.add_argument("--seed", type=int, default=7, help="the random seed: the same seed gives the same orders")
