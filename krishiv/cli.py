@@ -141,6 +141,35 @@ def cmd_produce(args: argparse.Namespace, spec: KrishivSpec) -> int:
     return 0
 
 
+def cmd_topic(args: argparse.Namespace, spec: KrishivSpec) -> int:
+    import re
+
+    from krishiv.topics import create_topic, describe_topic, topic_names
+
+    if args.action == "list":
+        reading = {p.topic: p.name for p in spec.pipelines}
+        for name, partitions in topic_names(spec).items():
+            pipeline = f"  (read by {reading[name]})" if name in reading else ""
+            console.print(f"{escape(name)}  {_counted(partitions, 'partition')}{escape(pipeline)}")
+        return 0
+    if not args.name:
+        raise ConfigError("topic", f"krishiv topic {args.action} needs the topic's name")
+    if args.action == "create":
+        if not re.match(r"^[A-Za-z0-9._-]{1,249}$", args.name):
+            raise ConfigError("topic", f"not a valid Kafka topic name: {args.name!r}")
+        count, created = create_topic(spec, args.name, args.partitions or spec.kafka.partitions)
+        said = "created" if created else "exists already, with"
+        console.print(f"topic {escape(args.name)} {said} {_counted(count, 'partition')}")
+        return 0
+    view = describe_topic(spec, args.name)
+    readers = ", ".join(view.read_by) or "no pipeline of this spec"
+    console.print(f"topic {escape(view.name)} (id {view.topic_id or 'unknown'}), read by {escape(readers)}")
+    for p in view.partitions:
+        offsets = _counted(p.records, "offset")
+        console.print(f"  partition {p.partition}: offsets {p.earliest} to {p.latest} ({offsets})")
+    return 0
+
+
 def _metrics(spec: KrishivSpec, ledger: Ledger, pipelines: list[PipelineSpec], port: int | None) -> Metrics:
     """The command's metrics (exported as ``--metrics-port`` and the environment ask), the endpoint announced."""
     from krishiv.metrics import start_metrics
@@ -681,6 +710,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--port", type=_port, default=9092, help="the port it listens on")
     b.add_argument("--host", default="127.0.0.1", help="the address it listens on")
 
+    t = _command(sub, "topic", "list the broker's topics, describe one, or create one", pipeline=None)
+    t.add_argument("action", choices=("list", "describe", "create"), help="what to do")
+    t.add_argument("name", nargs="?", help="the topic (describe, create)")
+    t.add_argument("--partitions", type=_positive, help="create: how many (default: the spec's kafka.partitions)")
+
     one = "the pipeline whose topic to write (default: the spec's first)"
     text = "produce seeded demo orders, or your own JSON lines, to a pipeline's topic"
     p = _command(sub, "produce", text, pipeline=one)
@@ -815,6 +849,7 @@ COMMANDS = {
     "run": cmd_run,
     "commit": cmd_commit,
     "status": cmd_status,
+    "topic": cmd_topic,
     "ledger-compact": cmd_ledger_compact,
     "skip-offsets": cmd_skip_offsets,
     "restage": cmd_restage,

@@ -1,0 +1,43 @@
+"""``krishiv topic list|describe|create`` on the real broker, through the CLI's one-line errors."""
+
+from __future__ import annotations
+
+from krishiv.cli import main
+from krishiv.produce import OrderEvent, produce
+
+
+def test_create_describe_and_list_a_topic(make_spec, spec_file, broker, topic, capsys) -> None:
+    spec = make_spec(partitions=3)
+    own = f"{topic}-own"
+    assert main(["--spec", str(spec_file), "topic", "create", own]) == 0
+    assert capsys.readouterr().out.strip() == f"topic {own} created 3 partitions"
+    assert main(["--spec", str(spec_file), "topic", "create", own, "--partitions", "5"]) == 0
+    assert capsys.readouterr().out.strip() == f"topic {own} exists already, with 3 partitions"
+    produce(broker.bootstrap, own, [OrderEvent(n, 1, b"k", b"{}", "valid") for n in range(4)])
+
+    assert main(["--spec", str(spec_file), "topic", "describe", own]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"topic {own} (id ") and lines[0].endswith("read by no pipeline of this spec")
+    assert lines[1:] == [
+        "  partition 0: offsets 0 to 0 (0 offsets)",
+        "  partition 1: offsets 0 to 4 (4 offsets)",
+        "  partition 2: offsets 0 to 0 (0 offsets)",
+    ]
+    assert main(["--spec", str(spec_file), "topic", "create", spec.pipeline().topic]) == 0
+    capsys.readouterr()
+    assert main(["--spec", str(spec_file), "topic", "list"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert f"{own}  3 partitions" in listed
+    assert f"{spec.pipeline().topic}  3 partitions  (read by {spec.pipeline().name})" in listed
+
+
+def test_a_topic_the_broker_does_not_have_or_a_bad_name_is_one_line(make_spec, spec_file, topic, capsys) -> None:
+    make_spec()
+    assert main(["--spec", str(spec_file), "topic", "describe", f"{topic}-none"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(
+        f"no topic '{topic}-none' on {make_spec().kafka.bootstrap_servers}: krishiv topic create {topic}-none"
+    )
+    assert len(err.splitlines()) == 1
+    assert main(["--spec", str(spec_file), "topic", "create", "a topic"]) == 2
+    assert "not a valid Kafka topic name: 'a topic'" in capsys.readouterr().err
