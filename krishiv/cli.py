@@ -141,6 +141,22 @@ def cmd_produce(args: argparse.Namespace, spec: KrishivSpec) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace, spec: KrishivSpec) -> int:
+    from krishiv.check import check_pipelines
+
+    findings = check_pipelines(spec, _pipelines(spec, args.pipeline))
+    ok = all(f.ok for f in findings)
+    if args.json:
+        from krishiv.json_output import check_document
+
+        print(check_document(findings))
+        return 0 if ok else 1
+    for f in findings:
+        mark = "[green]ok[/]  " if f.ok else "[red]FAIL[/]"
+        console.print(f"{mark} {escape(f.pipeline)}: {escape(f.check)}: {escape(f.detail)}")
+    return 0 if ok else 1
+
+
 def cmd_topic(args: argparse.Namespace, spec: KrishivSpec) -> int:
     import re
 
@@ -752,6 +768,8 @@ def build_parser() -> argparse.ArgumentParser:
     _wide(c)
     _json(c)
     _json(_command(sub, "verify", "check the exactly-once invariants; exit 1 on any violation"))
+    text = "what krishiv run checks before Spark starts (broker, topic, catalog, tables, history), changing nothing"
+    _json(_command(sub, "check", text + "; exit 1 if a check fails"))
 
     lc = _command(
         sub,
@@ -849,6 +867,7 @@ COMMANDS = {
     "run": cmd_run,
     "commit": cmd_commit,
     "status": cmd_status,
+    "check": cmd_check,
     "topic": cmd_topic,
     "ledger-compact": cmd_ledger_compact,
     "skip-offsets": cmd_skip_offsets,

@@ -1,4 +1,5 @@
-"""The machine-readable output of ``status``, ``verify`` and ``lineage`` (``--json``): one JSON document on stdout.
+"""The machine-readable output of ``status``, ``verify``, ``lineage`` and ``check`` (``--json``): one JSON document
+on stdout.
 
 Each document has ``"version": 1`` and the command's name (``"command"``); a later version may add keys, and
 renames or removes one only with a new version number. Times are ISO 8601 in UTC, snapshot ids and offsets whole
@@ -12,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
+from krishiv.check import Finding
 from krishiv.lineage import LineageRow
 from krishiv.status import PipelineStatus
 from krishiv.verify import Verification
@@ -116,3 +118,11 @@ def lineage_document(tables: Iterable[tuple[str, list[LineageRow]]]) -> str:
         ],
     }
     return json.dumps(doc, indent=2)
+
+
+def check_document(findings: Iterable[Finding]) -> str:
+    """``krishiv check --json``: each finding (``ok`` false exits 1)."""
+    checks = [{"pipeline": f.pipeline, "check": f.check, "ok": f.ok, "detail": f.detail} for f in findings]
+    return json.dumps(
+        {"version": VERSION, "command": "check", "ok": all(c["ok"] for c in checks), "checks": checks}, indent=2
+    )

@@ -168,10 +168,15 @@ def _stage_changes(tx: Any, table: Table, changes: SchemaChanges) -> None:
         tx.set_properties({RELAXED_PROPERTY: ",".join(str(i) for i in sorted(relaxed))})
 
 
+def table_changes(table: Table, wanted: Schema, table_name: str) -> SchemaChanges:
+    """The changes that bring ``table`` to ``wanted``, its relaxed columns considered; or SchemaConflict."""
+    return schema_changes(table_name, table.schema(), wanted, _relaxed_ids(table))
+
+
 def planned_schema(table: Table, wanted: Schema, table_name: str) -> Schema:
     """The schema :func:`evolve_schema` would give ``table`` (with the field ids it would assign), computed in a
     transaction that is never committed: the table is not changed. Raises SchemaConflict as evolve_schema does."""
-    changes = schema_changes(table_name, table.schema(), wanted, _relaxed_ids(table))
+    changes = table_changes(table, wanted, table_name)
     if not changes:
         return table.schema()
     tx = table.transaction()  # never committed

@@ -1,0 +1,116 @@
+"""``krishiv check``: what ``krishiv run`` checks before Spark starts, run without changing anything.
+
+For each pipeline: the broker answers and has the topic; the catalog answers; each table the pipeline writes is
+new (created at the first run) or takes the spec (its purpose, its schema: the columns a run would add, widen or
+relax, or the refusal a run would stop with; its partitioning); the ledger, the checkpoint and the tables tell one
+history. Nothing is created, evolved or leased: a table is compared with the spec in a transaction never
+committed. Each finding is one line; the command exits 1 if any check fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from krishiv_core.errors import KrishivError
+from krishiv_core.spec import KrishivSpec, PipelineSpec
+from krishiv_core.tables import OutputTable
+
+
+@dataclass(frozen=True)
+class Finding:
+    pipeline: str
+    check: str  # broker, catalog, table <name>, history
+    ok: bool
+    detail: str
+
+
+def _checked(pipeline: str, check: str, run: Callable[[], str]) -> Finding:
+    try:
+        return Finding(pipeline, check, True, run())
+    except KrishivError as exc:
+        return Finding(pipeline, check, False, str(exc))
+
+
+def _topic(spec: KrishivSpec, p: PipelineSpec) -> str:
+    from krishiv.preflight import check_topics
+    from krishiv.topics import topic_names
+
+    check_topics(spec, [p])
+    partitions = topic_names(spec)[p.topic]
+    return f"topic {p.topic} on {spec.kafka.bootstrap_servers}: {partitions} partition{'s' * (partitions != 1)}"
+
+
+def _catalog(spec: KrishivSpec) -> str:
+    from krishiv.preflight import check_catalog
+    from krishiv_core.catalog import catalog_exists, redact
+
+    if catalog_exists(spec) is False:  # a SQL catalog not created yet: checking it would create it
+        return f"no catalog at {redact(spec.catalog_uri())} yet: the first run creates it"
+    check_catalog(spec)
+    return f"catalog at {redact(spec.catalog_uri())} answers"
+
+
+def _table(spec: KrishivSpec, p: PipelineSpec, t: OutputTable) -> str:
+    from pyiceberg.exceptions import NoSuchTableError
+
+    from krishiv_core.catalog import catalog_exists, load_catalog, qualified, table_identifier
+    from krishiv_core.evolution import partitioning_differs, table_changes
+    from krishiv_core.table_purpose import check_purpose
+
+    name = t.name
+    if catalog_exists(spec) is False:
+        return "new: created at the first run"
+    try:
+        table = load_catalog(spec).load_table(table_identifier(spec, name))
+    except NoSuchTableError:
+        return "new: created at the first run"
+    if not t.rejects:
+        check_purpose(p, qualified(spec, name), table.properties)
+    changes = table_changes(table, t.schema, qualified(spec, name))
+    said = []
+    if changes.add:
+        said.append("adds " + ", ".join(f.name for f in changes.add))
+    if changes.widen:
+        said.append("widens " + ", ".join(n for n, _ in changes.widen))
+    if changes.make_optional:
+        said.append("makes optional " + ", ".join(changes.make_optional))
+    if partitioning_differs(table, t.partition_by):
+        said.append("changes the partitioning (for new files)")
+    return "takes the spec as it is" if not said else "the next run " + "; ".join(said)
+
+
+def _history(spec: KrishivSpec, p: PipelineSpec) -> str:
+    from krishiv.operations import open_ledger
+    from krishiv.preflight import check_history, check_new_catalog
+    from krishiv_core.catalog import catalog_exists, load_catalog
+    from spark_jobs.job import check_checkpoint
+    from spark_jobs.window_state import check_output_mode
+
+    ledger = open_ledger(spec)
+    if not Path(ledger.path).exists():
+        return f"no ledger yet at {ledger.path}: the first run starts one"
+    if catalog_exists(spec) is False:
+        check_new_catalog(spec, [p], ledger, lambda _line: None)  # refuses a catalog lost with batches committed
+    else:
+        check_history(load_catalog(spec), spec, [p], ledger)
+    check_output_mode(p, check_checkpoint(spec, p, ledger))
+    return "the ledger, the checkpoint and the tables tell one history"
+
+
+def check_pipelines(spec: KrishivSpec, pipelines: Sequence[PipelineSpec]) -> list[Finding]:
+    """Every finding, in order; a pipeline whose broker or catalog does not answer skips what needs them."""
+    from krishiv_core.tables import output_tables
+
+    findings: list[Finding] = []
+    catalog = _checked("*", "catalog", lambda: _catalog(spec))
+    for p in pipelines:
+        findings.append(_checked(p.name, "broker", lambda p=p: _topic(spec, p)))
+        findings.append(Finding(p.name, catalog.check, catalog.ok, catalog.detail))
+        if not catalog.ok:
+            continue
+        for t in output_tables(p):
+            findings.append(_checked(p.name, f"table {t.name}", lambda t=t, p=p: _table(spec, p, t)))
+        findings.append(_checked(p.name, "history", lambda p=p: _history(spec, p)))
+    return findings

@@ -1,0 +1,84 @@
+"""``krishiv check``: what a run would check before Spark starts, on the real broker and catalog, changing nothing."""
+
+from __future__ import annotations
+
+import json
+
+from chaos.workspace import SETTINGS_TEMPLATE
+from krishiv.cli import main
+from krishiv.operations import commit_pipelines, run_pipelines
+from krishiv.produce import OrderEvent, ensure_topic, produce
+from krishiv_core.catalog import load_catalog, qualified
+from krishiv_core.spec import load_spec
+
+PIPELINE = """
+[[pipelines]]
+name = "payments"
+kind = "events"
+topic = "{topic}"
+
+[pipelines.fields]
+payment_id = "string"
+amount = "decimal(10,2)"
+{extra}
+"""
+
+
+def _write(tmp_path, broker, topic, extra: str = "") -> str:
+    path = tmp_path / "krishiv.toml"
+    settings = SETTINGS_TEMPLATE.format(
+        bootstrap=broker.bootstrap, partitions=2, catalog_uri="sqlite:///catalog.db", warehouse="w", topic=topic
+    )
+    path.write_text(settings + PIPELINE.format(topic=topic, extra=extra))
+    return str(path)
+
+
+def _check(path: str, capsys) -> tuple[int, dict]:
+    code = main(["--spec", path, "check", "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_a_new_pipeline_checks_clean_and_nothing_is_created(tmp_path, broker, topic, capsys):
+    path = _write(tmp_path, broker, topic)
+    code, doc = _check(path, capsys)
+    assert code == 1 and doc["checks"][0]["check"] == "broker" and not doc["checks"][0]["ok"]
+    assert f"topic {topic!r} of pipeline 'payments' does not exist" in doc["checks"][0]["detail"]
+    ensure_topic(broker.bootstrap, topic, 2)
+    code, doc = _check(path, capsys)
+    assert (code, doc["version"], doc["command"], doc["ok"]) == (0, 1, "check", True)
+    assert [(c["check"], c["detail"]) for c in doc["checks"]] == [
+        ("broker", f"topic {topic} on {broker.bootstrap}: 2 partitions"),
+        ("catalog", f"no catalog at sqlite:///{tmp_path}/catalog.db yet: the first run creates it"),
+        ("table payments", "new: created at the first run"),
+        ("table payments_rejects", "new: created at the first run"),
+        ("history", f"no ledger yet at {tmp_path}/ledger.duckdb: the first run starts one"),
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["krishiv.toml"], "nothing was created"
+
+
+def test_a_spec_change_is_said_before_a_run_makes_it_or_refuses_it(tmp_path, broker, spark, topic, capsys):
+    path = _write(tmp_path, broker, topic)
+    ensure_topic(broker.bootstrap, topic, 2)
+    produce(broker.bootstrap, topic, [OrderEvent(0, 0, b"k", b'{"payment_id": "p", "amount": 1}', "valid")])
+    spec = load_spec(path, env={})
+    run_pipelines(spec, list(spec.pipelines), once=True)
+    commit_pipelines(spec, list(spec.pipelines))
+    code, doc = _check(path, capsys)
+    assert code == 0
+    assert [c["detail"] for c in doc["checks"][2:]] == [
+        "takes the spec as it is",
+        "takes the spec as it is",
+        "the ledger, the checkpoint and the tables tell one history",
+    ]
+    _write(tmp_path, broker, topic, extra='coupon = { type = "string", required = false }')
+    code, doc = _check(path, capsys)
+    assert code == 0 and doc["checks"][2]["detail"] == "the next run adds coupon"
+    _write(tmp_path, broker, topic).replace("", "")
+    (tmp_path / "krishiv.toml").write_text(
+        (tmp_path / "krishiv.toml").read_text().replace('payment_id = "string"', 'payment_id = "long"')
+    )
+    assert main(["--spec", path, "check"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL payments: table payments: table krishiv.payments: column 'payment_id' is string in the table" in out
+    table = load_catalog(spec).load_table(qualified(spec, "payments"))
+    assert [f.name for f in table.schema().fields] == ["payment_id", "amount"], "nothing was changed"
