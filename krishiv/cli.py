@@ -141,6 +141,33 @@ def cmd_produce(args: argparse.Namespace, spec: KrishivSpec) -> int:
     return 0
 
 
+def cmd_init(args: argparse.Namespace) -> int:
+    import os
+    import tomllib
+
+    from krishiv.init_spec import analyse, check_kind, sample_topic, spec_text, write_spec
+    from krishiv_core.spec import KafkaSettings, parse_spec
+
+    output = Path(args.output)
+    if output.exists():
+        raise ConfigError("--output", f"{output} exists: choose another --output, or remove it first")
+    bootstrap = args.bootstrap or os.environ.get("KRISHIV_KAFKA_BOOTSTRAP") or KafkaSettings.bootstrap_servers
+    key = [k.strip() for k in args.key.split(",")] if args.key else []
+    values, keys = sample_topic(bootstrap, args.topic, {}, args.sample)
+    sample = analyse(values, keys)
+    if args.kind == "upsert" and not key and sample.key_fields:
+        key = sample.key_fields  # the Kafka key's fields (Debezium's key is the primary key)
+    check_kind(sample, args.kind, key)
+    text = spec_text(sample, args.topic, args.kind, bootstrap, key)
+    parse_spec(tomllib.loads(text), env={})  # what init writes, the spec reader takes
+    write_spec(output, text)
+    console.print(f"wrote {output} from {len(values)} sampled records of {args.topic}; its fields:")
+    for line in text.split("[pipelines.fields]\n", 1)[1].splitlines():
+        console.print(f"  {escape(line)}")
+    console.print(f"correct what the sample could not know, then: krishiv --spec {output} check")
+    return 0
+
+
 def cmd_check(args: argparse.Namespace, spec: KrishivSpec) -> int:
     from krishiv.check import check_pipelines
 
@@ -726,6 +753,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--port", type=_port, default=9092, help="the port it listens on")
     b.add_argument("--host", default="127.0.0.1", help="the address it listens on")
 
+    text = "write a spec for a topic, its fields inferred from a sample of its records"
+    i = _command(sub, "init", text, pipeline=None, spec=False)
+    i.add_argument("--topic", required=True, help="the topic to read")
+    i.add_argument("--kind", choices=("events", "upsert", "windowed"), default="events", help="what the table holds")
+    i.add_argument("--key", help="upsert: the key field(s), comma-separated (default: the Kafka key's fields)")
+    i.add_argument("--bootstrap", help="host:port (default: $KRISHIV_KAFKA_BOOTSTRAP, else 127.0.0.1:9092)")
+    i.add_argument("--sample", type=_positive, default=500, help="how many records to infer the fields from")
+    i.add_argument("--output", default="krishiv.toml", help="the spec file to write (never overwritten)")
+
     t = _command(sub, "topic", "list the broker's topics, describe one, or create one", pipeline=None)
     t.add_argument("action", choices=("list", "describe", "create"), help="what to do")
     t.add_argument("name", nargs="?", help="the topic (describe, create)")
@@ -930,6 +966,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "broker":
             return cmd_broker(args)
+        if args.command == "init":
+            return cmd_init(args)
         spec = read_spec(args.spec)
         return COMMANDS[args.command](args, spec)
     except KrishivError as exc:
