@@ -153,7 +153,14 @@ def cmd_init(args: argparse.Namespace) -> int:
         raise ConfigError("--output", f"{output} exists: choose another --output, or remove it first")
     bootstrap = args.bootstrap or os.environ.get("KRISHIV_KAFKA_BOOTSTRAP") or KafkaSettings.bootstrap_servers
     key = [k.strip() for k in args.key.split(",")] if args.key else []
-    values, keys = sample_topic(bootstrap, args.topic, {}, args.sample)
+    if args.file:  # your own JSON lines, before they are on the broker
+        try:
+            lines = [line for line in Path(args.file).read_text().splitlines() if line.strip()][: args.sample]
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError("--file", f"cannot read {args.file}: {exc}") from None
+        values, keys = [line.encode() for line in lines], [None] * len(lines)
+    else:
+        values, keys = sample_topic(bootstrap, args.topic, {}, args.sample)
     sample = analyse(values, keys)
     if args.kind == "upsert" and not key and sample.key_fields:
         key = sample.key_fields  # the Kafka key's fields (Debezium's key is the primary key)
@@ -161,7 +168,8 @@ def cmd_init(args: argparse.Namespace) -> int:
     text = spec_text(sample, args.topic, args.kind, bootstrap, key)
     parse_spec(tomllib.loads(text), env={})  # what init writes, the spec reader takes
     write_spec(output, text)
-    console.print(f"wrote {output} from {len(values)} sampled records of {args.topic}; its fields:")
+    source = f"lines of {args.file}" if args.file else f"sampled records of {args.topic}"
+    console.print(f"wrote {output} from {len(values)} {source}; its fields:")
     for line in text.split("[pipelines.fields]\n", 1)[1].splitlines():
         console.print(f"  {escape(line)}")
     console.print(f"correct what the sample could not know, then: krishiv --spec {output} check")
@@ -760,6 +768,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--key", help="upsert: the key field(s), comma-separated (default: the Kafka key's fields)")
     i.add_argument("--bootstrap", help="host:port (default: $KRISHIV_KAFKA_BOOTSTRAP, else 127.0.0.1:9092)")
     i.add_argument("--sample", type=_positive, default=500, help="how many records to infer the fields from")
+    i.add_argument("--file", help="infer from your own JSON lines file instead of the topic's records")
     i.add_argument("--output", default="krishiv.toml", help="the spec file to write (never overwritten)")
 
     t = _command(sub, "topic", "list the broker's topics, describe one, or create one", pipeline=None)

@@ -113,3 +113,20 @@ def test_a_debezium_topic_is_recognised_and_its_rows_fields_and_key_are_taken() 
     text = spec_text(sample, "shop.public.customers", "upsert", "127.0.0.1:9092", sample.key_fields)
     assert 'envelope = "debezium"' in text and 'key = ["id"]' in text
     assert 'name = { type = "string", required = false }' in text and 'born = "date"' in text
+
+
+def test_the_first_hour_from_a_users_own_file(tmp_path, broker, spark, topic, capsys, monkeypatch):
+    """init from the file, produce the file, check, run, commit, verify: the table holds every line once."""
+    monkeypatch.chdir(tmp_path)
+    lines = tmp_path / "payments.jsonl"
+    lines.write_text("".join(json.dumps({"payment_id": f"p-{i}", "amount": f"{i}.5"}) + "\n" for i in range(30)))
+    assert main(["init", "--topic", topic, "--file", str(lines), "--bootstrap", broker.bootstrap]) == 0
+    assert "from 30 lines of" in capsys.readouterr().out
+    assert main(["produce", "--file", str(lines), "--key", "payment_id"]) == 0
+    assert main(["check"]) == 0
+    spec = load_spec(tmp_path / "krishiv.toml", env={})
+    run_pipelines(spec, list(spec.pipelines), once=True)
+    for command in ("commit", "verify"):
+        assert main([command]) == 0
+    table = load_catalog(spec).load_table(qualified(spec, spec.pipeline().table)).scan().to_arrow()
+    assert sorted(table.column("payment_id").to_pylist()) == sorted(f"p-{i}" for i in range(30))
