@@ -16,6 +16,7 @@ Environment variables override the shared addresses and paths so one file serves
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import tomllib
@@ -521,6 +522,9 @@ _KIND_KEYS = {
     EVENTS: {"event_time_field", "kafka_metadata", "route_by", "routes", "unrouted"},
     UPSERT: {"event_time_field", "kafka_metadata", "key", "version_field", "delete_field"},
 }
+#: Every key a pipeline may have, whatever its kind: a key no kind has is matched against them as a misspelling
+#: (one of another kind is not: the message lists the kind's keys).
+_ALL_PIPELINE_KEYS = _COMMON_KEYS.union(*_KIND_KEYS.values())
 
 
 def _field_names(raw: Any, where: str, by_name: Mapping[str, EventField], what: str) -> tuple[str, ...]:
@@ -723,7 +727,7 @@ def _parse_pipeline(
         raise ConfigError(
             where,
             f"unknown keys {sorted(unknown)} for {'an' if kind == EVENTS else 'a'} {kind} pipeline; "
-            f"expected some of {sorted(known)}",
+            f"expected some of {sorted(known)}{_did_you_mean(unknown - _ALL_PIPELINE_KEYS, _ALL_PIPELINE_KEYS)}",
         )
     name = _identifier(raw.get("name"), f"{where}.name")
     topic = _expect(raw.get("topic"), str, f"{where}.topic", "a Kafka topic name")
@@ -785,8 +789,20 @@ def _section(raw: Mapping[str, Any], name: str, allowed: set[str]) -> dict[str, 
     _expect(section, dict, name, "a table")
     unknown = set(section) - allowed
     if unknown:
-        raise ConfigError(name, f"unknown keys {sorted(unknown)}; expected some of {sorted(allowed)}")
+        raise ConfigError(
+            name, f"unknown keys {sorted(unknown)}; expected some of {sorted(allowed)}{_did_you_mean(unknown, allowed)}"
+        )
     return dict(section)
+
+
+def _did_you_mean(unknown: set[str], known: set[str]) -> str:
+    """``; did you mean 'format' (for 'formt')?`` for each unknown key close to a known one, else nothing."""
+    guesses = []
+    for key in sorted(unknown):
+        close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
+        if close:
+            guesses.append(f"{close[0]!r} (for {key!r})")
+    return f"; did you mean {', '.join(guesses)}?" if guesses else ""
 
 
 def _apply_env(raw: dict[str, Any], env: Mapping[str, str]) -> None:
@@ -822,7 +838,8 @@ def parse_spec(
     _apply_env(doc, env if env is not None else {})
     unknown = set(doc) - {"kafka", "iceberg", "storage", "spark", "maintenance", "schema_registry", "pipelines"}
     if unknown:
-        raise ConfigError("spec", f"unknown sections {sorted(unknown)}")
+        sections = {"kafka", "iceberg", "storage", "spark", "maintenance", "schema_registry", "pipelines"}
+        raise ConfigError("spec", f"unknown sections {sorted(unknown)}{_did_you_mean(unknown, sections)}")
 
     environ = env if env is not None else {}
     k = _section(doc, "kafka", {"bootstrap_servers", "partitions", "consumer", "properties"})

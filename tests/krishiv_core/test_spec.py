@@ -1200,3 +1200,26 @@ def test_bad_maintenance_value_names_its_key(key: str, value: object, expected: 
 )
 def test_parse_size(value: object, size: int) -> None:
     assert parse_size_bytes(value, "x") == size
+
+
+@pytest.mark.parametrize(
+    ("doc", "said"),
+    [
+        ({"kafak": {}}, "spec: unknown sections ['kafak']; did you mean 'kafka' (for 'kafak')?"),
+        ({"kafka": {"bootstrap_server": "x:1"}}, "did you mean 'bootstrap_servers' (for 'bootstrap_server')?"),
+    ],
+)
+def test_a_misspelled_key_or_section_is_named_with_the_one_meant(doc: dict, said: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        parse_spec(doc, env={})
+    assert str(refused.value).endswith(said)
+
+
+def test_a_misspelled_pipeline_key_is_matched_against_every_kinds_keys() -> None:
+    doc = _kind_doc("events", formt="avro")
+    with pytest.raises(ConfigError, match=r"did you mean 'format' \(for 'formt'\)\?$"):
+        parse_spec(doc, env={})
+    doc = _kind_doc("events", key=["order_id"])  # another kind's key: no guess
+    with pytest.raises(ConfigError) as refused:
+        parse_spec(doc, env={})
+    assert "did you mean" not in str(refused.value)
