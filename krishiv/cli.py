@@ -149,8 +149,7 @@ def cmd_init(args: argparse.Namespace) -> int:
     from krishiv_core.spec import KafkaSettings, parse_spec
 
     output = Path(args.output)
-    if output.exists():
-        raise ConfigError("--output", f"{output} exists: choose another --output, or remove it first")
+    write_spec(output, "", check_only=True)  # an existing file is refused before the sample is read
     bootstrap = args.bootstrap or os.environ.get("KRISHIV_KAFKA_BOOTSTRAP") or KafkaSettings.bootstrap_servers
     key = [k.strip() for k in args.key.split(",")] if args.key else []
     if args.file:  # your own JSON lines, before they are on the broker

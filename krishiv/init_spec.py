@@ -271,7 +271,9 @@ def check_kind(sample: Sample, kind: str, key: Sequence[str]) -> None:
             )
 
 
-def write_spec(path: Path, text: str) -> None:
+def write_spec(path: Path, text: str, check_only: bool = False) -> None:
+    """Write the spec; never over an existing file (``check_only``: only refuse one)."""
     if path.exists():
         raise ConfigError("--output", f"{path} exists: choose another --output, or remove it first")
-    path.write_text(text)
+    if not check_only:
+        path.write_text(text)
