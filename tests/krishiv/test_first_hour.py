@@ -87,7 +87,9 @@ def test_every_option_of_every_command_has_help_with_its_default(capsys) -> None
                 options = text[text.index("options:") :]
                 line = options[options.index(action.option_strings[-1]) :]
                 assert "default" in line.split("\n  -")[0], f"{name} {action.option_strings[-1]} hides its default"
-    assert "--port PORT  the port it listens on (default: 9092)" in commands["broker"].format_help()
+    broker_help = " ".join(commands["broker"].format_help().split())  # the column's width follows the options
+    assert "--port PORT the port it listens on (default: 9092)" in broker_help
+    assert "-v, --verbose log what the relay and stager do" in broker_help
 
     with pytest.raises(SystemExit) as done:
         main(["--version"])
@@ -95,7 +97,13 @@ def test_every_option_of_every_command_has_help_with_its_default(capsys) -> None
     assert capsys.readouterr().out == f"krishiv {version('krishiv')}\n"
 
     epilog = parser.format_help()
-    for var in (SPEC_FILE_ENV, *ENV_OVERRIDES, "KRISHIV_LEDGER_LOCK_TIMEOUT_S", "KRISHIV_STAGER_LEASE_TTL_S"):
+    envs = (
+        "KRISHIV_LEDGER_LOCK_TIMEOUT_S",
+        "KRISHIV_STAGER_LEASE_TTL_S",
+        "KRISHIV_REGISTRY_OUTAGE_S",
+        "KRISHIV_STATUS_PENDING_S",
+    )
+    for var in (SPEC_FILE_ENV, *ENV_OVERRIDES, *envs):
         assert f"\n  {var} " in epilog, var
     for var in ("OTEL_EXPORTER_OTLP_ENDPOINT", "KRISHIV_METRICS_PORT", "KRISHIV_METRICS_HOST"):
         assert f"\n  {var} " in epilog, var
