@@ -35,10 +35,8 @@ def _checked(pipeline: str, check: str, run: Callable[[], str]) -> Finding:
 
 def _topic(spec: KrishivSpec, p: PipelineSpec) -> str:
     from krishiv.preflight import check_topics
-    from krishiv.topics import topic_names
 
-    check_topics(spec, [p])
-    partitions = topic_names(spec)[p.topic]
+    partitions = len(check_topics(spec, [p]).topics[p.topic].partitions)
     return f"topic {p.topic} on {spec.kafka.bootstrap_servers}: {partitions} partition{'s' * (partitions != 1)}"
 
 

@@ -16,12 +16,13 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import date, datetime
+from datetime import date
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 from krishiv_core.errors import ConfigError
+from spark_jobs.record_decoder import iso_time
 
 KINDS = ("events", "upsert", "windowed")
 _PLAIN_DECIMAL = re.compile(r"-?\d+(\.\d+)?")
@@ -76,11 +77,8 @@ def _is_date(text: str) -> bool:
 
 
 def _is_time(text: str) -> bool:
-    try:
-        datetime.fromisoformat(text)
-        return not _is_date(text)
-    except ValueError:
-        return False
+    """A time by the field rule's reading of a ``timestamp`` (a date alone is a ``date`` here)."""
+    return iso_time(text) is not None and not _is_date(text)
 
 
 def _decimal(texts: Sequence[str]) -> str:

@@ -49,10 +49,10 @@ def check_broker(spec: KrishivSpec, timeout_s: float = BROKER_TIMEOUT_S) -> None
     list_topics(admin, problems, spec.kafka.bootstrap_servers, timeout_s)
 
 
-def check_topics(spec: KrishivSpec, pipelines: Sequence[PipelineSpec], timeout_s: float = BROKER_TIMEOUT_S) -> None:
+def check_topics(spec: KrishivSpec, pipelines: Sequence[PipelineSpec], timeout_s: float = BROKER_TIMEOUT_S) -> Any:
     """:func:`check_broker`, then each pipeline's topic exists on the broker: else one :class:`TopicMissing` line
     naming the topic, the address and what to do (Spark's JVM would otherwise start only to fail at its first
-    batch)."""
+    batch). Returns the broker's metadata."""
     from confluent_kafka.admin import AdminClient
 
     from spark_jobs.kafka_clients import KafkaProblems, build, list_topics
@@ -69,6 +69,7 @@ def check_topics(spec: KrishivSpec, pipelines: Sequence[PipelineSpec], timeout_s
                 f"{spec.kafka.bootstrap_servers}: create it (krishiv produce creates it, or your Kafka tooling), or "
                 f"correct the topic in the spec {runbook('A topic that does not exist')}"
             )
+    return metadata
 
 
 def check_catalog(spec: KrishivSpec, timeout_s: float = CATALOG_TIMEOUT_S) -> None:

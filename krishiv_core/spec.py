@@ -248,6 +248,11 @@ class MaintenanceSettings:
     min_files: int = 5
 
 
+def _resolved(base_dir: Path, path: str) -> Path:
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else (base_dir / p).resolve()
+
+
 @dataclass(frozen=True)
 class KrishivSpec:
     kafka: KafkaSettings
@@ -272,8 +277,7 @@ class KrishivSpec:
 
     def resolve(self, path: str) -> Path:
         """A path of the spec, relative to the spec file's folder unless absolute."""
-        p = Path(path).expanduser()
-        return p if p.is_absolute() else (self.base_dir / p).resolve()
+        return _resolved(self.base_dir, path)
 
     def warehouse_uri(self) -> str:
         w = self.iceberg.warehouse
@@ -923,9 +927,7 @@ def parse_spec(
     if not raw_pipelines:
         raise ConfigError("pipelines", "expected at least one [[pipelines]] table")
     registry = parse_registry(doc.get("schema_registry"), environ)
-    checkpoints = KrishivSpec(kafka, iceberg, storage, spark, (), base_dir or Path.cwd()).resolve(
-        storage.checkpoint_location
-    )
+    checkpoints = _resolved(base_dir or Path.cwd(), storage.checkpoint_location)
     pipelines = tuple(
         _parse_pipeline(p, f"pipelines[{n}]", registry, environ, checkpoints) for n, p in enumerate(raw_pipelines)
     )

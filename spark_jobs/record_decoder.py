@@ -439,7 +439,12 @@ class RecordDecoder:
         timestamps_ms: Sequence[int],
     ) -> pa.RecordBatch:
         """One Arrow batch of the records, every column typed as :attr:`schema` (checked when it is built)."""
-        n = len(values)
+        columns, slow = self.fast_columns(values, topic)
+        return self._assemble(len(values), keys, values, topic, partition, offsets, timestamps_ms, columns, slow)
+
+    def fast_columns(self, values: Sequence[bytes | None], topic: str) -> tuple[dict[str, Any], list[int]]:
+        """The output columns of the records the fast path reads (a list, or an Arrow array), and the rows it left
+        to :meth:`read_slow`, which :meth:`_assemble` reads by the rule."""
         decode, rows, slow = self._decode, [], set()
         try:
             rows = [decode(v) for v in values]  # the common case: every record plainly valid
@@ -463,7 +468,7 @@ class RecordDecoder:
             slow.update(bad)
             if f.name in self._output:
                 columns[f.name] = column
-        return self._assemble(n, keys, values, topic, partition, offsets, timestamps_ms, columns, sorted(slow))
+        return columns, sorted(slow)
 
     def _assemble(
         self,

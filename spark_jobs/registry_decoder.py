@@ -277,8 +277,8 @@ _PLAIN_TYPES: dict[str, type] = {
 
 
 class RegistryRecordDecoder(RecordDecoder):
-    """:class:`RecordDecoder` for the Schema Registry formats and the Debezium envelope: every record is read by
-    :meth:`read_slow` (no fast path), into the same Arrow batch."""
+    """:class:`RecordDecoder` for the Schema Registry formats and the Debezium envelope, into the same Arrow batch:
+    its own fast path (:meth:`fast_columns`) and rule (:meth:`read_slow`)."""
 
     def __init__(self, decoding: Decoding) -> None:
         super().__init__(decoding)
@@ -290,28 +290,15 @@ class RegistryRecordDecoder(RecordDecoder):
         self._row_fields = tuple(f.name for f in decoding.fields if not f.name.startswith(CDC_PREFIX))
         self._cdc_fields = tuple(f.name for f in decoding.fields if f.name.startswith(CDC_PREFIX))
 
-    def decode(
-        self,
-        keys: Sequence[bytes | None],
-        values: Sequence[bytes | None],
-        topic: str,
-        partition: int,
-        offsets: Sequence[int],
-        timestamps_ms: Sequence[int],
-    ) -> pa.RecordBatch:
+    def fast_columns(self, values: Sequence[bytes | None], topic: str) -> tuple[dict[str, Any], list[int]]:
+        """The fast path of Avro and Protobuf values, one rule: each value decoded once and each field's column
+        built by Arrow where every value is plainly of its type (:data:`_PLAIN_TYPES`) and fits; any record with
+        anything else (not decodable, a null required field, a value of another type, one Arrow refuses) is left to
+        :meth:`read_slow`, which reads it by the rule, so a record's reading never depends on the path. JSON Schema
+        and Debezium records are all read by :meth:`read_slow`."""
         n = len(values)
-        if self.decoding.envelope is None and self.decoding.value_format in (AVRO, PROTOBUF):
-            columns, slow = self._fast_columns(values, topic)
-        else:
-            columns, slow = {name: [None] * n for name in self.decoding.output}, list(range(n))
-        return self._assemble(n, keys, values, topic, partition, offsets, timestamps_ms, columns, slow)
-
-    def _fast_columns(self, values: Sequence[bytes | None], topic: str) -> tuple[dict[str, Any], list[int]]:
-        """The fast path, one rule: each value decoded once and each field's column built by Arrow where every
-        value is plainly of its type (:data:`_PLAIN_TYPES`) and fits; any record with anything else (not
-        decodable, a null required field, a value of another type, one Arrow refuses) is left to
-        :meth:`read_slow`, which reads it by the rule, so a record's reading never depends on the path."""
-        n = len(values)
+        if self.decoding.envelope is not None or self.decoding.value_format not in (AVRO, PROTOBUF):
+            return {name: [None] * n for name in self.decoding.output}, list(range(n))
         rows: list[Mapping[str, Any]] = []
         slow: set[int] = set()
         empty: Mapping[str, Any] = {}

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from chaos.workspace import SETTINGS_TEMPLATE
 from krishiv.broker import LocalBroker
 from krishiv.operations import open_ledger
 from krishiv.produce import OrderEvent, ensure_topic, produce
@@ -38,19 +39,9 @@ TIMEOUT_S = 240.0
 PARTITIONS = 2
 COLUMNS = ("id", "name", "amount", "updated_at", "born", "note")
 
-SPEC = """
-[kafka]
-bootstrap_servers = "{bootstrap}"
-partitions = {partitions}
-
-[iceberg]
-catalog_uri = "sqlite:///catalog.db"
-warehouse = "warehouse"
-
-[storage]
-ledger_path = "ledger.duckdb"
-checkpoint_location = "checkpoints"
-{registry}
+SPEC = (
+    SETTINGS_TEMPLATE
+    + """{registry}
 [[pipelines]]
 name = "customers"
 kind = "upsert"
@@ -62,6 +53,18 @@ trigger_interval = "500ms"
 max_records_per_batch = 20
 {format}
 """
+)
+
+
+def _settings(broker: LocalBroker, topic: str) -> dict[str, object]:
+    return {
+        "bootstrap": broker.bootstrap,
+        "partitions": PARTITIONS,
+        "catalog_uri": "sqlite:///catalog.db",
+        "warehouse": "warehouse",
+        "topic": topic,
+    }
+
 
 FIELDS = """
 [pipelines.fields]
@@ -251,9 +254,7 @@ def test_a_debezium_json_stream_of_a_postgresql_table_lands_equal_to_the_table_t
     source = Source(cdc_database, seed=24)
     source.create(rows=8)  # read by the snapshot (op r)
     spec_file = tmp_path / "krishiv.toml"
-    spec_file.write_text(
-        SPEC.format(bootstrap=broker.bootstrap, partitions=PARTITIONS, topic=topic, registry="", format="") + FIELDS
-    )
+    spec_file.write_text(SPEC.format(**_settings(broker, topic), registry="", format="") + FIELDS)
     with start_capture(cdc_database, "public.customers", out_dir=tmp_path / "capture") as capture:
         spec = _run_through_a_kill(spec_file, source, capture, tmp_path, column_added_while_down=False)
     _check(spec, spec_file, source)
@@ -274,9 +275,7 @@ def test_a_debezium_avro_stream_lands_with_fields_from_the_registry_through_a_ki
     spec_file = tmp_path / "krishiv.toml"
     registry = f'\n[schema_registry]\nurl = "{schema_registry.url}"\n'
     avro = 'format = "avro"\nsubject = "krishiv.public.customers-value"\n'
-    spec_file.write_text(
-        SPEC.format(bootstrap=broker.bootstrap, partitions=PARTITIONS, topic=topic, registry=registry, format=avro)
-    )
+    spec_file.write_text(SPEC.format(**_settings(broker, topic), registry=registry, format=avro))
     with start_capture(
         cdc_database,
         "public.customers",

@@ -4,29 +4,10 @@ parsed back (no protoc on this machine), for ``tests.services.schema_registry``.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool
-
-CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
-SCHEMA_TYPES = ("AVRO", "JSON", "PROTOBUF")
-COMPATIBILITY_LEVELS = (
-    "BACKWARD",
-    "BACKWARD_TRANSITIVE",
-    "FORWARD",
-    "FORWARD_TRANSITIVE",
-    "FULL",
-    "FULL_TRANSITIVE",
-    "NONE",
-)
-MODES = ("READWRITE", "READONLY", "READONLY_OVERRIDE", "IMPORT")
-#: The error code of a path the registry has no resource for (Jersey's NotFoundException, as the real one answers).
-UNKNOWN_PATH_ERROR_CODE = 404
-
-#: (schema type, candidate canonical schema, latest canonical schema) -> incompatibility messages (empty: compatible).
-CompatibilityChecker = Callable[[str, str, str], list[str]]
-
 
 _F = descriptor_pb2.FieldDescriptorProto
 _SCALARS: dict[str, int] = {
