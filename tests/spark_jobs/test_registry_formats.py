@@ -346,3 +346,34 @@ def test_commands_that_decode_nothing_load_the_spec_while_the_registry_is_down(
     (tmp_path / "checkpoints").rename(tmp_path / "elsewhere")
     with pytest.raises(KrishivError, match=r"did not answer \(ConnectError\); the fields of '.*' come from it"):
         load_spec(path, env={})
+
+
+def test_a_json_schema_topic_lands_with_fields_from_the_registry_and_exact_decimals(
+    tmp_path, broker, spark, topic, schema_registry: SchemaRegistryServer
+):
+    """JSON Schema through the broker, Spark and catalog: fields from the subject, each value validated by its
+    schema and read by the JSON rule (a long past a double's exact range kept); one that fails its schema is a
+    reject naming why."""
+    from confluent_kafka.schema_registry.json_schema import JSONSerializer
+
+    schema = {
+        "type": "object",
+        "properties": {"order_id": {"type": "string"}, "qty": {"type": "integer"}, "note": {"type": "string"}},
+        "required": ["order_id", "qty"],
+    }
+    serializer = JSONSerializer(json.dumps(schema), SchemaRegistryClient({"url": schema_registry.url}))
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    orders = [{"order_id": f"o-{n}", "qty": n * 10**15} | ({"note": "gift"} if n % 2 else {}) for n in range(10)]
+    values = [serializer(o, ctx) for o in orders]
+    _send(broker, topic, [*values, values[0][:5] + b'{"order_id": 5, "qty": 1}'])
+    spec = load_spec(_spec(tmp_path, broker, topic, schema_registry, "json_schema"), env={})
+    assert [(f.name, str(f.type), f.required) for f in spec.pipeline().fields] == [
+        ("order_id", "string", True),
+        ("qty", "long", True),
+        ("note", "string", False),
+    ]
+    rows, rejects = _run(spec)
+    assert {o: (r["order_id"], r["qty"], r["note"]) for o, r in rows.items()} == {
+        n: (o["order_id"], o["qty"], o.get("note")) for n, o in enumerate(orders)
+    }
+    assert list(rejects) == [10] and rejects[10].startswith("undecodable json_schema payload (schema id ")
