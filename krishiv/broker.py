@@ -12,7 +12,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -141,6 +141,20 @@ def start_broker(port: int | None = None, host: str = "127.0.0.1", log_path: Pat
         broker.stop()
         raise
     return broker
+
+
+#: The port ``krishiv broker`` listens on when neither ``--port`` nor ``$KRISHIV_KAFKA_BOOTSTRAP`` names one.
+DEFAULT_PORT = 9092
+
+
+def default_port(env: Mapping[str, str]) -> int:
+    """The port of ``$KRISHIV_KAFKA_BOOTSTRAP`` when it names one broker (``host:port``), else 9092: so the broker
+    listens where every other command, which reads the same variable, will look for it."""
+    bootstrap = env.get("KRISHIV_KAFKA_BOOTSTRAP", "").strip()
+    _, sep, port = bootstrap.rpartition(":")
+    if sep and "," not in bootstrap and port.isdigit() and 0 < int(port) < 65536:
+        return int(port)
+    return DEFAULT_PORT
 
 
 def serve(host: str, port: int, say: Callable[[str], None]) -> int:

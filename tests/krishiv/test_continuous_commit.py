@@ -100,7 +100,7 @@ def test_a_continuous_run_commits_each_batch_without_krishiv_commit(make_spec, b
 def test_the_line_per_commit_names_table_batches_rows_snapshot_and_time() -> None:
     from pathlib import Path
 
-    from krishiv.cli import _commit_line
+    from krishiv.commands.pipeline import _commit_line
     from krishiv_core.spec import load_spec
 
     spec = load_spec(Path(__file__).resolve().parents[2] / "krishiv.toml", env={})

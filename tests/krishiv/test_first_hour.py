@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from krishiv.broker import PortTaken, ensure_port_free, free_port
+from krishiv.broker import PortTaken, default_port, ensure_port_free, free_port
 from krishiv.cli import build_parser, main
 from krishiv_core.spec import ENV_OVERRIDES, SPEC_FILE_ENV
 from outbox.ledger import Ledger
@@ -88,7 +88,9 @@ def test_every_option_of_every_command_has_help_with_its_default(capsys) -> None
                 line = options[options.index(action.option_strings[-1]) :]
                 assert "default" in line.split("\n  -")[0], f"{name} {action.option_strings[-1]} hides its default"
     broker_help = " ".join(commands["broker"].format_help().split())  # the column's width follows the options
-    assert "--port PORT the port it listens on (default: 9092)" in broker_help
+    assert "--port PORT the port it listens on (default: the port of $KRISHIV_KAFKA_BOOTSTRAP, else 9092)" in (
+        broker_help
+    )
     assert "-v, --verbose log what the relay and stager do" in broker_help
 
     with pytest.raises(SystemExit) as done:
@@ -209,6 +211,16 @@ def test_produce_refuses_counts_that_cannot_be(tmp_path: Path, capsys) -> None:
 
 
 # ------------------------------------------------------------------------------------------ the broker
+
+
+def test_the_broker_listens_where_the_other_commands_look() -> None:
+    """Without --port, the port of $KRISHIV_KAFKA_BOOTSTRAP (which every other command reads), else 9092; the
+    quickstart's doc test starts it that way (tests/docs/test_quickstart.py)."""
+    assert default_port({"KRISHIV_KAFKA_BOOTSTRAP": "127.0.0.1:19093"}) == 19093
+    assert default_port({"KRISHIV_KAFKA_BOOTSTRAP": "localhost:19093"}) == 19093
+    for unusable in ("a:1,b:2", "kafka.internal", "host:0", "host:port", ""):
+        assert default_port({"KRISHIV_KAFKA_BOOTSTRAP": unusable}) == 9092, unusable
+    assert default_port({}) == 9092
 
 
 def test_the_broker_says_its_port_is_taken_and_frees_it_on_sigterm(capsys) -> None:

@@ -1,0 +1,166 @@
+"""Looking without changing: ``krishiv status`` (the outbox, events and lag of each pipeline), ``krishiv lineage``
+(the snapshots of its tables), ``krishiv verify`` (the exactly-once invariants) and ``krishiv check`` (what a run
+checks before Spark starts)."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.markup import escape
+
+from krishiv.commands.common import chosen_pipelines, console, counted, err_console, fail, show
+from krishiv.operations import open_existing_ledger, removed_pipelines_pending, verify_pipelines
+from krishiv_core.errors import BrokerUnavailable
+from krishiv_core.spec import KrishivSpec
+
+
+def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
+    from datetime import UTC, datetime
+
+    from krishiv.json_output import status_document, status_pipeline
+    from krishiv.preflight import check_broker
+    from krishiv.status import (
+        DEFAULT_PENDING_AGE_S,
+        PENDING_AGE_ENV,
+        BrokerSide,
+        pipeline_status,
+        status_warnings,
+    )
+    from krishiv.views import lag_table, short_id, table_name, when
+    from krishiv_core.catalog import qualified
+    from krishiv_core.entries import MERGE
+    from krishiv_core.env_settings import seconds_from_env
+    from krishiv_core.tables import output_tables
+    from spark_jobs.errors import KafkaSourceError
+    from spark_jobs.kafka_source import KafkaAdmin
+
+    ledger = open_existing_ledger(spec)
+    try:
+        check_broker(spec)  # quietly, in seconds: the ledger's side is shown either way, the lag only if it answers
+        broker_down = None
+    except BrokerUnavailable as exc:
+        broker_down = str(exc)
+    documents: list[dict] = []
+    for p in chosen_pipelines(spec, args.pipeline):
+        latest, broker_error = None, broker_down
+        side = BrokerSide()
+        if broker_down is None:
+            try:
+                with KafkaAdmin(spec.kafka.bootstrap_servers, p.topic, spec.kafka.consumer_settings()) as admin:
+                    latest = admin.latest()
+                    side = BrokerSide(admin.earliest(), admin.topic_id())
+            except KafkaSourceError as exc:
+                broker_error = str(exc)
+        merged = {qualified(spec, o.name) for o in output_tables(p) if o.operation.kind == MERGE}
+        names = [qualified(spec, t) for t in p.all_tables]  # the first table's entries carry the batch counts
+        names += [t for t in ledger.pending_tables([p.name]) if t not in names]  # a route removed with batches pending
+        s = pipeline_status(ledger, p.name, names[0], p.topic, latest, broker_error, other_tables=names[1:])
+        warnings = status_warnings(
+            s,
+            side,
+            ledger.newest_topic_id(names[0]),
+            ledger.pending_batches(names, pipeline=p.name),
+            ledger.current_lease(p.name),
+            datetime.now(UTC),
+            seconds_from_env(PENDING_AGE_ENV, DEFAULT_PENDING_AGE_S),
+        )
+        if args.json:
+            documents.append(status_pipeline(s, p.kind, p.topic, merged) | {"warnings": warnings})
+            continue
+        for line in warnings:
+            err_console.print(f"[yellow]warning: {escape(p.name)}: {escape(line)}[/]")
+        console.print(f"[bold]{escape(p.name)}[/] ({p.kind}) reads {escape(p.topic)} into {len(names)} tables")
+        console.print(f"  events: {s.records_read} read, {s.rejects} rejected, {s.late_events} dropped as late")
+        for t in s.tables:
+            console.print(
+                f"  {escape(table_name(spec, t.table, args.wide))}: {t.pending} pending, {t.committed} committed, "
+                f"{t.rows_staged} rows {'merged' if t.table in merged else 'appended'}"
+            )
+            if t.last_commit_at is None:
+                console.print("    no commit yet")
+            else:
+                snapshot = (
+                    f" (snapshot {short_id(t.last_snapshot_id, args.wide)})" if t.last_snapshot_id is not None else ""
+                )
+                console.print(f"    last commit {when(t.last_commit_at, args.wide)} UTC{snapshot}")
+        if broker_error and broker_error != broker_down:
+            err_console.print(f"  [red]broker: {escape(broker_error)}[/]")
+        show(lag_table(s), args.wide)
+    removed: list[dict] = []
+    if args.pipeline is None:  # a pipeline removed from the spec whose batches are still pending
+        for name in removed_pipelines_pending(spec, ledger):
+            if args.json:
+                summaries = [(t, ledger.table_summary(t, pipeline=name)) for t in ledger.pending_tables([name])]
+                tables = [{"table": t, "pending": x.pending, "committed": x.committed} for t, x in summaries]
+                removed.append({"name": name, "tables": tables})
+                continue
+            console.print(f"[bold]{escape(name)}[/] (no longer in the spec; `krishiv commit` commits what it staged)")
+            for table in ledger.pending_tables([name]):
+                t = ledger.table_summary(table, pipeline=name)
+                console.print(
+                    f"  {escape(table_name(spec, table, args.wide))}: {t.pending} pending, {t.committed} committed"
+                )
+    if args.json:
+        print(status_document(documents, removed, broker_down))
+        return 1 if broker_down else 0
+    if broker_down:
+        fail("status", f"{broker_down}; lag unknown")
+        return 1
+    return 0
+
+
+def cmd_lineage(args: argparse.Namespace, spec: KrishivSpec) -> int:
+    from krishiv.inputs import load_table
+    from krishiv.lineage import lineage
+    from krishiv.views import lineage_table, table_name
+    from krishiv_core.catalog import load_catalog, qualified, redact
+
+    open_existing_ledger(spec)  # a ledger path with a typo is named, as in status, verify and commit
+    catalog = load_catalog(spec)
+    address = redact(spec.catalog_uri())
+    found = []
+    for p in chosen_pipelines(spec, args.pipeline):
+        for name in p.all_tables:  # the row tables (each route of a fan-out), then the rejects table
+            table = load_table(catalog, qualified(spec, name), address)
+            if args.json:
+                found.append((qualified(spec, name), lineage(table)))
+                continue
+            title = f"lineage of {table_name(spec, qualified(spec, name), args.wide)} (newest last)"
+            show(lineage_table(escape(title), lineage(table), wide=args.wide), args.wide)
+    if args.json:
+        from krishiv.json_output import lineage_document
+
+        print(lineage_document(found))
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace, spec: KrishivSpec) -> int:
+    results = verify_pipelines(spec, chosen_pipelines(spec, args.pipeline), ledger=open_existing_ledger(spec))
+    if args.json:
+        from krishiv.json_output import verify_document
+
+        print(verify_document(results))
+        return 0 if all(r.ok for r in results) else 1
+    for r in results:
+        mark = "[green]ok[/]" if r.ok else "[red]VIOLATIONS[/]"
+        console.print(f"{escape(r.table)}: {mark} ({counted(r.rows, 'row')}, {counted(r.snapshots, 'snapshot')})")
+        console.print(f"  unique by {', '.join(r.key)}" if r.key else "  no per-row key")
+        for v in r.violations:
+            console.print(f"  - {escape(v)}")
+    return 0 if all(r.ok for r in results) else 1
+
+
+def cmd_check(args: argparse.Namespace, spec: KrishivSpec) -> int:
+    from krishiv.check import check_pipelines
+
+    findings = check_pipelines(spec, chosen_pipelines(spec, args.pipeline))
+    ok = all(f.ok for f in findings)
+    if args.json:
+        from krishiv.json_output import check_document
+
+        print(check_document(findings))
+        return 0 if ok else 1
+    for f in findings:
+        mark = "[green]ok[/]  " if f.ok else "[red]FAIL[/]"
+        console.print(f"{mark} {escape(f.pipeline)}: {escape(f.check)}: {escape(f.detail)}")
+    return 0 if ok else 1
