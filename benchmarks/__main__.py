@@ -22,7 +22,7 @@ from krishiv_core.errors import ConfigError, KrishivError
 from krishiv_core.spec import KrishivSpec, load_spec
 
 console = Console(highlight=False, soft_wrap=True)
-LATEST = REPO / "benchmarks" / "results" / "latest.json"  # committed; the README's table is rendered from it
+LATEST = REPO / "benchmarks" / "results" / "latest.json"  # committed; docs/benchmark.md's table is rendered from it
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace, spec: KrishivSpec) -> int:
         written.append(Path(args.results))
     console.print(f"written: {', '.join(map(str, written))}")
     if args.results:
-        console.print("the README's table: python -m benchmarks.readme_table (from the results just written)")
+        console.print("docs/benchmark.md's table: python -m benchmarks.docs_table (from the results just written)")
     return 0 if doc["results_agree"] else 1
 
 

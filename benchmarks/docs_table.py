@@ -1,9 +1,10 @@
-"""``python -m benchmarks.readme_table [--check]``: the README's benchmark table, rendered from a results JSON.
+"""``python -m benchmarks.docs_table [--check]``: the benchmark table of docs/benchmark.md, rendered from a results
+JSON.
 
-The table in README.md's "Benchmark" section sits between ``<!-- bench:begin -->`` and ``<!-- bench:end -->``;
+The table in docs/benchmark.md sits between ``<!-- bench:begin -->`` and ``<!-- bench:end -->``;
 this replaces what is between them with the rows of ``benchmarks/results/latest.json`` (the rows the bench printed,
 :func:`benchmarks.report.table_rows`, headed by the machine, date and commit, followed by the targets). So the
-README's figures are the committed run's, never typed in. ``--check`` changes nothing and exits 1 if the README's
+page's figures are the committed run's, never typed in. ``--check`` changes nothing and exits 1 if the page's
 table is not the JSON's (a table edited by hand, or a JSON committed without regenerating it).
 """
 
@@ -21,12 +22,12 @@ from benchmarks.runner import REPO
 
 BEGIN = "<!-- bench:begin -->"
 END = "<!-- bench:end -->"
-README = REPO / "README.md"
+PAGE = REPO / "docs" / "benchmark.md"
 LATEST = REPO / "benchmarks" / "results" / "latest.json"
 
 
 class TableError(Exception):
-    """A README without the markers, or a results file that is not one."""
+    """A page without the markers, or a results file that is not one."""
 
 
 def _cell(text: str) -> str:
@@ -54,12 +55,12 @@ def render(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def replaced(readme: str, table: str) -> str:
-    """``readme`` with ``table`` between the markers."""
-    start, end = readme.find(BEGIN), readme.find(END)
+def replaced(page: str, table: str) -> str:
+    """``page`` with ``table`` between the markers."""
+    start, end = page.find(BEGIN), page.find(END)
     if start < 0 or end < start:
         raise TableError(f"no {BEGIN} ... {END} markers around the benchmark table")
-    return readme[: start + len(BEGIN)] + "\n" + table + "\n" + readme[end:]
+    return page[: start + len(BEGIN)] + "\n" + table + "\n" + page[end:]
 
 
 def load_results(path: Path) -> dict[str, Any]:
@@ -75,29 +76,29 @@ def load_results(path: Path) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.readme_table", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.docs_table", description=__doc__)
     parser.add_argument("--results", default=str(LATEST), help="results JSON (default: benchmarks/results/latest.json)")
-    parser.add_argument("--readme", default=str(README), help="the README to update (default: README.md)")
+    parser.add_argument("--page", default=str(PAGE), help="the page to update (default: docs/benchmark.md)")
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if the table differs")
     args = parser.parse_args(argv)
-    readme_path = Path(args.readme)
+    page_path = Path(args.page)
     try:
-        text = readme_path.read_text()
+        text = page_path.read_text()
         new = replaced(text, render(load_results(Path(args.results))))
     except (TableError, OSError) as exc:
-        print(f"readme_table: {exc}", file=sys.stderr)
+        print(f"docs_table: {exc}", file=sys.stderr)
         return 2
     if args.check:
         if new != text:
             print(
-                f"readme_table: the table in {readme_path} is not the one of {args.results}; "
-                "regenerate it with python -m benchmarks.readme_table",
+                f"docs_table: the table in {page_path} is not the one of {args.results}; "
+                "regenerate it with python -m benchmarks.docs_table",
                 file=sys.stderr,
             )
             return 1
         return 0
-    readme_path.write_text(new)
-    print(f"readme_table: {readme_path} has the table of {args.results}")
+    page_path.write_text(new)
+    print(f"docs_table: {page_path} has the table of {args.results}")
     return 0
 
 

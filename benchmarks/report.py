@@ -3,8 +3,8 @@
 The JSON names the machine (CPUs, memory, load average, versions), the UTC date, the git commit it ran from and
 whether the work tree was dirty, the options, every measurement, and each target with its value and whether it
 was met. ``python -m benchmarks`` writes it to ``benchmarks/results/latest.json`` (committed), and
-``benchmarks/readme_table.py`` renders the README's table from it with :func:`table_rows`, the rows the console
-shows, so the README, the console and the JSON come from one run.
+``benchmarks/docs_table.py`` renders docs/benchmark.md's table from it with :func:`table_rows`, the rows the console
+shows, so the page, the console and the JSON come from one run.
 """
 
 from __future__ import annotations
@@ -190,7 +190,7 @@ def write_json(doc: dict[str, Any], path: Path) -> None:
 
 
 def table_rows(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """The results table, ``(measurement, result, detail)`` per row: the console's and the README's."""
+    """The results table, ``(measurement, result, detail)`` per row: the console's and docs/benchmark.md's."""
     rows: list[tuple[str, str, str]] = []
     lim, k, b = doc["limit"], doc["krishiv"], doc["baseline"]
     rows.append(("1 limit (raw confluent-kafka)", f"{lim['events_per_s']:,} ev/s", f"{lim['readers']} readers"))

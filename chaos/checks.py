@@ -326,7 +326,8 @@ def _events_rows(spec: KrishivSpec, catalog, p: PipelineSpec, records: Records, 
 
 
 def _upsert_rows(spec: KrishivSpec, catalog, p: PipelineSpec, records: Records, keys: Records, entries) -> list[str]:
-    """Each key's order by the README's upsert rule (``fold_upserts``): the latest version since its last tombstone."""
+    """Each key's order by the upsert rule of docs/spec.md (``fold_upserts``): the latest version since its last
+    tombstone."""
     want = {
         k: (o.order_id, o.amount, o.event_time) for k, o in expected_upsert(records, keys, entries, p.topic).items()
     }

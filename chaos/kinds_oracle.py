@@ -1,10 +1,10 @@
 """Independent models of the ``events``, ``upsert`` and grouped ``windowed`` kinds over the demo's order events.
 
 Like :mod:`chaos.oracle`, each reads the topic's records back and replays the batches the ledger recorded, in
-plain Python, from the semantics the README states, not from Krishiv's code:
+plain Python, from the semantics docs/spec.md states, not from Krishiv's code:
 
 - ``events``: every valid order one row, in the table of its route (or the default table), exactly once;
-- ``upsert``: the README's upsert rule, folded one event at a time (:func:`fold_upserts`): an event applies when
+- ``upsert``: the upsert rule (docs/spec.md), folded one event at a time (:func:`fold_upserts`): an event applies when
   its version is at least the key's remembered one (a null is lower than every version), a row becomes the key's
   row, a delete removes it and the key remembers its version, a tombstone (null value, key from the Kafka key)
   removes it and forgets the version. The demo's upsert is key ``customer_id``, version ``event_time``;
@@ -78,8 +78,8 @@ def expected_events(records: Records, pipeline: PipelineSpec) -> EventsExpected:
 
 @dataclass(frozen=True)
 class UpsertEvent:
-    """One event of an upsert stream as the README's rule sees it: a row (``row`` set), a delete (``row`` None), or
-    a tombstone; ``version`` None is a null version (every event's, without a version field)."""
+    """One event of an upsert stream as the upsert rule of docs/spec.md sees it: a row (``row`` set), a delete
+    (``row`` None), or a tombstone; ``version`` None is a null version (every event's, without a version field)."""
 
     key: Hashable
     version: Any = None
@@ -93,7 +93,7 @@ def _at_least(version: Any, remembered: Any) -> bool:
 
 
 def fold_upserts(events: Iterable[UpsertEvent]) -> dict[Hashable, Any]:
-    """key -> row after folding ``events`` in order, by the README's rule, one event at a time."""
+    """key -> row after folding ``events`` in order, by the upsert rule of docs/spec.md, one event at a time."""
     state: dict[Hashable, tuple[Any, Any]] = {}  # key -> (remembered version, row or None for a delete)
     for e in events:
         if e.tombstone:

@@ -91,7 +91,7 @@ class Size:
         return {"PYSPARK_SUBMIT_ARGS": f"--driver-java-options '{self.java_options}' pyspark-shell"}
 
 
-#: The default, for soaks and the README's figures.
+#: The default, for soaks and the figures of docs/testing.md.
 FULL = Size(
     "full",
     scale=1.0,

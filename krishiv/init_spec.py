@@ -1,7 +1,7 @@
 """``krishiv init``: a commented spec for a topic, its fields inferred from a sample of the topic's records.
 
 The sample is the first records of each partition (up to ``--sample`` in all). Each JSON object's top-level keys
-become fields, typed so that the rule of README "Field types" reads every sampled value: a string that is always
+become fields, typed so that the rule of docs/spec.md "Field types" reads every sampled value: a string that is always
 an ISO date is a ``date``, an ISO time a ``timestamp``, a number in plain digits (``"12.50"``) a decimal wide
 enough for it; an integer is a ``long`` (a ``timestamp_ms`` when the name says time and the values are epoch
 milliseconds of 2001 to 2286); a number with a fraction a decimal; ``true``/``false`` a ``boolean``. A key missing
@@ -249,8 +249,8 @@ def check_kind(sample: Sample, kind: str, key: Sequence[str]) -> None:
         raise ConfigError(
             "topic",
             f"{sample.wire_format} of {sample.records} sampled records are in the Confluent wire format (Avro, "
-            "Protobuf or JSON Schema): write the spec by hand with format and [schema_registry] (README: Avro, "
-            "Protobuf and Debezium topics); the fields can come from the registry",
+            "Protobuf or JSON Schema): write the spec by hand with format and [schema_registry] (docs/formats.md); "
+            "the fields can come from the registry",
         )
     if not sample.json_objects:
         raise ConfigError("topic", f"none of {sample.records} sampled records is a JSON object: nothing to infer from")

@@ -3,7 +3,8 @@ on stdout.
 
 Each document has ``"version": 1`` and the command's name (``"command"``); a later version may add keys, and
 renames or removes one only with a new version number. Times are ISO 8601 in UTC, snapshot ids and offsets whole
-numbers, a value not known ``null`` (the lag when the broker does not answer). README, "Commands", shows each shape.
+numbers, a value not known ``null`` (the lag when the broker does not answer). docs/operations.md, "For scripts",
+shows each shape.
 """
 
 from __future__ import annotations

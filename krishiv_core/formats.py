@@ -1,7 +1,7 @@
 """How a pipeline's Kafka records are encoded: the value's and the key's format, the Schema Registry, Debezium.
 
 A pipeline's ``format`` says how each Kafka value is written: ``json`` (the default: a JSON object, each field read
-by the rule of README "Field types"), or one of the Schema Registry formats, written in the Confluent wire format
+by the rule of docs/spec.md "Field types"), or one of the Schema Registry formats, written in the Confluent wire format
 (a magic byte 0, a 4-byte big-endian schema id, the payload) and decoded through confluent-kafka's Schema Registry
 client and deserializers: ``avro``, ``protobuf``, ``json_schema``. ``key_format`` is the same choice for the
 Kafka key (``string``, the default, is the key's UTF-8 text). ``envelope = "debezium"`` (upsert pipelines only)

@@ -1,9 +1,10 @@
-"""The one format of the pointer every refusal ends with: ``(see README: Recovery runbook > <section>)``.
+"""The one format of the pointer every refusal ends with: ``(see docs/operations.md: Recovery runbook > <section>)``.
 
-Each section is a ``### <section>`` heading under README's ``## Recovery runbook``, saying what happened and the
-way out with the exact commands. Call :func:`runbook` with the section's name written out as a string literal:
-``tests/test_runbook.py`` reads every call from the source and checks that each names a section of README, and
-that each section is named by some refusal. Every layer may import this module (it imports nothing).
+Each section is a ``### <section>`` heading under ``## Recovery runbook`` in docs/operations.md, saying what
+happened and the way out with the exact commands. Call :func:`runbook` with the section's name written out as a
+string literal: ``tests/test_runbook.py`` reads every call from the source and checks that each names a section
+of the runbook, and that each section is named by some refusal. Every layer may import this module (it imports
+nothing).
 """
 
 from __future__ import annotations
@@ -11,13 +12,13 @@ from __future__ import annotations
 import re
 
 #: Where the sections are.
-RUNBOOK = "README: Recovery runbook"
+RUNBOOK = "docs/operations.md: Recovery runbook"
 
 _POINTER = re.compile(r" ?\(see " + re.escape(RUNBOOK) + r" > [^()]+\)$")
 
 
 def runbook(section: str) -> str:
-    """``(see README: Recovery runbook > section)``: the pointer a refusal ends with."""
+    """``(see docs/operations.md: Recovery runbook > section)``: the pointer a refusal ends with."""
     return f"(see {RUNBOOK} > {section})"
 
 

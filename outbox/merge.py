@@ -9,7 +9,7 @@ For ``CommitOperation(MERGE, key=K, version=V)`` the table after the commit is `
   with a null: the table's row survives iff its ``V`` is not null and (the entry's is null or lower). A key of
   a delete-key file (a tombstone) deletes whatever the versions; its data row, if the entry has one, is added.
 
-This is phase 2 of the README's upsert rule (PROTOCOL.md invariant 13); phase 1 (``spark_jobs.upserts``) stages
+This is phase 2 of the upsert rule (docs/spec.md) (PROTOCOL.md invariant 13); phase 1 (``spark_jobs.upserts``) stages
 at most one data row and one versioned delete per key, and drops what its remembered deletes ignore.
 
 How (by a key anti-join rather than pyiceberg's ``delete(filter)``):

@@ -1,6 +1,6 @@
 """What an upsert pipeline's keys remember of their deletes, carried from batch to batch in the checkpoint.
 
-By the upsert rule (README, PROTOCOL.md invariant 13) a ``delete_field`` event that applies removes its key's row
+By the upsert rule (docs/spec.md, PROTOCOL.md invariant 13) a ``delete_field`` event that applies removes its key's row
 and the key keeps the delete's version: a later event of a lower version is ignored. The table no longer holds a
 row to compare with, so phase 1 remembers those versions itself: one row per key whose state is a delete with a
 non-null version (the key columns and the version). A row that applies, or a tombstone, makes the key forget.

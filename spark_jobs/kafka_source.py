@@ -77,7 +77,7 @@ WATERMARK_RECHECK_DELAYS_S: tuple[float, ...] = (0.1, 0.2, 0.3, 0.5, 0.9)
 #: What a topic id looks like when a broker does not know it (Kafka's zero UUID).
 UNKNOWN_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"
 SKIP_HINT = 'krishiv skip-offsets --pipeline {pipeline} --partition {partition} --to {offset} --reason "{reason}"'
-#: Where README explains these refusals and the ways out.
+#: Where docs/operations.md explains these refusals and the ways out.
 RUNBOOK_OFFSETS = runbook("Offsets a query cannot read exactly")
 RUNBOOK_OUTAGE = runbook("A broker outage")
 #: How long the source waits for a broker that does not answer before the query stops (seconds), and the pauses

@@ -1,6 +1,6 @@
 """Kafka payloads to a pipeline's typed columns, in the source's tasks: one exact reading of every field type.
 
-The rule (README, "Field types"): a record is a JSON object; each declared field is read from its top-level key.
+The rule (docs/spec.md, "Field types"): a record is a JSON object; each declared field is read from its top-level key.
 
 - ``string``: a JSON string only; ``boolean``: true or false; ``double``: any JSON number;
 - ``long``, ``int``, ``timestamp_ms``: a JSON integer token (no fraction, no exponent) in the type's range

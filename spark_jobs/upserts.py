@@ -1,4 +1,4 @@
-"""The ``upsert`` kind: the latest row per key by the README's upsert rule (PROTOCOL.md invariant 13).
+"""The ``upsert`` kind: the latest row per key by the upsert rule (docs/spec.md) (PROTOCOL.md invariant 13).
 
 The rule: a key's events are folded in Kafka order; an event (a row, or a ``delete_field`` event) applies when
 its version is at least the key's remembered one (a null version is lower than every version; ties go to the

@@ -1,6 +1,6 @@
 """The field rule for values a deserializer already decoded (Avro, Protobuf, JSON Schema, Debezium's encodings).
 
-The same rule as JSON's (README, "Field types"), stated for the values confluent-kafka's deserializers give: a
+The same rule as JSON's (docs/spec.md, "Field types"), stated for the values confluent-kafka's deserializers give: a
 value that fits its field's type is stored exactly, any other makes the record a reject naming field, type and
 what it got. By type:
 

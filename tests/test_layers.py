@@ -7,6 +7,7 @@ that reaches upwards fails here too.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -47,3 +48,12 @@ def test_the_harness_and_the_benchmark_are_not_installed():
     text = (REPO / "pyproject.toml").read_text()
     assert '"chaos' not in text and '"benchmarks' not in text
     assert "matplotlib" not in text.split("[project.optional-dependencies]")[0]
+
+
+def test_the_architecture_page_draws_the_layers_the_code_has():
+    """docs/architecture.md's table of what each folder may import is this test's own ``ALLOWED``."""
+    section = (REPO / "docs" / "architecture.md").read_text().split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    drawn = {}
+    for folder, may_import in re.findall(r"^\| `(\w+)/` \| (.+) \|$", section, flags=re.MULTILINE):
+        drawn[folder] = set(re.findall(r"`(\w+)/`", may_import))
+    assert drawn == ALLOWED

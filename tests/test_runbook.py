@@ -1,9 +1,10 @@
-"""Every refusal's pointer names a section of README's Recovery runbook, and every section is named by a refusal.
+"""Every refusal's pointer names a section of the Recovery runbook (docs/operations.md), and every section is
+named by a refusal.
 
 The pointers are read from the source, as written: each ``runbook("<section>")`` call of the runtime packages
 (``krishiv_core.runbook`` is the one place the pointer's format is written, so a pointer spelled out by hand
-elsewhere fails here too). The sections are the ``### `` headings between README's ``## Recovery runbook`` and the
-next ``## `` heading.
+elsewhere fails here too). The sections are the ``### `` headings between docs/operations.md's
+``## Recovery runbook`` and the next ``## `` heading.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import re
 from pathlib import Path
 
 from krishiv_core.runbook import RUNBOOK, before_pointer, runbook
+from tests.docs.pages import DOCS, section
 
 REPO = Path(__file__).resolve().parents[1]
 RUNTIME = ("krishiv_core", "spark_jobs", "outbox", "krishiv", "krishiv_assets")
@@ -38,17 +40,14 @@ def _pointers() -> dict[str, list[str]]:
 
 
 def _sections() -> list[str]:
-    text = (REPO / "README.md").read_text()
-    start = text.index("\n## Recovery runbook\n")
-    end = text.index("\n## ", start + 1)
-    return re.findall(r"^### (.+)$", text[start:end], flags=re.MULTILINE)
+    return re.findall(r"^### (.+)$", section(DOCS / "operations.md", "Recovery runbook"), flags=re.MULTILINE)
 
 
 def test_every_pointer_names_a_section_and_every_section_is_named():
     pointers, sections = _pointers(), _sections()
     assert len(sections) == len(set(sections)), f"a section heading is repeated: {sections}"
     unknown = {section: where for section, where in pointers.items() if section not in sections}
-    assert unknown == {}, f"pointers to no section of README's runbook (sections: {sections})"
+    assert unknown == {}, f"pointers to no section of the runbook (sections: {sections})"
     unnamed = [section for section in sections if section not in pointers]
     assert unnamed == [], "runbook sections no refusal points at"
 

@@ -1,5 +1,5 @@
 """A tiny run of ``python -m benchmarks`` (``make bench``) as its own process: all seven measurements, the
-ratios, JSON and a PNG; and the README's table rendered from a results JSON (``benchmarks/readme_table.py``).
+ratios, JSON and a PNG; and docs/benchmark.md's table rendered from a results JSON (``benchmarks/docs_table.py``).
 
 The figures of a run this small mean nothing (Spark's per-batch cost dominates); the test proves the
 harness works end to end on the real broker, Spark and both catalogs, and that Krishiv's table equals the
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import readme_table
+from benchmarks import docs_table
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
@@ -83,7 +83,7 @@ def test_a_tiny_benchmark_prints_all_seven_measurements(tmp_path: Path, postgres
     assert "relay p99 on sqlite with maintenance, last 30 (ms)" in names and "events kind vs limit" in names
     assert "upsert kind vs limit" in names and any(n.startswith("merge cost per batch") for n in names)
     assert all(isinstance(t["met"], bool) for t in doc["targets"])
-    assert readme_table.main(["--results", str(out / "bench.json"), "--readme", str(_readme_copy(tmp_path))]) == 0
+    assert docs_table.main(["--results", str(out / "bench.json"), "--page", str(_page_copy(tmp_path))]) == 0
     fresh = doc["freshness"]
     assert fresh["windows"] >= 5 and fresh["rejects"] >= 10 and fresh["unseen"] == 0, fresh
     assert 0 < fresh["reject_p50_s"] <= fresh["reject_p99_s"]
@@ -106,7 +106,7 @@ def test_a_tiny_benchmark_prints_all_seven_measurements(tmp_path: Path, postgres
         assert row in done.stdout, row
 
 
-# ------------------------------------------------------------------------------------- the README's table
+# ------------------------------------------------------------------------------------- the page's table
 
 RESULTS = {
     "date": "2026-11-22T22:00:00+00:00",
@@ -182,45 +182,45 @@ RESULTS = {
 }
 
 
-def _readme_copy(tmp_path: Path) -> Path:
-    copy = tmp_path / "README.md"
-    copy.write_text((REPO / "README.md").read_text())
+def _page_copy(tmp_path: Path) -> Path:
+    copy = tmp_path / "benchmark.md"
+    copy.write_text((REPO / "docs" / "benchmark.md").read_text())
     return copy
 
 
-def test_the_readme_table_is_rendered_from_the_results_and_check_catches_a_hand_edit(tmp_path: Path, capsys):
+def test_the_docs_table_is_rendered_from_the_results_and_check_catches_a_hand_edit(tmp_path: Path, capsys):
     results = tmp_path / "latest.json"
     results.write_text(json.dumps(RESULTS))
-    readme = _readme_copy(tmp_path)
-    before = readme.read_text()
-    args = ["--results", str(results), "--readme", str(readme)]
+    page = _page_copy(tmp_path)
+    before = page.read_text()
+    args = ["--results", str(results), "--page", str(page)]
 
-    assert readme_table.main([*args, "--check"]) == 1, "the README's table is not this JSON's yet"
-    assert readme.read_text() == before, "--check changes nothing"
-    assert readme_table.main(args) == 0
-    text = readme.read_text()
-    table = text[text.index(readme_table.BEGIN) : text.index(readme_table.END)]
+    assert docs_table.main([*args, "--check"]) == 1, "the page's table is not this JSON's yet"
+    assert page.read_text() == before, "--check changes nothing"
+    assert docs_table.main(args) == 0
+    text = page.read_text()
+    table = text[text.index(docs_table.BEGIN) : text.index(docs_table.END)]
     assert "from commit 0123456789ab:" in table and "2 CPUs, 23.5 GiB" in table and "pyiceberg 0.12.0" in table
     assert "| 4 relay on sqlite | p50 31.2 ms, p99 88.4 ms |" in table
     assert "| 4 relay on postgresql, maintained | last 1,000: p50 24.1 ms, p99 65.3 ms |" in table
     assert "| 2 events kind (raw ingestion) | 230,000 ev/s |" in table
     assert "* relay p99 on sqlite (ms): 88.4 (target <= 250): met" in table
     assert "* Krishiv vs baseline: 0.857 (target >= 1x): missed" in table
-    outside = before.split(readme_table.BEGIN)[0], before.split(readme_table.END)[1]
+    outside = before.split(docs_table.BEGIN)[0], before.split(docs_table.END)[1]
     assert text.startswith(outside[0]) and text.endswith(outside[1]), "nothing outside the markers changes"
-    assert readme_table.main([*args, "--check"]) == 0
+    assert docs_table.main([*args, "--check"]) == 0
 
-    readme.write_text(text.replace("p99 88.4 ms", "p99 80.0 ms"))  # a figure typed in by hand
+    page.write_text(text.replace("p99 88.4 ms", "p99 80.0 ms"))  # a figure typed in by hand
     capsys.readouterr()
-    assert readme_table.main([*args, "--check"]) == 1
-    assert "regenerate it with python -m benchmarks.readme_table" in capsys.readouterr().err
+    assert docs_table.main([*args, "--check"]) == 1
+    assert "regenerate it with python -m benchmarks.docs_table" in capsys.readouterr().err
 
-    readme.write_text("# no markers\n")
-    assert readme_table.main(args) == 2
+    page.write_text("# no markers\n")
+    assert docs_table.main(args) == 2
     assert capsys.readouterr().err.count("\n") == 1, "one line, no traceback"
 
 
-def test_the_committed_readme_table_is_the_committed_results():
-    if not readme_table.LATEST.exists():
+def test_the_committed_docs_table_is_the_committed_results():
+    if not docs_table.LATEST.exists():
         pytest.skip("no benchmarks/results/latest.json committed yet")
-    assert readme_table.main(["--check"]) == 0, "run python -m benchmarks.readme_table after make bench"
+    assert docs_table.main(["--check"]) == 0, "run python -m benchmarks.docs_table after make bench"

@@ -67,7 +67,7 @@ def test_a_continuous_run_rides_out_a_broker_outage_and_stops_after_the_bound(
     failures = [line for line in said.splitlines() if line.startswith("krishiv run:")]
     assert len(failures) == 1, said
     assert f"Kafka broker at {fronted_broker.bootstrap} did not answer for" in failures[0], said
-    assert "README: Recovery runbook > A broker outage" in failures[0]
+    assert "docs/operations.md: Recovery runbook > A broker outage" in failures[0]
     assert said.count("retrying for up to") == 2 and said.count("is back after") == 1, said
     assert "Traceback" not in said, said
     fronted_broker.restore()

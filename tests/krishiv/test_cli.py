@@ -13,6 +13,7 @@ from benchmarks.__main__ import main as bench_main
 from krishiv.cli import main
 from krishiv.operations import run_pipelines
 from krishiv_core.catalog import load_catalog, qualified
+from krishiv_core.runbook import runbook
 from krishiv_core.spec import load_spec
 from spark_jobs.kafka_source import latest_offsets
 from tests.spark_jobs.pipeline_helpers import produce_orders
@@ -171,7 +172,7 @@ def test_status_lineage_and_verify_show_every_route_of_a_fan_out(tmp_path, broke
     assert all(f"{table}: ok (" in out for table in tables)
     assert out.count("  unique by _kafka_partition, _kafka_offset") == 3 and "  no per-row key" in out
 
-    # What the README shows for reading a table: pyiceberg's CLI and Python API, with the catalog named krishiv.
+    # What docs/quickstart.md shows for reading a table: pyiceberg's CLI and Python API, with the catalog named krishiv.
     from click.testing import CliRunner
     from pyiceberg.catalog import load_catalog as pyiceberg_catalog
     from pyiceberg.cli.console import run as pyiceberg_cli
@@ -264,7 +265,7 @@ def test_a_folder_the_command_did_not_make_is_refused_and_kept(tmp_path, capsys,
     assert err == (
         f"{_prefix(command)}: {option} {state}: {what} exists and was not made by {_maker(command)} "
         f"(no .krishiv-{command}-state in it); name a new or empty folder "
-        "(see README: Recovery runbook > Files a command will not delete)\n"
+        "(see docs/operations.md: Recovery runbook > Files a command will not delete)\n"
     )
     assert _contents(target) == before
 
@@ -277,8 +278,7 @@ def test_a_file_or_a_link_where_the_folder_should_be_is_refused(tmp_path, capsys
     afile.write_text("keep me")
     assert _main(command, ["--spec", str(spec), option, str(afile)]) == 2
     assert (
-        "is a file, not a folder; name a new or empty folder (see README: Recovery runbook > Files a command will not "
-        "delete)\n"
+        "is a file, not a folder; name a new or empty folder " + runbook("Files a command will not delete") + "\n"
     ) in capsys.readouterr().err
     assert afile.read_text() == "keep me"
 

@@ -146,7 +146,7 @@ def test_a_refused_table_is_named_and_every_other_table_still_commits(tmp_path: 
     assert err.count("\n") == 1 and "Traceback" not in err, "one line: the refused table, why, and the way out"
     assert err.startswith(f"krishiv commit: {broken}: ") and gone.path in err and "stay pending" in err
     assert "`krishiv restage` stages the batch again" in err, "the way out"
-    assert err.rstrip("\n").endswith("(see README: Recovery runbook > A staged file that is gone)"), err
+    assert err.rstrip("\n").endswith("(see docs/operations.md: Recovery runbook > A staged file that is gone)"), err
     assert "orders_c001 " in out and "payments " in out, "the others' commits are shown"
     for table in [qualified(spec, t) for p in spec.pipelines for t in p.all_tables]:
         statuses = [e.status for e in sorted(ledger.entries(table), key=lambda e: e.batch_id)]

@@ -61,7 +61,7 @@ def test_the_demo_writes_every_kind_and_verifies(tmp_path, spark, capsys, monkey
     too_wide = [line for line in out.splitlines() if len(line) > WIDTH]
     assert not too_wide, too_wide
 
-    # The README's way to look at the tables: pyiceberg's own CLI, told the catalog's name and URI.
+    # docs/quickstart.md's way to look at the tables: pyiceberg's own CLI, told the catalog's name and URI.
     pyiceberg = Path(sys.executable).with_name("pyiceberg")
     listed = subprocess.run(
         [str(pyiceberg), "--catalog", "krishiv", "--uri", spec.catalog_uri(), "list", spec.iceberg.namespace],

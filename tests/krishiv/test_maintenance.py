@@ -62,7 +62,7 @@ def test_compact_expire_and_remove_orphans_keep_exactly_once(spec: KrishivSpec, 
     code, out, err = krishiv("remove-orphans", "--grace", "0")
     assert code == 2 and out == "" and err.strip().startswith("krishiv remove-orphans: grace period 0s is below 10m")
     assert len(err.strip().splitlines()) == 1
-    assert err.strip().endswith("(see README: Recovery runbook > Files a command will not delete)"), err
+    assert err.strip().endswith("(see docs/operations.md: Recovery runbook > Files a command will not delete)"), err
     code, out, _ = krishiv("remove-orphans", "--grace", "0", "--force")  # the runbook's way, nothing writing
     assert code == 0 and f"{shown}: removed " in out and " orphans (" in out and "< 0s" in out
     assert not any(local(f.path).exists() for e in committed for f in e.files), "compacted away, then orphans"

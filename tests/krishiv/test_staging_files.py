@@ -19,6 +19,7 @@ from krishiv.operations import TablesRefused, commit_pipelines, open_ledger, run
 from krishiv.produce import demo_orders, ensure_topic, produce
 from krishiv_core.catalog import load_catalog, qualified
 from krishiv_core.entries import PENDING
+from krishiv_core.runbook import runbook
 from krishiv_core.spec import load_spec
 from spark_jobs.staging import staging_root
 from tests.spark_jobs.pipeline_helpers import assert_exactly_once, produce_orders
@@ -71,7 +72,7 @@ def test_orphan_removal_leaves_pending_files_and_restage_brings_back_deleted_one
         local(f.path).unlink()
     with pytest.raises(TablesRefused, match=victim.files[0].path) as refused:  # StagedFileMissing, that table only
         commit_pipelines(spec, list(spec.pipelines))
-    assert str(refused.value).endswith("(see README: Recovery runbook > A staged file that is gone)")
+    assert str(refused.value).endswith("(see docs/operations.md: Recovery runbook > A staged file that is gone)")
     assert main(["--spec", str(spec_file), "restage"]) == 0
     assert f"staged batches [{victim.batch_id}] again" in capsys.readouterr().out
     again = ledger.get(victim.query_id, table_name, victim.batch_id)
@@ -123,7 +124,7 @@ key = ["customer_id"]
 def test_a_merge_refused_for_a_damaged_staged_file_goes_on_after_the_runbook_restage(
     tmp_path, broker, topic, spark, capsys
 ):
-    """README's runbook, "A merge the relay refuses": a staged file not as phase 1 writes it (here its rows twice) is
+    """The runbook's "A merge the relay refuses": a staged file not as phase 1 writes it (here its rows twice) is
     refused; its batch's staged files removed and ``krishiv restage`` run, the batch commits, each key's latest event
     once."""
     spec_file = tmp_path / "krishiv.toml"
@@ -150,7 +151,7 @@ def test_a_merge_refused_for_a_damaged_staged_file_goes_on_after_the_runbook_res
     with pytest.raises(TablesRefused) as refused:
         commit_pipelines(spec, [spec.pipeline()])
     assert "more than one row" in str(refused.value)
-    assert str(refused.value).endswith("(see README: Recovery runbook > A merge the relay refuses)"), refused.value
+    assert str(refused.value).endswith(runbook("A merge the relay refuses")), refused.value
 
     for f in entry.files:  # the runbook's steps
         local(f.path).unlink()

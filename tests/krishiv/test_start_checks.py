@@ -1,5 +1,5 @@
 """Mistakes found before Spark starts: a topic that does not exist, a catalog URI that names no catalog, a ledger
-lost while the table keeps its batches. Each is one line naming the input and the README section with the way out,
+lost while the table keeps its batches. Each is one line naming the input and the runbook section with the way out,
 exit 2, and nothing created or written. Through the real broker, catalog, ledger and (for the history) Spark."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The state folder (ledger, checkpoints, catalog, warehouse) removed under a running ``krishiv run``: the run stops
-with one line naming what disappeared and the README section with the way out, exit 2, no traceback. The real
+with one line naming what disappeared and the runbook section with the way out, exit 2, no traceback. The real
 ``krishiv run`` process, broker, Spark, catalog and ledger."""
 
 from __future__ import annotations
@@ -44,4 +44,4 @@ def test_a_state_folder_removed_under_a_run_is_one_line(make_spec, spec_file: Pa
     failures = [line for line in said.splitlines() if line.startswith("krishiv run:")]
     assert len(failures) == 1, said
     assert "disappeared while krishiv run ran" in failures[0] and str(tmp_path / "state") in failures[0], said
-    assert "README: Recovery runbook > A state folder removed while running" in failures[0]
+    assert "docs/operations.md: Recovery runbook > A state folder removed while running" in failures[0]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from krishiv_core.runbook import runbook
 from tests.spark_jobs.pipeline_helpers import ROOT, assert_exactly_once, produce_orders
 
 #: Imported by every Python process started with this folder on PYTHONPATH (Spark passes the driver's PYTHONPATH on
@@ -51,9 +52,7 @@ def test_a_worker_that_connects_back_too_late_starts_the_query_again(
     assert (tmp_path / "slept").exists(), "the first source runner was slow"
     assert done.returncode == 0, said
     assert "Spark's Python worker did not connect back within Spark's 10 s" in said, said
-    assert "starting the query again (2 of 5) (see README: Recovery runbook > A query that did not start in time)" in (
-        said
-    ), said
+    assert "starting the query again (2 of 5) " + runbook("A query that did not start in time") in said, said
     # The only traceback is the late worker's own, printed by PySpark when it wakes and finds Spark gone from the
     # socket it was to connect back to: not Krishiv's, and Spark gives no way to silence it.
     assert said.count("Traceback") == said.count("[CANNOT_OPEN_SOCKET]") <= 1, said

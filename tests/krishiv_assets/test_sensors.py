@@ -208,7 +208,7 @@ def test_sensors_name_a_file_that_is_not_a_ledger(make_spec, instance, name):
     tick = _tick(spec, name, None, instance)
     assert not tick.run_requests
     assert f"ledger {path} is not a DuckDB ledger (empty file)" in tick.skip_message
-    assert "locked" not in tick.skip_message.split("(see README")[0], "not a busy ledger: its runbook section aside"
+    assert "locked" not in tick.skip_message.split("(see docs/")[0], "not a busy ledger: its runbook section aside"
     assert path.read_bytes() == b""
 
 

@@ -148,7 +148,7 @@ def test_a_rest_catalog_refusal_is_one_line_with_the_servers_reason(tmp_path: Pa
     message = str(raised.value)
     assert message.startswith(f"Iceberg catalog at {rest_catalog.uri} refused to create table krishiv.p (HTTP 422): ")
     assert "bronze, silver, or gold" in message and "\n" not in message
-    assert message.endswith("(see README: Recovery runbook > A catalog that refuses)")
+    assert message.endswith("(see docs/operations.md: Recovery runbook > A catalog that refuses)")
 
 
 def test_a_wrong_rest_token_is_refused_without_showing_it(tmp_path: Path, rest_catalog, monkeypatch) -> None:

@@ -195,7 +195,7 @@ def test_string_to_long_is_refused_with_this_exact_message(catalog: SqlCatalog) 
         "Krishiv evolves a table only by adding optional columns, widening int to long, float to double and "
         "decimal(P,S) to a larger precision with the same scale, and making a required column optional; "
         "it never drops a column: set the field back, or start over in a new table under a new pipeline name "
-        "(see README: Recovery runbook > A spec change the table cannot take)"
+        "(see docs/operations.md: Recovery runbook > A spec change the table cannot take)"
     )
 
 

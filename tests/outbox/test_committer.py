@@ -218,7 +218,7 @@ def test_a_table_that_refuses_stops_while_the_others_go_on(tmp_path: Path, ledge
         wait_for(all_committed(ledger, others), "the other table's next batch")
     finally:
         committer.stop()
-    pointer = "(see README: Recovery runbook > A staged file that is gone)"
+    pointer = "(see docs/operations.md: Recovery runbook > A staged file that is gone)"
     assert "missing" in committer.failures[TABLE] and committer.failures[TABLE].endswith(pointer)
     assert [line for line in lines if TABLE in line] == [
         f"commits of {TABLE} stopped: {committer.failures[TABLE].removesuffix(' ' + pointer)}; its batches are still "

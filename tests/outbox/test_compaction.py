@@ -332,7 +332,7 @@ def test_a_merge_planned_before_a_compaction_whose_files_were_removed_re_plans(
     with pytest.raises(TableFileMissing, match="missing") as info:
         merge_commit(table, entry, snapshot_summary(entry), {high_water_property(entry.query_id): "4"})
     assert str(info.value).endswith(
-        "Restore the file or the table (see README: Recovery runbook > A merge the relay refuses)"
+        "Restore the file or the table (see docs/operations.md: Recovery runbook > A merge the relay refuses)"
     )
 
 

@@ -239,7 +239,7 @@ def test_a_missing_staged_file_stops_the_relay(catalog: SqlCatalog, tmp_path: Pa
         data_file(table, path)
     assert str(err.value) == (
         f"staged file {path} of a pending entry is missing; refusing to commit a partial batch: `krishiv restage` "
-        "stages the batch again (see README: Recovery runbook > A staged file that is gone)"
+        "stages the batch again (see docs/operations.md: Recovery runbook > A staged file that is gone)"
     )
 
 

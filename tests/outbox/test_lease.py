@@ -95,7 +95,7 @@ def test_krishiv_run_refuses_a_pipeline_staged_elsewhere_and_goes_on_once_it_sto
         err = capsys.readouterr().err
         assert "pipeline 'orders_per_minute' is already being staged by krishiv run" in err
         assert f"pid {holder.pid}" in err
-        assert err.rstrip().endswith("(see README: Recovery runbook > Another run holds the pipeline)"), err
+        assert err.rstrip().endswith("(see docs/operations.md: Recovery runbook > Another run holds the pipeline)"), err
     finally:
         holder.kill()  # the runbook's way: the holder stopped, the run goes on
         holder.wait()
@@ -201,7 +201,7 @@ def test_a_stager_whose_expired_lease_was_taken_over_records_nothing(ledger: Led
         assert "pipeline 'orders_per_minute'" in message
         assert f"now held by krishiv run (pid {second.pid} on " in message
         assert "nothing was written" in message
-        assert message.endswith("(see README: Recovery runbook > Another run holds the pipeline)")
+        assert message.endswith("(see docs/operations.md: Recovery runbook > Another run holds the pipeline)")
         assert [e.batch_id for e in ledger.entries()] == [0]
         assert not ledger.lease_held(old)
         assert not ledger.renew_lease(old, 30)

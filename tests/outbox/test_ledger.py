@@ -30,7 +30,7 @@ from outbox.ledger import _MIGRATIONS, SCHEMA_VERSION, Ledger
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TABLE = "orders_per_minute"
-RUNBOOK = "(see README: Recovery runbook"
+RUNBOOK = "(see docs/operations.md: Recovery runbook"
 REJECTS = "orders_per_minute_rejects"
 CHILD_TIMEOUT_S = 120.0
 

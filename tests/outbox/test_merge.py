@@ -52,7 +52,7 @@ SCHEMA = Schema(
     NestedField(4, "version", LongType(), required=False),
     NestedField(5, "value", DoubleType(), required=False),
 )
-MERGE_RUNBOOK = "(see README: Recovery runbook > A merge the relay refuses)"
+MERGE_RUNBOOK = "(see docs/operations.md: Recovery runbook > A merge the relay refuses)"
 BY_ID = CommitOperation(MERGE, key=("id",))
 BY_ID_VERSIONED = CommitOperation(MERGE, key=("id",), version="version")
 
@@ -450,13 +450,13 @@ def test_a_partitioned_table_rewrites_only_the_touched_partition(catalog, tmp_pa
 
 
 def _at_least(version: int | None, than: int | None) -> bool:
-    """The README's order of versions: a null is lower than every version; equal versions tie."""
+    """The order of versions of docs/spec.md: a null is lower than every version; equal versions tie."""
     return than is None or (version is not None and version >= than)
 
 
 def test_twenty_random_batches_equal_a_dict_of_the_latest_row_per_key(catalog, table, stager) -> None:
     """Each entry as phase 1 stages it (at most one row or versioned delete per key, tombstones unconditional),
-    against the README's rule for a key's row: a row or versioned delete applies when its version is at least the
+    against the rule of docs/spec.md for a key's row: a row or versioned delete applies when its version is at least the
     table row's (nulls lowest); a tombstone deletes, and its key's data row in the same entry is then added."""
     rng = random.Random(20240501)
     oracle: dict[int, tuple[int | None, float]] = {}

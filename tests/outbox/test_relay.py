@@ -19,6 +19,7 @@ from krishiv_core.catalog import ensure_table, load_catalog
 from krishiv_core.entries import COMMITTED, PENDING, OutboxEntry, new_snapshot_id
 from krishiv_core.errors import CatalogUnavailable
 from krishiv_core.faults import FAULTS_ENV, FAULTS_SYNC_ENV
+from krishiv_core.runbook import runbook
 from krishiv_core.spec import PipelineSpec, load_spec
 from krishiv_core.tables import aggregate_table_schema
 from outbox.errors import CommittedBatchesMissing, StagedFileMissing
@@ -142,7 +143,7 @@ def test_a_table_with_no_trace_of_committed_batches_stops_the_relay(catalog: Cat
     entry = stage(catalog, ledger, 1, 1)
     with pytest.raises(CommittedBatchesMissing, match=r"no trace of query q1 .* batches up to 0 as COMMITTED") as info:
         CommitRelay(ledger, catalog).commit_table(TABLE)
-    assert str(info.value).endswith("(see README: Recovery runbook > A catalog that is missing)")
+    assert str(info.value).endswith("(see docs/operations.md: Recovery runbook > A catalog that is missing)")
     assert ledger.get("q1", TABLE, 1).status == PENDING
     assert catalog.load_table(TABLE).metadata.snapshot_by_id(entry.intended_snapshot_id) is None
 
@@ -152,9 +153,7 @@ def test_missing_staged_file_stops_without_committing(catalog: Catalog, ledger: 
     Path(entry.files[0].path.removeprefix("file://")).unlink()
     with pytest.raises(StagedFileMissing, match="missing") as info:
         CommitRelay(ledger, catalog).commit_table(TABLE)
-    assert str(info.value).endswith(
-        "`krishiv restage` stages the batch again (see README: Recovery runbook > A staged file that is gone)"
-    )
+    assert str(info.value).endswith("`krishiv restage` stages the batch again " + runbook("A staged file that is gone"))
     assert ledger.get("q1", TABLE, 0).status == PENDING
     assert catalog.load_table(TABLE).current_snapshot() is None
 

@@ -263,13 +263,13 @@ def test_a_reload_the_catalog_refuses_stops_at_once_naming_what_to_check(
     with pytest.raises(CatalogRefused, match=r"\(HTTP 401\): .*check the token or credential") as refused:
         relay_for(spec, ledger).commit_table(entry.table)
     assert wrong not in str(refused.value)
-    assert str(refused.value).endswith("(see README: Recovery runbook > A catalog that refuses)")
+    assert str(refused.value).endswith("(see docs/operations.md: Recovery runbook > A catalog that refuses)")
     monkeypatch.undo()
 
     other = replace(spec, iceberg=replace(spec.iceberg, properties={**spec.iceberg.properties, "prefix": "nowhere"}))
     with pytest.raises(CatalogRefused, match=rf"table {re.escape(entry.table)} is not in the Iceberg catalog") as info:
         relay_for(other, ledger).commit_table(entry.table)
-    assert str(info.value).endswith("(see README: Recovery runbook > A catalog that refuses)")
+    assert str(info.value).endswith("(see docs/operations.md: Recovery runbook > A catalog that refuses)")
     assert proxy.commits_seen == 0 and ledger.get("q1", entry.table, 0).status == PENDING
 
     # The runbook's way on: the token and the prefix put right, the command run again.

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 
 from krishiv_core.errors import KrishivError
+from krishiv_core.runbook import runbook
 from spark_jobs.batch_state_files import RETAINED_BATCHES
 from spark_jobs.delete_memory import STATE_DIR, DeleteMemoryStore
 from spark_jobs.errors import DeleteMemoryMissing
@@ -53,4 +54,4 @@ def test_a_missing_file_is_refused_and_a_checkpoint_from_before_starts_empty(tmp
     with pytest.raises(DeleteMemoryMissing, match=rf"after batch 4 are not in .*{STATE_DIR}.*batch 5") as raised:
         store.load_before(5)
     assert isinstance(raised.value, KrishivError) and "restore the checkpoint" in str(raised.value)
-    assert str(raised.value).endswith("(see README: Recovery runbook > A checkpoint that does not match its ledger)")
+    assert str(raised.value).endswith(runbook("A checkpoint that does not match its ledger"))

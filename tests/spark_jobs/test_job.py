@@ -9,13 +9,14 @@ import pytest
 
 from krishiv.operations import open_ledger, run_pipelines
 from krishiv_core.catalog import load_catalog, qualified
+from krishiv_core.runbook import runbook
 from krishiv_core.spec import load_spec
 from outbox.errors import LedgerCorrupt
 from spark_jobs.checkpoint import Checkpoint
 from spark_jobs.errors import CheckpointMismatch
 from tests.spark_jobs.pipeline_helpers import assert_exactly_once, produce_orders
 
-RUNBOOK = "(see README: Recovery runbook > A checkpoint that does not match its ledger)"
+RUNBOOK = "(see docs/operations.md: Recovery runbook > A checkpoint that does not match its ledger)"
 
 
 def test_a_checkpoint_ahead_of_its_ledger_refuses_to_start_and_the_runbook_ways_out_go_on(make_spec, spark, tmp_path):
@@ -66,7 +67,7 @@ def test_a_checkpoint_ahead_of_its_ledger_refuses_to_start_and_the_runbook_ways_
     other = load_spec(renamed, env={"KRISHIV_LEDGER_PATH": str(staged_into)})
     with pytest.raises(CheckpointMismatch, match=r"into other tables than the spec's krishiv\.orders_v2_rejects") as no:
         run_pipelines(other, list(other.pipelines), once=True)
-    assert str(no.value).endswith("(see README: Recovery runbook > A spec change the table cannot take)")
+    assert str(no.value).endswith("(see docs/operations.md: Recovery runbook > A spec change the table cannot take)")
     assert not load_catalog(other).table_exists(qualified(other, "orders_v2")), "refused before any table was made"
 
     produce_orders(spec, 500, seed=10, start_ms=1_767_225_600_000 + 3_500 * 50)
@@ -82,4 +83,4 @@ def test_a_ledger_file_that_is_not_a_ledger_is_named_before_spark_starts(make_sp
     Path(ledger_path).write_bytes(b"not a database at all" * 300)
     with pytest.raises(LedgerCorrupt, match=r"is not a DuckDB ledger") as refused:
         run_pipelines(spec, list(spec.pipelines), once=True)
-    assert str(refused.value).endswith("(see README: Recovery runbook > A ledger that is locked or damaged)")
+    assert str(refused.value).endswith(runbook("A ledger that is locked or damaged"))

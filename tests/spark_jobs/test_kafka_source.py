@@ -449,7 +449,7 @@ def test_a_broker_out_of_reach_past_the_bound_is_one_line(monkeypatch, capsys) -
         source.latestOffset({"0": 100}, ReadAllAvailable())
     message = str(info.value)
     assert message.startswith(f"Kafka broker at {BOOTSTRAP} did not answer for ") and "the query stopped" in message
-    assert "README: Recovery runbook > A broker outage" in message and "\n" not in message
+    assert "docs/operations.md: Recovery runbook > A broker outage" in message and "\n" not in message
     assert len(capsys.readouterr().err.splitlines()) == 1, "one line when it went, none per attempt"
 
 

@@ -8,8 +8,8 @@ Through the real broker, Spark and a SQLite catalog, each kind reads a 4-partiti
 3. the kind's own nothing-to-write batch: only tombstones (upsert), only late events (windowed), only malformed
    records in one partition (events).
 
-After each run the tables equal an oracle folded from the produced records by the README's rules, and nothing
-is left pending.
+After each run the tables equal an oracle folded from the produced records by the rules of docs/spec.md, and
+nothing is left pending.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def _value(s: Sent) -> dict | None:
 
 
 def _expected(kind: str, batches: list[list[Sent]]) -> tuple[set, set]:
-    """(the table's rows, the rejects' coordinates), folded from the produced records by the README's rules."""
+    """(the table's rows, the rejects' coordinates), folded from the produced records by the rules of docs/spec.md."""
     rejects = {(s.partition, s.offset) for b in batches for s in b if s.value is not None and _value(s) is None}
     valid = [[(s, _value(s)) for s in b if _value(s) is not None or s.value is None] for b in batches]
     if kind == EVENTS:

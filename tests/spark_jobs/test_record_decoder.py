@@ -1,4 +1,4 @@
-"""Every field type read exactly, by the one rule of README's "Field types", on generated values at the edges.
+"""Every field type read exactly, by the one rule of docs/spec.md's "Field types", on generated values at the edges.
 
 The expected reading of a JSON token is computed here from the rule, with Python's ``json`` (numbers as
 ``Decimal``) and ``Decimal`` arithmetic, never by the implementation; each property decodes its generated records

@@ -3,7 +3,7 @@
 The registry is ``tests.services.schema_registry``: every schema Krishiv reads travels over the client's real HTTP
 path. The producers are confluent-kafka's serializers. The oracle is the records as produced: a record a
 serializer wrote is a row with the values it was given (the first schema's fields; after a restart on a newer
-version, its new field too), any other bytes a reject with the reason the README gives.
+version, its new field too), any other bytes a reject with the reason docs/formats.md gives.
 """
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ def _order_type(with_note: bool) -> Any:
 
 
 def _protobuf_order(cls: Any, rng: random.Random, n: int, with_note: bool) -> tuple[Any, dict[str, Any]]:
-    """A message and the row the README's rule makes of it."""
+    """A message and the row the rule of docs/spec.md makes of it."""
     placed = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(microseconds=rng.randrange(10**13))
     row = {
         "order_id": f"o-{n}",
@@ -321,7 +321,7 @@ def test_the_cli_says_a_registry_outage_in_one_line_without_a_traceback(
     assert result.returncode == 2, result.stderr
     assert len(said) == 1, result.stderr
     assert said[0].startswith("krishiv run: query orders failed: RegistryUnavailable: the Schema Registry at ")
-    assert said[0].endswith("(see README: Recovery runbook > A Schema Registry that does not answer)")
+    assert said[0].endswith("(see docs/operations.md: Recovery runbook > A Schema Registry that does not answer)")
 
 
 def test_commands_that_decode_nothing_load_the_spec_while_the_registry_is_down(

@@ -33,7 +33,7 @@ from spark_jobs.window_state import WindowStateStore, mode_switch_refused
 from tests.spark_jobs.pipeline_helpers import krishiv_cli
 
 PARTITIONS = 2
-SPEC_CHANGE_RUNBOOK = "(see README: Recovery runbook > A spec change the table cannot take)"
+SPEC_CHANGE_RUNBOOK = "(see docs/operations.md: Recovery runbook > A spec change the table cannot take)"
 START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
 SPEC = (
@@ -397,8 +397,8 @@ UPSERT_BY_ORDER = 'kind = "upsert"\nkey = ["order_id"]\nkafka_metadata = ["parti
 def test_a_removed_or_renamed_field_keeps_its_column_and_new_rows_leave_it_null(
     tmp_path, broker, spark, topic, pipeline, change
 ):
-    """README "Changing a spec": a removed field's column is kept (old rows keep their values, new rows have null);
-    a rename is a removal plus a new field. The oracle folds the produced events in offset order: an events table
+    """docs/spec.md, changing a spec: a removed field's column is kept (old rows keep their values, new rows have
+    null); a rename is a removal plus a new field. The oracle folds the produced events in offset order: an events table
     has every event, an upsert table the last event of each order id (the second run updates some old orders)."""
     with_plan = BASE_FIELDS + '\nplan = "string"'
     spec = _spec(tmp_path, broker.bootstrap, topic, pipeline=pipeline, fields=with_plan)

@@ -1,4 +1,4 @@
-"""The upsert rule (README ``kind = "upsert"``, PROTOCOL.md invariant 13): any cut of a stream into batches gives
+"""The upsert rule (docs/spec.md ``kind = "upsert"``, PROTOCOL.md invariant 13): any cut of a stream into batches gives
 the same table, the one :func:`chaos.kinds_oracle.fold_upserts` folds from the events one at a time.
 
 The property test generates random streams over a few keys, each key in one partition (its Kafka key): rows with

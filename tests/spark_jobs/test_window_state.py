@@ -13,6 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from krishiv_core.runbook import runbook
 from krishiv_core.spec import Aggregation, load_spec
 from spark_jobs.batch_state_files import RETAINED_BATCHES
 from spark_jobs.errors import WindowStateMissing
@@ -128,7 +129,7 @@ def test_the_state_store_keeps_each_batchs_windows_and_watermark_and_names_a_mis
 
     with pytest.raises(WindowStateMissing, match=r"after batch 4 .* batch 5") as info:
         store.load_before(5)
-    assert str(info.value).endswith("(see README: Recovery runbook > A checkpoint that does not match its ledger)")
+    assert str(info.value).endswith(runbook("A checkpoint that does not match its ledger"))
 
     for batch_id in range(1, RETAINED_BATCHES + 5):
         store.save(batch_id, WindowState(state, T0_MS))
@@ -161,7 +162,7 @@ def test_the_state_keeps_its_output_mode_and_a_switch_is_refused_only_while_wind
     append = replace(PIPELINE, output_mode="append")
     refused = mode_switch_refused(append, with_windows, "the checkpoint")
     assert refused is not None and "from 'update' to 'append' while 1 window(s) are open" in str(refused)
-    assert str(refused).endswith("(see README: Recovery runbook > A spec change the table cannot take)")
+    assert str(refused).endswith("(see docs/operations.md: Recovery runbook > A spec change the table cannot take)")
     assert mode_switch_refused(append, without, "the checkpoint") is None, "no open window: the switch is safe"
     assert mode_switch_refused(replace(PIPELINE, output_mode="update"), with_windows, "the checkpoint") is None
     unknown = WindowState(open_windows, T0_MS)  # saved before the mode was recorded: nothing to compare
