@@ -68,8 +68,13 @@ def cmd_produce(args: argparse.Namespace, spec: KrishivSpec) -> int:
         return 0
     console.print(
         f"produced {len(events)} events to {pipeline.topic} on {spec.kafka.bootstrap_servers} "
-        f"({args.late} late, {args.malformed} malformed, seed {args.seed})"
+        f"({args.late} ten minutes behind in event time, {args.malformed} malformed, seed {args.seed})"
     )
+    if args.late:
+        console.print(
+            "an event behind in time is counted late (and dropped) by a windowed pipeline only when a batch before "
+            "its own already closed its window: `krishiv run --once` over all of them at once counts none"
+        )
     return 0
 
 

@@ -227,7 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--records", type=_count, default=10_000, help="how many orders")
     p.add_argument("--rate", type=float, help="events per second (default: as fast as possible)")
     p.add_argument("--seed", type=int, default=7, help="the random seed: the same seed gives the same orders")
-    p.add_argument("--late", type=_count, default=0, help="how many events arrive ten minutes late")
+    p.add_argument(
+        "--late",
+        type=_count,
+        default=0,
+        help="how many events carry an event time ten minutes behind the others (placed in the last quarter)",
+    )
     p.add_argument("--malformed", type=_count, default=0, help="how many events are malformed")
 
     r = _command(
