@@ -74,7 +74,7 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
         for t in s.tables:
             console.print(
                 f"  {escape(table_name(spec, t.table, args.wide))}: {t.pending} pending, {t.committed} committed, "
-                f"{t.rows_staged} rows {'merged' if t.table in merged else 'appended'}"
+                f"{counted(t.rows_staged, 'row')} {'merged' if t.table in merged else 'appended'}"
             )
             if t.last_commit_at is None:
                 console.print("    no commit yet")
