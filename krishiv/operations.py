@@ -21,7 +21,8 @@ from krishiv_core.env_settings import seconds_from_env
 from krishiv_core.errors import KrishivError
 from krishiv_core.runbook import before_pointer, runbook
 from krishiv_core.spec import KrishivSpec, PipelineSpec
-from outbox.ledger import DEFAULT_LOCK_TIMEOUT_S, Ledger
+from outbox.ledger import Ledger
+from outbox.ledger.connection import DEFAULT_LOCK_TIMEOUT_S
 
 if TYPE_CHECKING:  # Spark and pyiceberg load only when an operation runs, keeping `krishiv status` quick
     from pyiceberg.catalog import Catalog

@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from krishiv_core.entries import OutboxEntry
-from outbox.ledger import Ledger, PendingBatch, StagerLease
+from outbox.ledger import Ledger
+from outbox.ledger.entries import PendingBatch
+from outbox.ledger.leases import StagerLease
 
 #: ``krishiv status`` warns of batches pending longer than this many seconds (``KRISHIV_STATUS_PENDING_S``).
 PENDING_AGE_ENV = "KRISHIV_STATUS_PENDING_S"

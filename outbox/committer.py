@@ -47,7 +47,7 @@ from outbox.errors import (
     MergeRefused,
     StagedFileMissing,
 )
-from outbox.ledger import DEFAULT_RETENTION_S, CompactionReport
+from outbox.ledger.retention import DEFAULT_RETENTION_S, CompactionReport
 from outbox.relay import CommitRelay, TableCommitReport
 
 log = logging.getLogger(__name__)

@@ -28,7 +28,8 @@ from typing import Any
 
 from krishiv_core.errors import StagerLeaseLost
 from outbox.errors import LedgerBusyError, OutboxError
-from outbox.ledger import Ledger, StagerLease
+from outbox.ledger import Ledger
+from outbox.ledger.leases import StagerLease
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,8 @@ import socket
 from datetime import UTC, datetime, timedelta
 
 from krishiv.status import BrokerSide, PartitionLag, PipelineStatus, status_warnings
-from outbox.ledger import PendingBatch, StagerLease, node_identity
+from outbox.ledger.entries import PendingBatch
+from outbox.ledger.leases import StagerLease, node_identity
 
 NOW = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
 

@@ -20,7 +20,8 @@ from krishiv_core.entries import OutboxEntry
 from krishiv_core.errors import StagerLeaseLost
 from outbox.errors import StagerBusy
 from outbox.lease import HeldLease, stager_lease
-from outbox.ledger import Ledger, StagerLease, node_identity, process_token
+from outbox.ledger import Ledger
+from outbox.ledger.leases import StagerLease, node_identity, process_token
 
 HOLD = (
     "import sys, time; from outbox.ledger import Ledger;"

@@ -26,7 +26,8 @@ from outbox.errors import (
     LedgerSchemaError,
     OffsetSkipConflict,
 )
-from outbox.ledger import _MIGRATIONS, SCHEMA_VERSION, Ledger
+from outbox.ledger import Ledger
+from outbox.ledger.schema import MIGRATIONS, SCHEMA_VERSION
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TABLE = "orders_per_minute"
@@ -179,6 +180,34 @@ def test_mark_committed(ledger: Ledger) -> None:
     stored1 = ledger.get("q1", TABLE, 1)
     assert stored1 is not None and stored1.status == COMMITTED and stored1.committed_snapshot_id is None
     assert ledger.pending(TABLE) == []
+
+
+def test_times_read_back_are_utc_whatever_the_machines_zone(ledger_path: Path) -> None:
+    """status, lineage and --json print the ledger's times as UTC; in a process whose zone is not UTC, DuckDB would
+    hand back its local time (the same instant, labelled with another offset, printed as if it were UTC)."""
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from datetime import UTC, datetime
+        sys.path[:0] = {[str(Path(__file__).resolve().parents[2])]!r}
+        from tests.outbox.test_ledger import TABLE, _entry
+        from outbox.ledger import Ledger
+        ledger = Ledger({str(ledger_path)!r})
+        entry = _entry("q1", 0)
+        ledger.record_batch([entry])
+        before = datetime.now(UTC)
+        ledger.mark_committed(entry, 1)
+        stored, summary = ledger.get("q1", TABLE, 0), ledger.table_summary(TABLE)
+        for when in (stored.created_at, stored.committed_at, summary.last_commit_at):
+            assert when.utcoffset().total_seconds() == 0, when
+        assert abs((summary.last_commit_at - before).total_seconds()) < 60
+        print("ok")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], env={**os.environ, "TZ": "Asia/Kolkata"}, capture_output=True, text=True
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
 def test_pending_is_in_batch_order(ledger: Ledger) -> None:
@@ -728,7 +757,7 @@ def _schema_2_ledger(path: Path, entries: list[OutboxEntry]) -> None:
     con = duckdb.connect(str(path))
     try:
         con.execute("CREATE TABLE ledger_meta (key VARCHAR PRIMARY KEY, value VARCHAR)")
-        for migration in _MIGRATIONS[:2]:
+        for migration in MIGRATIONS[:2]:
             con.execute(migration)
         con.execute("INSERT INTO ledger_meta VALUES ('schema_version', '2')")
         for e in entries:
@@ -825,7 +854,7 @@ def _schema_7_ledger(path: Path) -> None:
     con = duckdb.connect(str(path))
     try:
         con.execute("CREATE TABLE ledger_meta (key VARCHAR PRIMARY KEY, value VARCHAR)")
-        for migration in _MIGRATIONS[:7]:
+        for migration in MIGRATIONS[:7]:
             con.execute(migration)
         con.execute("INSERT INTO ledger_meta VALUES ('schema_version', '7')")
         for e, status in ((_entry("q1", 0), COMMITTED), (_entry("q1", 1), PENDING)):
