@@ -44,9 +44,6 @@ Progress = Callable[[str], None]
 #: Takes the report of each table a continuous run's committer committed to (or found its batches in).
 CommitReporter = Callable[["TableCommitReport"], None]
 
-#: Who a continuous run's commits are recorded as in the ledger.
-RUN_COMMITTER = "krishiv run"
-
 
 class RunInterrupted(KrishivError):
     """A signal stopped a one-shot run between batches: what was staged is kept, the rest waits for the next run."""
@@ -235,7 +232,7 @@ def run_pipelines(
             ensure_pipeline_tables(
                 catalog, spec, p, pending=lambda t: len(ledger.pending_batches([t])), defer_schema=True
             )
-        committer = _start_committer(spec, pipelines, ledger, on_commit, say) if committing else None
+        committer = _start_committer(spec, pipelines, ledger, on_commit, say, holder) if committing else None
         if committer is not None:  # a final pass once the queries have stopped (callbacks run last in, first out)
             stack.callback(committer.stop)
         if spark is None:
@@ -338,8 +335,11 @@ def _start_committer(
     ledger: Ledger,
     on_commit: CommitReporter | None,
     say: Progress,
+    committed_by: str,
 ) -> Committer:
-    """A committer for every table of ``pipelines``, started: its first pass commits what an earlier run left.
+    """A committer for every table of ``pipelines``, started: its first pass commits what an earlier run left. The
+    ledger records each of its commits as made by ``committed_by``, the lease holder's name (``krishiv run``, or
+    ``dagster run <run id>`` for a lingering staging run).
 
     Its catalog is its own, built from the spec in its thread: the queries' catalog is used by Spark's
     ``foreachBatch`` thread, and a REST catalog's HTTP session is not safe to share between threads."""
@@ -347,7 +347,7 @@ def _start_committer(
     from outbox.committer import Committer
     from outbox.relay import CommitRelay
 
-    relay = CommitRelay(ledger, lambda: load_catalog(spec), redact(spec.catalog_uri()), committed_by=RUN_COMMITTER)
+    relay = CommitRelay(ledger, lambda: load_catalog(spec), redact(spec.catalog_uri()), committed_by=committed_by)
     tables = [qualified(spec, t) for p in pipelines for t in p.all_tables]
     tables += [t for t in ledger.pending_tables([p.name for p in pipelines]) if t not in tables]  # a removed route's
     committer = Committer(relay, tables, on_report=on_commit, progress=say)

@@ -8,8 +8,10 @@
   table, an events pipeline's table or each of its routes', then the rejects table): phase 2. The commit relay
   promotes pending entries into snapshots, in batch order, and materializes every one of these tables.
 
-Every materialization reports numeric metadata, so the UI plots it over time. Pools (``dagster.yaml``) keep
-one staging run per pipeline (its checkpoint admits one query) and one commit run per table at a time.
+Every materialization reports numeric metadata, so the UI plots it over time; ids are text, which it does not plot
+(:mod:`krishiv_assets.commit_reports` names them). Each table asset has a freshness policy
+(:mod:`krishiv_assets.freshness`). Pools (``dagster.yaml``) keep one staging run per pipeline (its checkpoint
+admits one query) and one commit run per table at a time.
 """
 
 from __future__ import annotations
@@ -21,6 +23,14 @@ from dataclasses import dataclass
 import dagster as dg
 
 from krishiv.verify import table_rows
+from krishiv_assets.commit_reports import (
+    added,
+    batch_counts,
+    batch_metadata,
+    dagster_committer,
+    identifier,
+)
+from krishiv_assets.freshness import FreshnessWindows, freshness_windows
 from krishiv_assets.resources import (
     IcebergCatalogResource,
     KafkaResource,
@@ -67,8 +77,8 @@ class PipelineKeys:
         return list(self.tables.values())[-1]
 
 
-#: How a Dagster commit run names itself in the ledger (``committed_by``); the outbox sensor reports the other commits.
-DAGSTER_COMMITTER = "dagster run"
+#: A commit run reads the commits it made back from the ledger, at most this many (its metadata's durations).
+RUN_COMMITS_READ = 100_000
 
 
 def table_key(spec: KrishivSpec, table: str) -> dg.AssetKey:
@@ -143,8 +153,13 @@ def topic_asset(spec: KrishivSpec, topic: str) -> dg.AssetSpec:
     )
 
 
-def pipeline_assets(spec: KrishivSpec, pipeline: PipelineSpec) -> list[dg.AssetsDefinition | dg.AssetSpec]:
+def pipeline_assets(
+    spec: KrishivSpec, pipeline: PipelineSpec, freshness: FreshnessWindows | None = None
+) -> list[dg.AssetsDefinition | dg.AssetSpec]:
+    """The topic, staging and table assets; each table's freshness policy from ``freshness`` (by default the
+    environment's windows)."""
     keys = PipelineKeys.of(spec, pipeline)
+    windows = freshness if freshness is not None else freshness_windows()
     group = pipeline.name
     first = qualified(spec, pipeline.tables[0])  # its entries carry each batch's counts
 
@@ -182,6 +197,7 @@ def pipeline_assets(spec: KrishivSpec, pipeline: PipelineSpec) -> list[dg.Assets
             catalog, book = iceberg.catalog(), ledger.ledger()  # a catalog that is down fails before Spark starts
             stop = IdleStop(plan, unstaged_records(spec, pipeline, book, kafka))
             context.log.info(f"staging {pipeline.name} {plan.describe()}")
+            this_run = dagster_committer(context.run.run_id)
             running = run_pipelines(
                 run_spec(spec, kafka=kafka, spark=spark, iceberg=iceberg),
                 [pipeline],
@@ -189,7 +205,7 @@ def pipeline_assets(spec: KrishivSpec, pipeline: PipelineSpec) -> list[dg.Assets
                 spark=spark.session(),
                 catalog=catalog,
                 ledger=book,
-                holder=f"dagster run {context.run.run_id}",
+                holder=this_run,
                 reporter=lambda _name: stop.on_batch,
                 progress=context.log.info,
                 stop_when=stop,
@@ -224,7 +240,8 @@ def pipeline_assets(spec: KrishivSpec, pipeline: PipelineSpec) -> list[dg.Assets
                 group_name=group,
                 kinds={"iceberg"},
                 description=table_description(pipeline, name),
-                metadata={"table": qualified(spec, name)},
+                metadata={"table": qualified(spec, name), "freshness": windows.describe()},
+                freshness_policy=windows.policy(),
             )
             for name, key in keys.tables.items()
         ],
@@ -241,14 +258,18 @@ def pipeline_assets(spec: KrishivSpec, pipeline: PipelineSpec) -> list[dg.Assets
 
         names = {key: qualified(spec, name) for name, key in keys.tables.items()}
         refused: TablesRefused | None = None
+        by = dagster_committer(context.run.run_id)  # this run materializes what it commits
         try:
             catalog, book = iceberg.catalog(), ledger.ledger()
-            by = f"{DAGSTER_COMMITTER} {context.run.run_id[:8]}"  # this run materializes what it commits
+            since = book.last_commit_seq()
             try:
                 reports = commit_pipelines(spec, [pipeline], catalog=catalog, ledger=book, committed_by=by)
             except TablesRefused as exc:  # every other table was committed: materialized below, then the run fails
                 refused, reports = exc, exc.reports
             pending = book.pending_batches(list(names.values()), pipeline=pipeline.name)
+            made = book.commits_since(since, list(names.values()), RUN_COMMITS_READ)
+            made = [c for c in made if c.committed_by == by]  # not a committer's that ran meanwhile
+            counts = batch_counts(book, made, first)
         except KrishivError as exc:
             raise run_failure(exc) from exc
         by_table = {r.table: r for r in reports}
@@ -266,22 +287,28 @@ def pipeline_assets(spec: KrishivSpec, pipeline: PipelineSpec) -> list[dg.Assets
             table = catalog.load_table(name)
             current = table.current_snapshot()
             latencies = report.commit_latencies_ms
-            yield dg.MaterializeResult(
-                asset_key=key,
-                metadata={
-                    "snapshots_committed": len(report.committed),
-                    "batches_found_committed": len(report.recovered),
-                    "empty_batches": len(report.empty),
-                    "rows_committed": report.records,
-                    "current_snapshot_id": current.snapshot_id if current else 0,
-                    "snapshots": len(table.snapshots()),
-                    "dagster/row_count": table_rows(table),
-                    "commit_latency_p50_ms": float(statistics.median(latencies)) if latencies else 0.0,
-                    "commit_latency_max_ms": float(max(latencies)) if latencies else 0.0,
-                    "pending_entries": sum(1 for e in pending if e.table == name),
-                    "committed_batches": dg.MetadataValue.json(report.committed),
-                },
-            )
+            waits = [c.staged_to_committed_s for c in made if c.table == name]
+            snapshots = [table.metadata.snapshot_by_id(s) for s in report.snapshot_ids]
+            metadata: dict[str, object] = {
+                "snapshots_committed": len(report.committed),
+                "batches_found_committed": len(report.recovered),
+                "empty_batches": len(report.empty),
+                "rows_committed": report.records,
+                **added(s.summary.additional_properties if s and s.summary else None for s in snapshots),
+                "current_snapshot_id": identifier(current.snapshot_id if current else None),
+                "snapshots": len(table.snapshots()),
+                "dagster/row_count": table_rows(table),
+                "commit_latency_p50_ms": float(statistics.median(latencies)) if latencies else 0.0,
+                "commit_latency_max_ms": float(max(latencies)) if latencies else 0.0,
+                "pending_entries": sum(1 for e in pending if e.table == name),
+                "committed_by": by,
+                "committed_batches": dg.MetadataValue.json(report.committed),
+            }
+            if waits:
+                metadata["staged_to_committed_s"] = round(max(waits), 3)
+            if name == first:
+                metadata.update(batch_metadata(counts.values()))
+            yield dg.MaterializeResult(asset_key=key, metadata=metadata)
         if refused is not None:
             raise run_failure(refused)
 

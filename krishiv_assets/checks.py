@@ -28,8 +28,11 @@ And on the pipeline's first table, whose entries carry each batch's counts:
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TypeVar
 
 import dagster as dg
 
@@ -42,6 +45,25 @@ from krishiv_core.tables import OutputTable, output_tables
 
 #: At most this many offending rows are listed in a check's metadata.
 LISTED = 100
+#: A check that compares a table with the ledger reads one, then the other, while a committer (``krishiv run``, a
+#: lingering staging run) may be between its catalog commit and its ledger mark: a disagreement is looked at again,
+#: from a fresh table and ledger read, this many times in all, this far apart, and only one that stays is reported.
+SETTLE_ATTEMPTS = 3
+SETTLE_PAUSE_S = 0.5
+
+Outcome = TypeVar("Outcome")
+
+
+def settled(evaluate: Callable[[], Outcome], agrees: Callable[[Outcome], bool]) -> Outcome:
+    """``evaluate()`` until ``agrees`` says its outcome shows no disagreement, :data:`SETTLE_ATTEMPTS` times at most;
+    the last outcome. A real disagreement costs a second more; a commit caught half-way does not fail the check."""
+    outcome = evaluate()
+    for _ in range(SETTLE_ATTEMPTS - 1):
+        if agrees(outcome):
+            break
+        time.sleep(SETTLE_PAUSE_S)
+        outcome = evaluate()
+    return outcome
 
 
 @dataclass(frozen=True)
@@ -60,11 +82,14 @@ ROW_CHECKS = {
 }
 
 
-def _current(table) -> dict[str, int]:
+def _current(table) -> dict[str, object]:
     from krishiv.verify import table_rows
 
     current = table.current_snapshot()
-    return {"rows": table_rows(table), "snapshot_id": current.snapshot_id if current else 0}
+    return {
+        "rows": table_rows(table),
+        "snapshot_id": dg.MetadataValue.text(str(current.snapshot_id) if current else "none"),
+    }
 
 
 def _duplicates_check(spec: KrishivSpec, pipeline: PipelineSpec, output: OutputTable) -> dg.AssetChecksDefinition:
@@ -140,10 +165,13 @@ def _offsets_check(spec: KrishivSpec, pipeline: PipelineSpec, output: OutputTabl
         )
 
         catalog = iceberg.catalog()
-        table = catalog.load_table(table_name)
         if not checks_offsets(pipeline):
-            committed = ledger.ledger().committed_batches(table_name).total_records
-            rows = table_rows(table)
+
+            def counts() -> tuple[object, int, int]:
+                fresh = catalog.load_table(table_name)
+                return fresh, table_rows(fresh), ledger.ledger().committed_batches(table_name).total_records
+
+            table, rows, committed = settled(counts, lambda c: c[1] == c[2])
             return dg.AssetCheckResult(
                 passed=rows == committed,
                 description=(
@@ -153,6 +181,7 @@ def _offsets_check(spec: KrishivSpec, pipeline: PipelineSpec, output: OutputTabl
                 ),
                 metadata={**_current(table), "ledger_committed_rows": committed, "by_offset": False},
             )
+        table = catalog.load_table(table_name)
         names = [qualified(spec, t) for t in pipeline.all_tables]
         tables = {n: table if n == table_name else catalog.load_table(n) for n in names}
         repeats = [r for r in repeated_offsets(tables, rejects=names[-1]) if any(t == table_name for t, _ in r.tables)]
@@ -239,9 +268,13 @@ def _ledger_check(
     def ledger_agreement(iceberg: IcebergCatalogResource, ledger: LedgerResource) -> dg.AssetCheckResult:
         from krishiv.verify import check_ledger_agreement
 
-        table = iceberg.catalog().load_table(table_name)
         book = ledger.ledger()
-        problems = check_ledger_agreement(table, table_name, book, merge=merge, rows_by_ledger=rows_by_ledger)
+
+        def agreement() -> list[str]:
+            table = iceberg.catalog().load_table(table_name)
+            return check_ledger_agreement(table, table_name, book, merge=merge, rows_by_ledger=rows_by_ledger)
+
+        problems = settled(agreement, lambda found: not found)
         now = datetime.now(UTC)
         summary = book.table_summary(table_name)
         pending = book.pending_batches([table_name])

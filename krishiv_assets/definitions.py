@@ -21,6 +21,7 @@ import dagster as dg
 
 from krishiv_assets.assets import PipelineKeys, pipeline_assets
 from krishiv_assets.checks import DEFAULT_THRESHOLDS, CheckThresholds, pipeline_checks
+from krishiv_assets.freshness import FreshnessWindows, freshness_windows
 from krishiv_assets.maintenance import maintenance_asset, maintenance_job, maintenance_schedule
 from krishiv_assets.removed_pipelines import (
     removed_pipelines_asset,
@@ -58,10 +59,18 @@ def commit_job_name(pipeline: PipelineSpec) -> str:
     return f"{pipeline.name}_commit_job"
 
 
+def checks_job_name(pipeline: PipelineSpec) -> str:
+    return f"{pipeline.name}_checks_job"
+
+
 def pipeline_definitions(
-    spec: KrishivSpec, pipeline: PipelineSpec, thresholds: CheckThresholds = DEFAULT_THRESHOLDS
+    spec: KrishivSpec,
+    pipeline: PipelineSpec,
+    thresholds: CheckThresholds = DEFAULT_THRESHOLDS,
+    freshness: FreshnessWindows | None = None,
 ) -> PipelineDefinitions:
-    """Everything one pipeline contributes; adding a pipeline to the spec adds all of it."""
+    """Everything one pipeline contributes; adding a pipeline to the spec adds all of it. ``freshness``: the table
+    assets' freshness windows, by default from the environment (:func:`krishiv_assets.freshness.freshness_windows`)."""
     keys = PipelineKeys.of(spec, pipeline)
     tags = {"krishiv/pipeline": pipeline.name}
     stage = dg.define_asset_job(
@@ -78,12 +87,23 @@ def pipeline_definitions(
         executor_def=dg.in_process_executor,
         description=f"Phase 2 of {pipeline.name}: commit pending batches, then check (the outbox sensor starts it).",
     )
+    checks = dg.define_asset_job(
+        checks_job_name(pipeline),
+        selection=dg.AssetSelection.checks_for_assets(*keys.tables.values()),
+        tags={**tags, "krishiv/step": "checks"},
+        executor_def=dg.in_process_executor,
+        description=(
+            f"The checks of {pipeline.name}'s tables, no commit: the outbox sensor starts it after reporting commits "
+            "made outside a commit run, so their materializations are checked too."
+        ),
+    )
     maintain = maintenance_job(pipeline)
+    windows = freshness if freshness is not None else freshness_windows()
     return PipelineDefinitions(
-        assets=[*pipeline_assets(spec, pipeline), maintenance_asset(spec, pipeline)],
+        assets=[*pipeline_assets(spec, pipeline, windows), maintenance_asset(spec, pipeline)],
         checks=pipeline_checks(spec, pipeline, thresholds),
-        jobs=[stage, commit, maintain],
-        sensors=[outbox_sensor(spec, pipeline, commit), kafka_sensor(spec, pipeline, stage)],
+        jobs=[stage, commit, checks, maintain],
+        sensors=[outbox_sensor(spec, pipeline, commit, checks), kafka_sensor(spec, pipeline, stage)],
         schedules=[maintenance_schedule(spec, pipeline, maintain)],
     )
 
@@ -128,9 +148,13 @@ def build_resources(spec: KrishivSpec, env_overrides: Collection[str] = ()) -> d
 
 
 def build_definitions(
-    spec: KrishivSpec, env_overrides: Collection[str] = (), thresholds: CheckThresholds = DEFAULT_THRESHOLDS
+    spec: KrishivSpec,
+    env_overrides: Collection[str] = (),
+    thresholds: CheckThresholds = DEFAULT_THRESHOLDS,
+    freshness: FreshnessWindows | None = None,
 ) -> dg.Definitions:
-    parts = [*(pipeline_definitions(spec, p, thresholds) for p in spec.pipelines), removed_definitions(spec)]
+    windows = freshness if freshness is not None else freshness_windows()
+    parts = [*(pipeline_definitions(spec, p, thresholds, windows) for p in spec.pipelines), removed_definitions(spec)]
     assets: dict[object, dg.AssetsDefinition | dg.AssetSpec] = {}
     for a in (a for p in parts for a in p.assets):
         # A topic several pipelines read is one external asset (the same spec from each pipeline).

@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING
 import dagster as dg
 from dagster import SensorEvaluationContext
 
-from krishiv_assets.assets import DAGSTER_COMMITTER, run_failure
+from krishiv_assets.assets import run_failure
+from krishiv_assets.commit_reports import dagster_committer
 from krishiv_assets.resources import IcebergCatalogResource, LedgerResource
 from krishiv_assets.sensors import (
     OUTBOX_SENSOR_INTERVAL_S,
@@ -44,7 +45,8 @@ from krishiv_assets.sensors import (
 from krishiv_core.errors import KrishivError
 from krishiv_core.spec import KrishivSpec
 from outbox.errors import LedgerBusyError, LedgerCorrupt
-from outbox.ledger import Ledger, PendingBatch
+from outbox.ledger import Ledger
+from outbox.ledger.entries import PendingBatch
 
 if TYPE_CHECKING:  # outbox.relay loads pyiceberg: a commit run imports it when it commits
     from outbox.relay import TableCommitReport
@@ -166,7 +168,7 @@ def removed_pipelines_asset(spec: KrishivSpec) -> dg.AssetsDefinition:
                 context.log.info(f"{describe(name, batches)}: committing them to the tables they were staged for")
             reports = []
             if pending:
-                by = f"{DAGSTER_COMMITTER} {context.run.run_id[:8]}"
+                by = dagster_committer(context.run.run_id)
                 try:
                     reports = commit_pipelines(
                         spec, [], catalog=iceberg.catalog(), ledger=book, committed_by=by, removed_pipelines=True

@@ -9,12 +9,22 @@
   run is in flight and ``RETRY_AFTER_S`` has passed. While a live stager lease says its process commits its
   own batches (a continuous ``krishiv run``), fresh entries are left to it: only entries pending longer than
   ``COMMITTER_GRACE_S`` (the committer is down, stuck, or the catalog is out) get a commit run.
-  Each tick also reports the commits made outside Dagster's runs (by ``krishiv run``'s committer or ``krishiv
-  commit``) since the last one reported, read from the ledger by their ``commit_seq``, as materializations of
-  the table's asset (a sensor result's asset events): the UI's plots stay current without a run per batch.
-  A Dagster commit run materializes what it commits itself, so its commits are not reported again. At most
-  ``REPORT_LIMIT`` per tick; the rest on the next one. A cursor without a ``commit_seq`` (a new sensor, or one
-  written by an older Krishiv) starts at the ledger's latest commit: history is not replayed into the UI.
+  Each tick also reports the commits no commit run materialized (made by ``krishiv run``'s committer, ``krishiv
+  commit``, or a lingering staging run's committer) since the last one reported, read from the ledger by their
+  ``commit_seq``, as materializations of the table's asset (a sensor result's asset events), an empty batch's too:
+  the UI's plots and each table's freshness policy stay current without a run per batch. The metadata
+  (:mod:`krishiv_assets.commit_reports`) adds the snapshot's rows and bytes (the catalog, one load per table and
+  tick), the batch's rejects and late events (the ledger), and the lag behind the topic's end (the broker, asked
+  once per tick). A commit whose ``committed_by`` names a Dagster run that materializes the table (the commit job,
+  or a run whose asset selection has it) is not reported again; any other is, a run of the commit job included
+  when this instance does not know it. At most ``REPORT_LIMIT`` per tick; the rest on the next one. A cursor
+  without a ``commit_seq`` (a new sensor, or one written by an older Krishiv) starts at the ledger's latest
+  commit: history is not replayed into the UI.
+  A materialization the sensor reports has no check evaluation, so the UI would show the table's checks as "Not
+  evaluated" until the next commit run: after reporting commits the sensor also requests a run of the pipeline's
+  **checks job** (``<pipeline>_checks_job``: every check of the pipeline's tables, no commit), at most one every
+  ``KRISHIV_CHECKS_INTERVAL_S`` (default 60) and none while one is in flight; commits reported meanwhile get the
+  next one, so the newest materialization is always checked within about the interval plus a run's start.
 - The **Kafka sensor** requests a staging run when the topic holds records beyond what the ledger has
   staged, unless a staging run is in flight or ``krishiv run`` stages the pipeline continuously (it holds
   the pipeline's stager lease).
@@ -39,14 +49,23 @@ from datetime import UTC, datetime
 import dagster as dg
 from dagster import SensorEvaluationContext
 
-from krishiv_assets.assets import DAGSTER_COMMITTER, PipelineKeys
-from krishiv_assets.resources import KafkaResource, LedgerResource
+from krishiv_assets.assets import PipelineKeys
+from krishiv_assets.commit_reports import (
+    CommitFacts,
+    commit_materialization,
+    dagster_run_id,
+    gather_facts,
+    pending_by_table,
+)
+from krishiv_assets.resources import IcebergCatalogResource, KafkaResource, LedgerResource
 from krishiv_core.catalog import qualified
-from krishiv_core.entries import OffsetRanges
+from krishiv_core.env_settings import seconds_from_env
 from krishiv_core.errors import ConfigError
 from krishiv_core.spec import KrishivSpec, PipelineSpec
 from outbox.errors import LedgerBusyError, LedgerCorrupt
-from outbox.ledger import CommitRecord, PendingBatch, StagerLease
+from outbox.ledger.entries import PendingBatch
+from outbox.ledger.leases import StagerLease
+from outbox.ledger.queries import CommitRecord
 
 OUTBOX_SENSOR_INTERVAL_S = 5  # the daemon evaluates sensors at most every 5 s anyway
 KAFKA_SENSOR_INTERVAL_S = 5
@@ -58,8 +77,9 @@ SENSOR_LEDGER_TIMEOUT_S = 5.0
 COMMITTER_GRACE_S = 15.0
 #: Commits reported as materializations per tick (the rest on the next tick).
 REPORT_LIMIT = 50
-#: Partitions named in a reported commit's offsets before the rest are counted.
-SHOWN_PARTITIONS = 8
+#: The shortest time between two checks runs a pipeline's outbox sensor requests (seconds; default 60).
+CHECKS_INTERVAL_ENV = "KRISHIV_CHECKS_INTERVAL_S"
+DEFAULT_CHECKS_INTERVAL_S = 60.0
 
 WAITING = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING]
 IN_FLIGHT = [*WAITING, dg.DagsterRunStatus.STARTED]
@@ -68,13 +88,16 @@ IN_FLIGHT = [*WAITING, dg.DagsterRunStatus.STARTED]
 @dataclass
 class SensorCursor:
     """What a sensor last requested: per query the highest batch (outbox) or the offsets (Kafka), and when; and
-    (outbox) the ``commit_seq`` of the last commit reported, None until the first tick reads it."""
+    (outbox) the ``commit_seq`` of the last commit reported, None until the first tick reads it, whether commits
+    were reported since the last checks run was requested (``unchecked``), and when that was."""
 
     requested: dict[str, int] = field(default_factory=dict)
     requested_at: float = 0.0
     retries: int = 0
     commit_seq: int | None = None
     shown: str | None = None  # what a sensor's check evaluation last showed (a digest), None before the first
+    unchecked: bool = False
+    checks_requested_at: float = 0.0
 
     @classmethod
     def parse(cls, text: str | None) -> SensorCursor:
@@ -88,6 +111,8 @@ class SensorCursor:
             int(raw.get("retries", 0)),
             None if seq is None else int(seq),
             raw.get("shown"),
+            bool(raw.get("unchecked", False)),
+            float(raw.get("checks_requested_at", 0.0)),
         )
 
     def dumps(self) -> str:
@@ -100,60 +125,51 @@ class SensorCursor:
             raw["commit_seq"] = self.commit_seq
         if self.shown is not None:
             raw["shown"] = self.shown
+        if self.unchecked:
+            raw["unchecked"] = True
+        if self.checks_requested_at:
+            raw["checks_requested_at"] = self.checks_requested_at
         return json.dumps(raw, sort_keys=True)
 
 
-def committed_outside_dagster(commit: CommitRecord) -> bool:
-    """A commit no Dagster run materialized: made by ``krishiv run``'s committer or ``krishiv commit``."""
-    return not (commit.committed_by or "").startswith(DAGSTER_COMMITTER)
-
-
-def offsets_text(offsets: OffsetRanges) -> str:
-    """A batch's offsets in a line: ``orders 0:[10,20) 1:[5,9)``, the first partitions only when there are many."""
-    parts = []
-    for topic, ranges in sorted(offsets.items()):
-        shown = [f"{p}:[{start},{end})" for p, (start, end) in list(ranges.items())[:SHOWN_PARTITIONS]]
-        more = len(ranges) - len(shown)
-        parts.append(" ".join([topic, *shown] + ([f"(+{more} partitions)"] if more > 0 else [])))
-    return "; ".join(parts)
-
-
-def commit_materialization(commit: CommitRecord, key: dg.AssetKey, pending: int) -> dg.AssetMaterialization:
-    """A commit made outside Dagster as a materialization of its table's asset; the keys the commit run's own
-    materializations use (``rows_committed``, ``snapshots_committed``, ``pending_entries``) continue its plots."""
-    metadata: dict[str, object] = {
-        "batch_id": commit.batch_id,
-        "snapshot_id": commit.committed_snapshot_id,
-        "snapshots_committed": 1,
-        "rows_committed": commit.record_count,
-        "query_id": commit.query_id,
-        "kafka_offsets": offsets_text(commit.offsets),
-        "staged_to_committed_s": round(commit.staged_to_committed_s, 3),
-        "committed_by": commit.committed_by or "unknown",
-        "committed_at": dg.MetadataValue.timestamp(commit.committed_at),
-        "pending_entries": pending,
-    }
-    if commit.commit_ms is not None:
-        metadata["commit_latency_ms"] = round(commit.commit_ms, 2)
-    return dg.AssetMaterialization(
-        asset_key=key,
-        description=f"batch {commit.batch_id} committed by {commit.committed_by or 'another process'}",
-        metadata=metadata,
-    )
+def materialized_by_run(
+    commit: CommitRecord,
+    key: dg.AssetKey,
+    context: SensorEvaluationContext,
+    commit_job: str,
+    runs: dict[str, dg.DagsterRun | None],
+) -> bool:
+    """Whether the Dagster run that made ``commit`` materializes ``key`` itself (a run of ``commit_job``, or a run
+    whose asset selection has it), so the sensor must not report the commit again. A committer that is no Dagster
+    run, a run of another job (a lingering staging run), or a run this instance does not know: False. ``runs``
+    caches the runs looked up in this tick."""
+    run_id = dagster_run_id(commit.committed_by)
+    if run_id is None:
+        return False
+    if run_id not in runs:
+        runs[run_id] = context.instance.get_run_by_id(run_id)
+    run = runs[run_id]
+    if run is None:
+        return False  # reported: at worst a commit shows twice, never not at all
+    return run.job_name == commit_job or key in (run.asset_selection or ())
 
 
 def reported_commits(
-    commits: Sequence[CommitRecord], keys: Mapping[str, dg.AssetKey], pending: Sequence[PendingBatch]
+    commits: Sequence[CommitRecord],
+    keys: Mapping[str, dg.AssetKey],
+    pending: Sequence[PendingBatch],
+    facts: CommitFacts,
+    *,
+    first_table: str,
+    topic: str,
 ) -> list[dg.AssetMaterialization]:
-    """The materializations for ``commits`` (``keys``: qualified table name -> asset key): those that published a
-    snapshot, made outside Dagster's runs."""
-    waiting: dict[str, int] = {}
-    for e in pending:
-        waiting[e.table] = waiting.get(e.table, 0) + 1
+    """The materializations for ``commits`` (``keys``: qualified table name -> asset key; the caller has left out
+    those a run materialized), an empty batch's included."""
+    waiting = pending_by_table(pending)
     return [
-        commit_materialization(c, keys[c.table], waiting.get(c.table, 0))
+        commit_materialization(c, keys[c.table], waiting.get(c.table, 0), facts, first_table, topic)
         for c in commits
-        if c.committed_snapshot_id is not None and committed_outside_dagster(c) and c.table in keys
+        if c.table in keys
     ]
 
 
@@ -213,7 +229,9 @@ def commit_request(
         cursor.requested.update({q: ids[-1] for q, ids in new.items()})
         cursor.requested_at, cursor.retries = time.time(), 0
         return dg.RunRequest(
-            run_key=f"{run_key_prefix}:commit:{label}", tags={**(tags or {}), "krishiv/batches": label}
+            run_key=f"{run_key_prefix}:commit:{label}",
+            job_name=job_name,
+            tags={**(tags or {}), "krishiv/batches": label},
         ), ""
     waited = time.time() - cursor.requested_at
     if waited < RETRY_AFTER_S or _has_runs(context, job_name, IN_FLIGHT):
@@ -223,31 +241,67 @@ def commit_request(
     return (
         dg.RunRequest(
             run_key=f"{run_key_prefix}:commit:{label}:retry-{cursor.retries}",
+            job_name=job_name,
             tags={**(tags or {}), "krishiv/batches": label},
         ),
         "",
     )
 
 
+def checks_request(
+    context: SensorEvaluationContext, job_name: str, run_key_prefix: str, cursor: SensorCursor, interval_s: float
+) -> dg.RunRequest | None:
+    """The checks run of ``job_name`` to request (updating ``cursor``), or None: only once commits were reported
+    since the last one was requested (``cursor.unchecked``), ``interval_s`` after it, and with none in flight (it
+    may have checked before the newest reports). A commit every second thus starts one checks run per interval, and
+    the last commits reported are checked by the next request however long the topic then stays quiet."""
+    if not cursor.unchecked or time.time() - cursor.checks_requested_at < interval_s:
+        return None
+    if _has_runs(context, job_name, IN_FLIGHT):
+        return None
+    cursor.unchecked, cursor.checks_requested_at = False, time.time()
+    return dg.RunRequest(
+        run_key=f"{run_key_prefix}:checks:{cursor.commit_seq}",
+        job_name=job_name,
+        tags={"krishiv/checked-through-commit": str(cursor.commit_seq)},
+    )
+
+
+def checks_interval_s() -> float:
+    """``KRISHIV_CHECKS_INTERVAL_S``, else :data:`DEFAULT_CHECKS_INTERVAL_S` (read when the code location loads)."""
+    return seconds_from_env(CHECKS_INTERVAL_ENV, DEFAULT_CHECKS_INTERVAL_S)
+
+
 def outbox_sensor(
-    spec: KrishivSpec, pipeline: PipelineSpec, job: dg.UnresolvedAssetJobDefinition
+    spec: KrishivSpec,
+    pipeline: PipelineSpec,
+    job: dg.UnresolvedAssetJobDefinition,
+    checks_job: dg.UnresolvedAssetJobDefinition,
+    interval_s: float | None = None,
 ) -> dg.SensorDefinition:
+    """``job`` commits the pipeline's tables (and checks them); ``checks_job`` only checks them, after commits this
+    sensor reported, at most every ``interval_s`` (default :func:`checks_interval_s`)."""
     tables = sorted(qualified(spec, t) for t in pipeline.all_tables)  # every route of a fan-out, and the rejects
     keys = {qualified(spec, name): key for name, key in PipelineKeys.of(spec, pipeline).tables.items()}
+    first = qualified(spec, pipeline.tables[0])  # its entries carry each batch's counts
     what = f"{pipeline.name}'s {len(tables)} tables"
+    interval = checks_interval_s() if interval_s is None else interval_s
 
     @dg.sensor(
         name=f"{pipeline.name}_outbox_sensor",
-        job=job,
+        jobs=[job, checks_job],
         minimum_interval_seconds=OUTBOX_SENSOR_INTERVAL_S,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=(
             f"Requests a commit run of {what} for pending batches (only those left pending past "
-            f"{COMMITTER_GRACE_S:.0f}s while a krishiv run commits its own), and reports commits made outside "
-            "Dagster as materializations of the tables."
+            f"{COMMITTER_GRACE_S:.0f}s while a krishiv run commits its own), reports the commits no commit run "
+            f"materialized as materializations of the tables, and then a run of {checks_job.name} (at most one "
+            f"every {interval:g}s) so their checks are evaluated."
         ),
     )
-    def sensor(context: SensorEvaluationContext, ledger: LedgerResource) -> dg.SensorResult | dg.SkipReason:
+    def sensor(
+        context: SensorEvaluationContext, ledger: LedgerResource, iceberg: IcebergCatalogResource, kafka: KafkaResource
+    ) -> dg.SensorResult | dg.SkipReason:
         cursor = SensorCursor.parse(context.cursor)
         try:
             book = ledger.ledger(SENSOR_LEDGER_TIMEOUT_S)
@@ -260,17 +314,30 @@ def outbox_sensor(
                     cursor.commit_seq = last
         except (LedgerBusyError, LedgerCorrupt) as exc:
             return dg.SkipReason(str(exc))
-        events = reported_commits(commits, keys, pending)
+        runs: dict[str, dg.DagsterRun | None] = {}
+        unreported = [c for c in commits if not materialized_by_run(c, keys[c.table], context, job.name, runs)]
+        facts = gather_facts(
+            unreported,
+            ledger=book,
+            first_table=first,
+            load_table=lambda name: iceberg.catalog().load_table(name),
+            latest_offsets=lambda: kafka.latest_offsets(pipeline.topic, spec.kafka.consumer_settings()),
+            warn=context.log.warning,
+        )
+        events = reported_commits(unreported, keys, pending, facts, first_table=first, topic=pipeline.topic)
         if commits:
             cursor.commit_seq = commits[-1].commit_seq
-        reported = f"; reported {len(events)} commits made outside Dagster" if events else ""
+        cursor.unchecked = cursor.unchecked or bool(events)
+        reported = f"; reported {len(events)} commits no commit run materialized" if events else ""
         due, left = left_to_committer(pending, lease)
         request, reason = commit_request(context, job.name, pipeline.name, what, cursor, due, left)
-        if request is None and not events and cursor.dumps() == SensorCursor.parse(context.cursor).dumps():
+        checks = checks_request(context, checks_job.name, pipeline.name, cursor, interval)
+        requests = [r for r in (request, checks) if r is not None]
+        if not requests and not events and cursor.dumps() == SensorCursor.parse(context.cursor).dumps():
             return dg.SkipReason(reason)
         return dg.SensorResult(
-            run_requests=[request] if request is not None else None,
-            skip_reason=None if request is not None else (reason or "") + reported,
+            run_requests=requests or None,
+            skip_reason=None if requests else (reason or "") + reported,
             asset_events=events,
             cursor=cursor.dumps(),
         )

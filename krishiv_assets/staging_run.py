@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING
 import dagster as dg
 
 from krishiv_core.errors import ConfigError, KrishivError
+from outbox.ledger import Ledger
 
 if TYPE_CHECKING:
     from krishiv_assets.resources import IcebergCatalogResource, KafkaResource, SparkResource
     from krishiv_core.spec import KrishivSpec, PipelineSpec
-    from outbox.ledger import Ledger
     from spark_jobs.staging import StagedBatch
 
 #: How long a sensor-started staging run goes on after the last batch that read a record (seconds; 0: one shot).

@@ -19,15 +19,13 @@ every entry, and includes the archive that compaction folds COMMITTED entries ol
 
 from __future__ import annotations
 
-from outbox.ledger.entries import Entries, PendingBatch
-from outbox.ledger.leases import Leases, StagerLease
-from outbox.ledger.queries import CommitRecord, Queries
+from outbox.ledger.entries import Entries
+from outbox.ledger.leases import Leases
+from outbox.ledger.queries import Queries
 from outbox.ledger.retention import Retention
 from outbox.ledger.skips import OffsetSkips
 
-#: Besides :class:`Ledger`, the value types krishiv_assets imports from here; other code imports them from their
-#: modules.
-__all__ = ["CommitRecord", "Ledger", "PendingBatch", "StagerLease"]
+__all__ = ["Ledger"]
 
 
 class Ledger(Entries, Queries, Retention, OffsetSkips, Leases):

@@ -138,3 +138,16 @@ def test_each_pipeline_example_of_the_spec_reference_loads(tmp_path: Path) -> No
             load_spec(spec_file)
         except Exception as exc:  # the failure names the block
             raise AssertionError(f"{block.where}: {exc}") from exc
+
+
+def test_every_variable_krishiv_reads_is_in_the_spec_reference() -> None:
+    """Each ``KRISHIV_*`` name written in the runtime packages is listed in docs/spec.md's tables of variables."""
+    runtime = ("krishiv_core", "spark_jobs", "outbox", "krishiv", "krishiv_assets")
+    read = {
+        name
+        for package in runtime
+        for path in (REPO / package).rglob("*.py")
+        for name in re.findall(r"[\"'](KRISHIV_[A-Z0-9_]*[A-Z0-9])[\"']", path.read_text())
+    }
+    listed = set(re.findall(r"`(KRISHIV_[A-Z0-9_]+)`", (DOCS / "spec.md").read_text()))
+    assert read - listed == set()

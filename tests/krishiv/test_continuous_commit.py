@@ -13,7 +13,7 @@ import time
 import duckdb
 
 from chaos.checks import compare_with_oracle
-from krishiv.operations import RUN_COMMITTER, open_ledger, run_pipelines
+from krishiv.operations import open_ledger, run_pipelines
 from krishiv_core.catalog import qualified
 from krishiv_core.entries import COMMITTED
 from krishiv_core.spec import KrishivSpec
@@ -93,7 +93,7 @@ def test_a_continuous_run_commits_each_batch_without_krishiv_commit(make_spec, b
     assert committed == rows, "every batch with rows was committed by the run's committer, and reported"
     with duckdb.connect(str(ledger.path), read_only=True) as con:
         by = con.execute("SELECT DISTINCT committed_by FROM outbox WHERE committed_snapshot_id IS NOT NULL").fetchall()
-    assert by == [(RUN_COMMITTER,)], "the ledger names the run as the committer"
+    assert by == [("krishiv run",)], "the ledger names the run as the committer"
     assert not any("commits" in line for line in lines), f"no outage or refusal was said: {lines}"
 
 

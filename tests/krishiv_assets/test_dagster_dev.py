@@ -127,8 +127,14 @@ def dagster_dev(broker: LocalBroker, tmp_path_factory: pytest.TempPathFactory) -
         # Sensor-started staging runs stage once (KRISHIV_STAGING_LINGER_S=0): these tests drive the sensors' own
         # path, staging run -> outbox sensor -> commit run -> checks, and the continuous krishiv run below gets the
         # stager lease as soon as the first wave is staged. A lingering run is tested in test_staging_run.py.
+        # The outbox sensor's checks runs after reported commits come at most every 10 s here (60 s by default), and
+        # Dagster's freshness daemon evaluates the tables every 5 s (30 s by default).
         env=_clean_env(
-            DAGSTER_HOME=str(folder), KRISHIV_SPEC=str(folder / "krishiv.toml"), KRISHIV_STAGING_LINGER_S="0"
+            DAGSTER_HOME=str(folder),
+            KRISHIV_SPEC=str(folder / "krishiv.toml"),
+            KRISHIV_STAGING_LINGER_S="0",
+            KRISHIV_CHECKS_INTERVAL_S="10",
+            FRESHNESS_DAEMON_INTERVAL_SECONDS="5",
         ),
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -190,6 +196,31 @@ def _checks_done(dev: DagsterDev) -> dict[str, dict] | None:
     return checks if done else None
 
 
+def _materializations(dev: DagsterDev, limit: int = 50) -> list[dict]:
+    """The table's newest materializations, each with its run id ("" for one a sensor reported) and its text
+    metadata."""
+    data = dev.graphql(
+        "query($k: [AssetKeyInput!], $n: Int) { assetNodes(assetKeys: $k) { assetMaterializations(limit: $n) {"
+        " runId metadataEntries { label ... on TextMetadataEntry { text } } } } }",
+        {"k": [{"path": TABLE_KEY}], "n": limit},
+    )
+    (node,) = data["assetNodes"]
+    return [
+        {"runId": m["runId"], **{e["label"]: e.get("text") for e in m["metadataEntries"]}}
+        for m in node["assetMaterializations"]
+    ]
+
+
+def _freshness(dev: DagsterDev) -> str | None:
+    """The table's freshness as the UI shows it (the freshness daemon's last evaluation)."""
+    data = dev.graphql(
+        "query($k: [AssetKeyInput!]) { assetNodes(assetKeys: $k) { freshnessStatusInfo { freshnessStatus } } }",
+        {"k": [{"path": TABLE_KEY}]},
+    )
+    (node,) = data["assetNodes"]
+    return (node["freshnessStatusInfo"] or {}).get("freshnessStatus")
+
+
 def test_sensors_stage_and_commit_with_no_manual_trigger(dagster_dev: DagsterDev, broker: LocalBroker):
     dev = dagster_dev
     _produce_and_wait(
@@ -201,8 +232,22 @@ def test_sensors_stage_and_commit_with_no_manual_trigger(dagster_dev: DagsterDev
     assert {f"{PIPELINE}_stage_job", f"{PIPELINE}_commit_job"} <= jobs, runs
     for run in runs:
         tags = {t["key"]: t["value"] for t in run["tags"]}
+        if tags.get("dagster/schedule_name") == f"{PIPELINE}_maintenance_schedule":
+            continue  # the maintenance schedule, running by default, starts a run at the top of each hour
         assert tags.get("dagster/sensor_name") in (f"{PIPELINE}_kafka_sensor", f"{PIPELINE}_outbox_sensor"), run
         assert tags["dagster/run_key"].startswith(f"{PIPELINE}:")
+    schedule = dev.graphql(
+        "query($s: ScheduleSelector!) { scheduleOrError(scheduleSelector: $s) {"
+        " ... on Schedule { scheduleState { status } } } }",
+        {
+            "s": {
+                "repositoryLocationName": "krishiv",
+                "repositoryName": "__repository__",
+                "scheduleName": f"{PIPELINE}_maintenance_schedule",
+            }
+        },
+    )
+    assert schedule["scheduleOrError"]["scheduleState"]["status"] == "RUNNING"  # on with nobody turning it on
 
     # The sensors committed everything: a manual relay run finds nothing left.
     assert all(not r.committed for r in commit_pipelines(dev.spec, list(dev.spec.pipelines)))
@@ -220,6 +265,11 @@ def test_sensors_stage_and_commit_with_no_manual_trigger(dagster_dev: DagsterDev
         for e in checks["no_duplicate_windows"]["executionForLatestMaterialization"]["evaluation"]["metadataEntries"]
     }
     assert {"duplicate_windows", "offending_windows", "rows"} <= labels
+    # Each commit names the commit run that made it, and the freshness daemon (started by dagster dev) finds the
+    # table fresh.
+    runs = {r["runId"] for r in dev.runs(f"{PIPELINE}_commit_job")}
+    assert {m["committed_by"] for m in _materializations(dev)} <= {f"dagster run {run_id}" for run_id in runs}
+    wait_until(lambda: _freshness(dev) == "HEALTHY", 120, "the freshness daemon to find the table fresh", dev.process)
 
 
 def test_continuous_krishiv_run_stages_while_the_sensor_commits(dagster_dev: DagsterDev, broker: LocalBroker):
@@ -260,6 +310,20 @@ def test_continuous_krishiv_run_stages_while_the_sensor_commits(dagster_dev: Dag
     # While krishiv run held the lease, the Kafka sensor started no staging run.
     assert len(dev.runs(f"{PIPELINE}_stage_job")) == staging_runs
     assert_exactly_once(dev.spec)
+
+    # The sensor reported krishiv run's commits as materializations credited to it, then started a checks run:
+    # the newest materialization's checks are evaluated with nobody materializing anything.
+    reported = wait_until(
+        lambda: [m for m in _materializations(dev) if m["runId"] == ""],
+        60,
+        "the outbox sensor to report krishiv run's commits",
+        dev.process,
+    )
+    assert {m["committed_by"] for m in reported} == {"krishiv run"}
+    checks = wait_until(lambda: _checks_done(dev), 180, "the checks of the newest materialization", dev.process)
+    for name, check in checks.items():
+        assert check["executionForLatestMaterialization"]["status"] == "SUCCEEDED", (name, check)
+    assert dev.runs(f"{PIPELINE}_checks_job"), "no checks run was started"
 
 
 def test_the_commit_pool_runs_one_commit_run_at_a_time(dagster_dev: DagsterDev):

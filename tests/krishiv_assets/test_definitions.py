@@ -61,14 +61,21 @@ def test_every_pipeline_gets_its_assets_checks_jobs_and_sensors():
         }
         check = graph.get_check_spec(dg.AssetCheckKey(table_key, "no_duplicate_windows"))
         assert check.blocking
-        for sensor_name, job in (
-            (f"{name}_outbox_sensor", f"{name}_commit_job"),
-            (f"{name}_kafka_sensor", f"{name}_stage_job"),
+        for sensor_name, jobs in (
+            (f"{name}_outbox_sensor", [f"{name}_commit_job", f"{name}_checks_job"]),
+            (f"{name}_kafka_sensor", [f"{name}_stage_job"]),
         ):
             sensor = repo.get_sensor_def(sensor_name)
             assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
-            assert sensor.job_name == job
+            assert [t.job_name for t in sensor.targets] == jobs
         assert repo.get_job(f"{name}_stage_job").tags["krishiv/step"] == "stage"
+        # The checks job checks every table of the pipeline and materializes nothing (the outbox sensor starts it
+        # after reporting commits no commit run materialized).
+        checks_job = repo.get_job(f"{name}_checks_job")
+        assert not checks_job.asset_layer.selected_asset_keys
+        assert checks_job.asset_layer.asset_graph.asset_check_keys == graph.get_check_keys_for_assets(
+            {table_key, rejects_key}
+        )
     pools = {a.op.pool for a in defs.assets if isinstance(a, dg.AssetsDefinition)}
     assert pools == {
         "krishiv_stage_orders_per_minute",
@@ -308,7 +315,7 @@ def test_a_password_in_the_spec_file_never_reaches_resource_config_but_runs_reac
     assert loaded_with == [uri]
     keys = PipelineKeys.of(spec, pipeline)
     (materialization,) = [e for e in result.get_asset_materialization_events() if e.asset_key == keys.table]
-    assert materialization.materialization.metadata["current_snapshot_id"].value == snapshot_id
+    assert materialization.materialization.metadata["current_snapshot_id"].value == str(snapshot_id)
     checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
     assert checks["no_duplicate_windows"].passed
     assert load_catalog(spec).load_table(qualified(spec, pipeline.table)).current_snapshot().snapshot_id == snapshot_id

@@ -46,10 +46,19 @@ def test_materialize_stages_commits_and_checks_pass(make_spec, broker, spark):
     table = _metadata(result, keys.table)
     assert table["snapshots_committed"] >= 2
     assert table["pending_entries"] == 0
-    current = load_catalog(spec).load_table(qualified(spec, spec.pipeline().table)).current_snapshot()
-    assert table["current_snapshot_id"] == current.snapshot_id
+    iceberg = load_catalog(spec).load_table(qualified(spec, spec.pipeline().table))
+    current = iceberg.current_snapshot()
+    assert table["current_snapshot_id"] == str(current.snapshot_id)  # an id is text: the UI does not plot it
     assert table["dagster/row_count"] == int(current.summary["total-records"])
     assert table["commit_latency_p50_ms"] > 0
+    # What this first commit run added is the whole table: its rows and its files' bytes (no compaction yet).
+    assert table["rows_added"] == int(current.summary["total-records"])
+    assert table["bytes_added"] == sum(iceberg.inspect.files()["file_size_in_bytes"].to_pylist())
+    assert table["rejects"] == staged["rejects"] and table["late_events"] == staged["late_events"]
+    assert table["staged_to_committed_s"] >= 0
+    assert table["committed_by"] == f"dagster run {result.run_id}"
+    rejects = _metadata(result, keys.rejects)
+    assert rejects["rows_added"] == 6 and "rejects" not in rejects  # the batch counts go on the first table only
 
     checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
     assert set(checks) == {"no_duplicate_windows", "lineage_linear", "ledger_agreement", "rejects_rate"}
@@ -258,7 +267,7 @@ def test_a_commit_run_writes_to_the_resources_catalog_and_ledger_not_the_specs(m
         raise_on_error=False,
     )
     assert result.success, [e.message for e in result.all_events if e.is_failure]
-    assert _metadata(result, keys.table)["current_snapshot_id"] == 42
+    assert _metadata(result, keys.table)["current_snapshot_id"] == "42"
     assert _metadata(result, keys.table)["snapshots_committed"] == 1
     assert load_catalog(elsewhere).load_table(qualified(spec, pipeline.table)).current_snapshot().snapshot_id == 42
     assert [e.status for e in ledger.entries()] == [COMMITTED]

@@ -16,7 +16,7 @@ import pytest
 from krishiv.operations import open_ledger
 from krishiv_assets.assets import PipelineKeys
 from krishiv_assets.definitions import build_definitions
-from krishiv_assets.resources import KafkaResource, LedgerResource
+from krishiv_assets.resources import IcebergCatalogResource, KafkaResource, LedgerResource
 from krishiv_assets.sensors import COMMITTER_GRACE_S, RETRY_AFTER_S, SensorCursor
 from krishiv_core.catalog import load_catalog, qualified
 from krishiv_core.entries import OutboxEntry
@@ -48,6 +48,7 @@ def _tick(spec: KrishivSpec, name: str, cursor: str | None, instance: dg.Dagster
     resources = {
         "ledger": LedgerResource(spec=spec, path=spec.storage.ledger_path),
         "kafka": KafkaResource(bootstrap_servers=spec.kafka.bootstrap_servers),
+        "iceberg": IcebergCatalogResource(spec=spec, uri=spec.iceberg.catalog_uri, warehouse=spec.iceberg.warehouse),
     }
     with dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources, definitions=defs) as context:
         return sensor.evaluate_tick(context)
@@ -233,6 +234,8 @@ def test_kafka_sensor_counts_compacted_batches_as_staged(make_spec, broker, inst
 def test_outbox_sensor_reports_each_commit_made_outside_dagster_once(make_spec, instance):
     """``krishiv run``'s committer commits two batches, a Dagster commit run a third: the next tick reports the two
     as materializations of the table's asset (the run materialized its own), and the tick after reports nothing."""
+    from dagster._core.test_utils import create_run_for_test
+
     spec = make_spec()
     pipeline, name = spec.pipeline(), "orders_per_minute_outbox_sensor"
     table, key = qualified(spec, pipeline.table), PipelineKeys.of(spec, pipeline).table
@@ -242,17 +245,20 @@ def test_outbox_sensor_reports_each_commit_made_outside_dagster_once(make_spec, 
     catalog, ledger = load_catalog(spec), open_ledger(spec)
     entries = [stage(catalog, ledger, b, b, pipeline=pipeline, namespace=spec.iceberg.namespace) for b in range(3)]
     assert CommitRelay(ledger, catalog, committed_by="krishiv run").commit_table(table).committed == [0, 1, 2]
-    # Batch 2 as if a Dagster commit run had made it: the same relay run, under the run's label.
+    # Batch 2 as if a Dagster commit run had made it: the same relay run, under the label of a run of the commit job.
+    run = create_run_for_test(instance, job_name="orders_per_minute_commit_job")
     with duckdb.connect(ledger.path) as con:
-        con.execute("UPDATE outbox SET committed_by = 'dagster run 1a2b3c4d' WHERE batch_id = 2")
+        con.execute(f"UPDATE outbox SET committed_by = 'dagster run {run.run_id}' WHERE batch_id = 2")
 
     tick = _tick(spec, name, first.cursor, instance)
-    assert not tick.run_requests and "reported 2 commits made outside Dagster" in tick.skip_message
+    (checks,) = tick.run_requests  # the reported materializations get their checks run; no commit run is due
+    assert checks.job_name == "orders_per_minute_checks_job"
     assert [e.asset_key for e in tick.asset_events] == [key, key]
     for event, entry in zip(tick.asset_events, entries[:2], strict=True):
         shown = {k: v.value for k, v in event.metadata.items()}
-        assert shown["batch_id"] == entry.batch_id and shown["snapshot_id"] == entry.intended_snapshot_id
+        assert shown["batch_id"] == str(entry.batch_id) and shown["snapshot_id"] == str(entry.intended_snapshot_id)
         assert shown["rows_committed"] == entry.record_count == 1 and shown["snapshots_committed"] == 1
+        assert shown["rows_added"] == 1 and shown["bytes_added"] == entry.files[0].bytes
         assert shown["committed_by"] == "krishiv run" and shown["query_id"] == "q1"
         assert shown["kafka_offsets"] == f"orders 0:[{entry.batch_id},{entry.batch_id + 1})"
         assert shown["commit_latency_ms"] > 0 and shown["staged_to_committed_s"] >= 0
@@ -263,7 +269,7 @@ def test_outbox_sensor_reports_each_commit_made_outside_dagster_once(make_spec, 
     for event in tick.asset_events:
         instance.report_runless_asset_event(event)
     stored = instance.fetch_materializations(key, limit=10).records
-    assert sorted(r.asset_materialization.metadata["batch_id"].value for r in stored) == [0, 1]
+    assert sorted(r.asset_materialization.metadata["batch_id"].value for r in stored) == ["0", "1"]
     assert all(r.run_id == "" for r in stored)
 
     again = _tick(spec, name, tick.cursor, instance)

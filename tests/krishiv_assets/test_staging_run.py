@@ -18,6 +18,7 @@ from krishiv.produce import DEFAULT_SPACING_MS, DEFAULT_START_MS
 from krishiv.status import end_offsets
 from krishiv_assets.assets import PipelineKeys
 from krishiv_assets.definitions import build_resources, pipeline_definitions
+from krishiv_assets.sensors import REPORT_LIMIT
 from krishiv_assets.staging_run import (
     DEFAULT_LINGER_S,
     DEFAULT_MAX_RUN_S,
@@ -27,11 +28,12 @@ from krishiv_assets.staging_run import (
     StagingPlan,
     staging_plan,
 )
-from krishiv_core.catalog import qualified
+from krishiv_core.catalog import load_catalog, qualified
 from krishiv_core.entries import COMMITTED
 from krishiv_core.errors import ConfigError
 from spark_jobs.kafka_source import latest_offsets
 from spark_jobs.staging import StagedBatch
+from tests.krishiv_assets.test_sensors import _tick
 from tests.spark_jobs.pipeline_helpers import assert_exactly_once, produce_orders
 
 WAVE_TIMEOUT_S = 180.0  # a bound for a loaded machine, not a speed target
@@ -141,12 +143,14 @@ def test_a_lingering_run_commits_what_arrives_while_it_runs_then_stops_when_idle
     parts = pipeline_definitions(spec, pipeline)
     keys = PipelineKeys.of(spec, pipeline)
     op = f"{pipeline.name}__staged_batches"
+    instance = dg.DagsterInstance.ephemeral()
     result = dg.materialize(
         parts.assets,
         resources=build_resources(spec),
         selection=dg.AssetSelection.assets(keys.staged),
         run_config={"ops": {op: {"config": {"linger_s": 10.0}}}},
         raise_on_error=False,
+        instance=instance,
     )
     producer.join(WAVE_TIMEOUT_S)
     assert result.success
@@ -163,3 +167,18 @@ def test_a_lingering_run_commits_what_arrives_while_it_runs_then_stops_when_idle
     assert not open_ledger(spec).pending_batches(), "the run left batches pending"
     assert committed_through_the_topic()
     assert_exactly_once(spec)  # the tables equal the topic's oracle, one snapshot per batch, a linear lineage
+
+    # Every commit was made by this run's committer, and the ledger says so (not `krishiv run`).
+    commits = open_ledger(spec).commits_since(0, limit=1_000)
+    assert {c.committed_by for c in commits} == {f"dagster run {result.run_id}"}
+    # The staging run materializes no table: the outbox sensor reports each of its commits, then asks for the checks.
+    with instance:
+        tick = _tick(spec, f"{pipeline.name}_outbox_sensor", '{"commit_seq": 0}', instance)
+    assert len(tick.asset_events) == len(commits) < REPORT_LIMIT
+    shown = [{k: v.value for k, v in e.metadata.items()} for e in tick.asset_events]
+    assert {m["committed_by"] for m in shown} == {f"dagster run {result.run_id}"}
+    first = [m for e, m in zip(tick.asset_events, shown, strict=True) if e.asset_key == keys.table]
+    rows = load_catalog(spec).load_table(table).scan().to_arrow().num_rows
+    assert sum(m["rows_added"] for m in first) == rows  # appended windows, each once
+    assert sum(m["rejects"] for m in first) == 7 and first[-1]["lag_records"] == 0  # all of the topic is in
+    assert [r.job_name for r in tick.run_requests] == [f"{pipeline.name}_checks_job"]
