@@ -28,11 +28,8 @@ And on the pipeline's first table, whose entries carry each batch's counts:
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TypeVar
 
 import dagster as dg
 
@@ -45,25 +42,6 @@ from krishiv_core.tables import OutputTable, output_tables
 
 #: At most this many offending rows are listed in a check's metadata.
 LISTED = 100
-#: A check that compares a table with the ledger reads one, then the other, while a committer (``krishiv run``, a
-#: lingering staging run) may be between its catalog commit and its ledger mark: a disagreement is looked at again,
-#: from a fresh table and ledger read, this many times in all, this far apart, and only one that stays is reported.
-SETTLE_ATTEMPTS = 3
-SETTLE_PAUSE_S = 0.5
-
-Outcome = TypeVar("Outcome")
-
-
-def settled(evaluate: Callable[[], Outcome], agrees: Callable[[Outcome], bool]) -> Outcome:
-    """``evaluate()`` until ``agrees`` says its outcome shows no disagreement, :data:`SETTLE_ATTEMPTS` times at most;
-    the last outcome. A real disagreement costs a second more; a commit caught half-way does not fail the check."""
-    outcome = evaluate()
-    for _ in range(SETTLE_ATTEMPTS - 1):
-        if agrees(outcome):
-            break
-        time.sleep(SETTLE_PAUSE_S)
-        outcome = evaluate()
-    return outcome
 
 
 @dataclass(frozen=True)
@@ -171,6 +149,8 @@ def _offsets_check(spec: KrishivSpec, pipeline: PipelineSpec, output: OutputTabl
                 fresh = catalog.load_table(table_name)
                 return fresh, table_rows(fresh), ledger.ledger().committed_batches(table_name).total_records
 
+            from krishiv.verify import settled
+
             table, rows, committed = settled(counts, lambda c: c[1] == c[2])
             return dg.AssetCheckResult(
                 passed=rows == committed,
@@ -273,6 +253,8 @@ def _ledger_check(
         def agreement() -> list[str]:
             table = iceberg.catalog().load_table(table_name)
             return check_ledger_agreement(table, table_name, book, merge=merge, rows_by_ledger=rows_by_ledger)
+
+        from krishiv.verify import settled
 
         problems = settled(agreement, lambda found: not found)
         now = datetime.now(UTC)

@@ -14,7 +14,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
 
 import krishiv_core.faults
-from krishiv.verify import check_ledger_agreement
+from krishiv.verify import check_ledger_agreement, verify_table
 from krishiv_core.catalog import ensure_table, load_catalog
 from krishiv_core.entries import COMMITTED, PENDING, OutboxEntry, new_snapshot_id
 from krishiv_core.errors import CatalogUnavailable
@@ -134,6 +134,28 @@ def test_a_commit_whose_snapshot_expired_behind_another_writers_is_found(catalog
     assert ledger.get("q1", TABLE, 1).status == COMMITTED
     assert catalog.load_table(TABLE).scan().to_arrow().num_rows == 3, "two batches and the backfill, once each"
     assert check_ledger_agreement(catalog.load_table(TABLE), TABLE, ledger) == [], "verify reads the mark too"
+
+
+def test_verify_does_not_report_a_commit_caught_between_catalog_and_ledger(catalog: Catalog, ledger: Ledger) -> None:
+    """A committer marks the ledger right after the catalog commit; verify reading in between sees a snapshot whose
+    entry is PENDING. It looks again (``settled``) and reports only what stays: a relay that stopped there."""
+    stage(catalog, ledger, 0, 0)
+    with pytest.raises(KeyboardInterrupt):
+        CommitRelay(DiesBeforeMarking(ledger.path, victim=0), catalog).commit_table(TABLE)
+    entry = ledger.get("q1", TABLE, 0)
+    assert entry is not None and entry.status == PENDING
+    marker = threading.Timer(0.2, lambda: ledger.mark_committed(entry, entry.intended_snapshot_id))
+    marker.start()  # the committer's mark, landing while verify looks
+    try:
+        assert verify_table(catalog.load_table(TABLE), TABLE, ledger).violations == []
+    finally:
+        marker.join()
+
+    stage(catalog, ledger, 1, 1)
+    with pytest.raises(KeyboardInterrupt):
+        CommitRelay(DiesBeforeMarking(ledger.path, victim=1), catalog).commit_table(TABLE)
+    stopped = verify_table(catalog.load_table(TABLE), TABLE, ledger).violations  # nobody marks it: it stays
+    assert any("ledger does not list as COMMITTED" in v for v in stopped), stopped
 
 
 def test_a_table_with_no_trace_of_committed_batches_stops_the_relay(catalog: Catalog, ledger: Ledger) -> None:
