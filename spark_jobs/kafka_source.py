@@ -232,9 +232,17 @@ class KafkaAdmin:
         return self._problems.scrub(self._problems.cause() or str(exc))
 
     def partitions(self) -> list[int]:
+        from confluent_kafka import KafkaError
+
         topic = self._metadata().topics.get(self.topic)
-        if topic is None or topic.error is not None or not topic.partitions:
-            reason = topic.error if topic is not None else "no such topic"
+        if topic is None or (topic.error is not None and topic.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+            raise KafkaSourceError(
+                f"topic {self.topic!r} does not exist on {self.bootstrap}: create it (krishiv topic create "
+                f"{self.topic}, or produce to it), or correct the topic in the spec "
+                + runbook("A topic that does not exist")
+            )
+        if topic.error is not None or not topic.partitions:
+            reason = topic.error if topic.error is not None else "no partitions"
             raise KafkaSourceError(f"topic {self.topic!r} is not available on {self.bootstrap}: {reason}")
         return sorted(topic.partitions)
 

@@ -119,9 +119,15 @@ def cmd_topic(args: argparse.Namespace, spec: KrishivSpec) -> int:
 
     if args.action == "list":
         reading = {p.topic: p.name for p in spec.pipelines}
-        for name, partitions in topic_names(spec).items():
+        topics = topic_names(spec)
+        for name, partitions in topics.items():
             pipeline = f"  (read by {reading[name]})" if name in reading else ""
             console.print(f"{escape(name)}  {counted(partitions, 'partition')}{escape(pipeline)}")
+        if not topics:
+            console.print(
+                f"no topics on {escape(spec.kafka.bootstrap_servers)} yet: "
+                "krishiv topic create NAME, or krishiv produce"
+            )
         return 0
     if not args.name:
         raise ConfigError("topic", f"krishiv topic {args.action} needs the topic's name")

@@ -41,6 +41,7 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
     except BrokerUnavailable as exc:
         broker_down = str(exc)
     documents: list[dict] = []
+    topics_unread = 0  # pipelines whose topic the broker could not describe (missing, say): exit 1 as for the broker
     for p in chosen_pipelines(spec, args.pipeline):
         latest, broker_error = None, broker_down
         side = BrokerSide()
@@ -51,6 +52,7 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
                     side = BrokerSide(admin.earliest(), admin.topic_id())
             except KafkaSourceError as exc:
                 broker_error = str(exc)
+                topics_unread += 1
         merged = {qualified(spec, o.name) for o in output_tables(p) if o.operation.kind == MERGE}
         names = [qualified(spec, t) for t in p.all_tables]  # the first table's entries carry the batch counts
         names += [t for t in ledger.pending_tables([p.name]) if t not in names]  # a route removed with batches pending
@@ -102,11 +104,11 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
                 )
     if args.json:
         print(status_document(documents, removed, broker_down))
-        return 1 if broker_down else 0
+        return 1 if broker_down or topics_unread else 0
     if broker_down:
         fail("status", f"{broker_down}; lag unknown")
         return 1
-    return 0
+    return 1 if topics_unread else 0
 
 
 def cmd_lineage(args: argparse.Namespace, spec: KrishivSpec) -> int:

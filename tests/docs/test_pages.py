@@ -33,11 +33,30 @@ def _commands(page: Path) -> list[tuple[str, str]]:
         text = re.sub(r"<<'?(\w+)'?\n.*?\n\1\n", "\n", block.text, flags=re.DOTALL)  # heredoc bodies
         for line in text.replace("\\\n", " ").splitlines():
             line = line.split(" #")[0].strip()
-            for part in re.split(r"&&|\|\||;|\|", line):
+            for part in _split_outside_quotes(line):
                 part = part.strip().rstrip("&").strip()
                 if part and not part.startswith("#"):
                     found.append((block.where, part))
     return found
+
+
+def _split_outside_quotes(line: str) -> list[str]:
+    """``a && b | c 'x|y'`` -> ``["a ", " b ", " c 'x|y'"]``: a shell line cut at ``&&``, ``||``, ``;`` and ``|``
+    outside quotes."""
+    parts, current, quote, i = [], "", "", 0
+    while i < len(line):
+        char = line[i]
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif line.startswith(("&&", "||"), i) or char in ";|":
+            parts.append(current)
+            current, i = "", i + (2 if line.startswith(("&&", "||"), i) else 1)
+            continue
+        current += char
+        i += 1
+    return [*parts, current]
 
 
 def _without_redirections(words: list[str]) -> list[str]:

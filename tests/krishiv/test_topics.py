@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 from krishiv.cli import main
 from krishiv.produce import OrderEvent, produce
+from outbox.ledger import Ledger
 
 
 def test_create_describe_and_list_a_topic(make_spec, spec_file, broker, topic, capsys) -> None:
@@ -41,3 +44,17 @@ def test_a_topic_the_broker_does_not_have_or_a_bad_name_is_one_line(make_spec, s
     assert len(err.splitlines()) == 1
     assert main(["--spec", str(spec_file), "topic", "create", "a topic"]) == 2
     assert "not a valid Kafka topic name: 'a topic'" in capsys.readouterr().err
+
+
+def test_status_of_a_pipeline_whose_topic_is_missing_names_the_way_out_and_exits_1(
+    make_spec, spec_file, topic, capsys
+) -> None:
+    spec = make_spec(topic=f"{topic}-never-made")
+    Ledger(spec.resolve(spec.storage.ledger_path)).migrate()  # a pipeline that ran once, its topic gone since
+    assert main(["--spec", str(spec_file), "status"]) == 1
+    err = capsys.readouterr().err
+    assert f"topic '{topic}-never-made' does not exist on " in err
+    assert f"krishiv topic create {topic}-never-made" in err and "A topic that does not exist)" in err
+    assert main(["--spec", str(spec_file), "status", "--json"]) == 1
+    (pipeline,) = json.loads(capsys.readouterr().out)["pipelines"]
+    assert "does not exist" in pipeline["broker_error"]
