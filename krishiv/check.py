@@ -1,6 +1,7 @@
 """``krishiv check``: what ``krishiv run`` checks before Spark starts, run without changing anything.
 
-For each pipeline: the broker answers and has the topic; the catalog answers; each table the pipeline writes is
+For each pipeline: the broker answers and has the topic, the topic is the one the last batch read and holds the
+offsets the next batch starts from; the catalog answers; each table the pipeline writes is
 new (created at the first run) or takes the spec (its purpose, its schema: the columns a run would add, widen or
 relax, or the refusal a run would stop with; its partitioning); the ledger, the checkpoint and the tables tell one
 history. Nothing is created, evolved or leased: a table is compared with the spec in a transaction never
@@ -21,7 +22,7 @@ from krishiv_core.tables import OutputTable
 @dataclass(frozen=True)
 class Finding:
     pipeline: str
-    check: str  # broker, catalog, table <name>, history
+    check: str  # broker, offsets, catalog, table <name>, history
     ok: bool
     detail: str
 
@@ -81,7 +82,7 @@ def _table(spec: KrishivSpec, p: PipelineSpec, t: OutputTable) -> str:
 
 def _history(spec: KrishivSpec, p: PipelineSpec) -> str:
     from krishiv.operations import open_ledger
-    from krishiv.preflight import check_history, check_new_catalog
+    from krishiv.preflight import check_history, check_new_catalog, check_topic_unchanged
     from krishiv_core.catalog import catalog_exists, load_catalog
     from spark_jobs.job import check_checkpoint
     from spark_jobs.window_state import check_output_mode
@@ -89,12 +90,40 @@ def _history(spec: KrishivSpec, p: PipelineSpec) -> str:
     ledger = open_ledger(spec)
     if not Path(ledger.path).exists():
         return f"no ledger yet at {ledger.path}: the first run starts one"
+    check_topic_unchanged([p], ledger)
     if catalog_exists(spec) is False:
         check_new_catalog(spec, [p], ledger, lambda _line: None)  # refuses a catalog lost with batches committed
     else:
         check_history(load_catalog(spec), spec, [p], ledger)
     check_output_mode(p, check_checkpoint(spec, p, ledger))
     return "the ledger, the checkpoint and the tables tell one history"
+
+
+def _offsets(spec: KrishivSpec, p: PipelineSpec) -> str:
+    """The offsets the next batch starts from are on the broker: the topic is the incarnation the last batch read,
+    and retention has not deleted what the query has yet to read (``status`` warns of the same; ``run`` stops)."""
+    from datetime import UTC, datetime
+
+    from krishiv.operations import open_ledger
+    from krishiv.status import BrokerSide, pipeline_status, status_warnings
+    from krishiv_core.catalog import qualified
+    from spark_jobs.kafka_source import KafkaAdmin
+
+    ledger = open_ledger(spec)
+    if not Path(ledger.path).exists():
+        return "nothing read yet: the first run starts at the topic's first offsets"
+    with KafkaAdmin(spec.kafka.bootstrap_servers, p.topic, spec.kafka.consumer_settings()) as admin:
+        latest, side = admin.latest(), BrokerSide(admin.earliest(), admin.topic_id())
+    table = qualified(spec, p.all_tables[0])
+    s = pipeline_status(ledger, p.name, table, p.topic, latest)
+    problems = status_warnings(s, side, ledger.newest_topic_id(table), [], None, datetime.now(UTC))
+    if problems:
+        raise OffsetsNotReadable("; ".join(problems))
+    return "the next batch's offsets are on the broker"
+
+
+class OffsetsNotReadable(KrishivError):
+    """The topic was re-created, or retention deleted offsets the query has not read: the next run would stop."""
 
 
 def check_pipelines(spec: KrishivSpec, pipelines: Sequence[PipelineSpec]) -> list[Finding]:
@@ -105,6 +134,8 @@ def check_pipelines(spec: KrishivSpec, pipelines: Sequence[PipelineSpec]) -> lis
     catalog = _checked("*", "catalog", lambda: _catalog(spec))
     for p in pipelines:
         findings.append(_checked(p.name, "broker", lambda p=p: _topic(spec, p)))
+        if findings[-1].ok:
+            findings.append(_checked(p.name, "offsets", lambda p=p: _offsets(spec, p)))
         findings.append(Finding(p.name, catalog.check, catalog.ok, catalog.detail))
         if not catalog.ok:
             continue

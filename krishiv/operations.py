@@ -193,7 +193,7 @@ def run_pipelines(
     it stopped committing is :class:`CommitsStopped` at the end. A one-shot run only stages (``krishiv commit``
     and the Dagster commit step publish).
     """
-    from krishiv.preflight import check_history, check_new_catalog, check_topics
+    from krishiv.preflight import check_history, check_new_catalog, check_topic_unchanged, check_topics
 
     say = progress or (lambda _line: None)
     if ledger is None:
@@ -226,6 +226,7 @@ def run_pipelines(
             for p in pipelines
         }
         catalog = load_catalog(spec) if catalog is None else catalog
+        check_topic_unchanged(pipelines, ledger)
         check_history(catalog, spec, pipelines, ledger)  # the ledger and the tables tell one history
         for p in pipelines:  # a table the spec cannot evolve, or a change unsafe now, is refused before Spark starts
             check_output_mode(p, check_checkpoint(spec, p, ledger))

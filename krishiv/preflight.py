@@ -139,6 +139,24 @@ def check_new_catalog(
         say(f"created a new catalog at {redact(spec.iceberg.catalog_uri)}")
 
 
+def check_topic_unchanged(pipelines: Sequence[PipelineSpec], ledger: Ledger) -> None:
+    """Before Spark starts: each pipeline reads the topic its recorded batches were read from. A pipeline's checkpoint,
+    offsets and tables belong to one topic; another topic under the same pipeline would be taken by the source for
+    its topic re-created (and its way out, skipping to the new topic's offsets, would pour the other topic's events
+    into the same tables). Refused, naming both topics and the two ways out."""
+    from krishiv_core.table_purpose import SPEC_CHANGE, SpecChangeRefused
+
+    for pipeline in pipelines:
+        read = ledger.newest_topic(pipeline.name)
+        if read is not None and read != pipeline.topic:
+            raise SpecChangeRefused(
+                f"pipeline {pipeline.name!r} has read topic {read!r} (its batches are in the ledger and its "
+                f"checkpoint) and the spec now says topic {pipeline.topic!r}; a pipeline's checkpoint and tables hold "
+                f"one topic, so nothing was started: set topic back to {read!r}, or read {pipeline.topic!r} with a "
+                f"new pipeline (a new name: its own checkpoint and tables) {SPEC_CHANGE}"
+            )
+
+
 def check_history(catalog: Catalog, spec: KrishivSpec, pipelines: Sequence[PipelineSpec], ledger: Ledger) -> None:
     """Before Spark starts: each table of the ``pipelines`` and the ledger tell one history.
 

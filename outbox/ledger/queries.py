@@ -343,6 +343,14 @@ class Queries(LedgerConnection):
             )
         ]
 
+    def newest_topic(self, pipeline: str) -> str | None:
+        """The topic the pipeline's newest entry still in the ledger was read from (its offsets' topic), if any."""
+        rows = self._read(
+            "SELECT offsets FROM outbox WHERE pipeline = ? ORDER BY created_at DESC, batch_id DESC LIMIT 1", [pipeline]
+        )
+        topics = sorted(json.loads(rows[0][0])) if rows else []
+        return topics[0] if topics else None
+
     def newest_topic_id(self, table: str) -> str | None:
         """The topic id (incarnation) the table's newest entry still in the ledger was read from, if recorded."""
         rows = self._read(
