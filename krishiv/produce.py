@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
-from krishiv_core.errors import BrokerUnavailable, ConfigError
+from krishiv_core.errors import BrokerUnavailable
 
 DEFAULT_START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 DEFAULT_SPACING_MS = 50
@@ -96,24 +96,29 @@ def file_events(lines: Iterable[str], partitions: int, key_field: str | None, wh
     a JSON object is produced too: Krishiv makes it a reject with its reason). With ``key_field`` the Kafka key is
     that field of the line (a string as its text, any other value as its JSON), and the partition the key's CRC32
     modulo the partition count, as librdkafka's default partitioner puts a key; without one, lines go round the
-    partitions in turn. A line whose key cannot be read is refused, naming the file and the line."""
+    partitions in turn. A line that is not a JSON object, or has no such field (or a null), is sent as it is without a
+    key, round the partitions too: it becomes a reject, or an event without a key, as the pipeline reads it. Blank
+    lines are skipped."""
     events = []
-    for number, line in enumerate(lines, start=1):
-        text = line.rstrip("\r\n")
+    for text in (line.rstrip("\r\n") for line in lines):
         if not text.strip():
             continue
-        key: bytes | None = None
-        if key_field is not None:
-            try:
-                value = json.loads(text)[key_field]
-            except (ValueError, KeyError, TypeError):
-                raise ConfigError(
-                    "--key", f"{where} line {number} has no {key_field!r} field to key by: {text[:60]}"
-                ) from None
-            key = (value if isinstance(value, str) else json.dumps(value)).encode()
+        key = _key_of(text, key_field) if key_field is not None else None
         partition = zlib.crc32(key) % partitions if key is not None else len(events) % partitions
         events.append(OrderEvent(len(events), partition, key, text.encode(), "valid"))
     return events
+
+
+def _key_of(text: str, field: str) -> bytes | None:
+    """The Kafka key of a JSON line: its ``field`` (a string as its text, any other value as its JSON), or None."""
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return None
+    value = document.get(field) if isinstance(document, dict) else None
+    if value is None:
+        return None
+    return (value if isinstance(value, str) else json.dumps(value)).encode()
 
 
 def ensure_topic(

@@ -64,6 +64,9 @@ def cmd_produce(args: argparse.Namespace, spec: KrishivSpec) -> int:
         )
     if lines is not None:
         keyed = f"keyed by {args.key}" if args.key else "without keys, round the partitions"
+        unkeyed = sum(e.key is None for e in events) if args.key else 0
+        if unkeyed:
+            keyed += f"; {counted(unkeyed, 'line')} with no {args.key} sent without a key"
         console.print(f"produced {len(events)} lines of {where} to {pipeline.topic} ({keyed})")
         return 0
     console.print(

@@ -5,14 +5,11 @@ from __future__ import annotations
 import json
 import zlib
 
-import pytest
-
 from chaos.workspace import SETTINGS_TEMPLATE
 from krishiv.cli import main
 from krishiv.operations import commit_pipelines, run_pipelines
 from krishiv.produce import file_events
 from krishiv_core.catalog import load_catalog, qualified
-from krishiv_core.errors import ConfigError
 from krishiv_core.spec import load_spec
 
 PIPELINE = """
@@ -36,8 +33,11 @@ def test_lines_are_keyed_by_a_field_and_partitioned_as_librdkafka_puts_a_key() -
         (b"7", zlib.crc32(b"7") % 4, lines[2].encode()),
     ]
     assert [(e.key, e.partition) for e in file_events(lines, 2, None, "f.jsonl")] == [(None, 0), (None, 1), (None, 0)]
-    with pytest.raises(ConfigError, match=r"--key: f.jsonl line 4 has no 'payment_id' field to key by: not json"):
-        file_events(lines, 2, "payment_id", "f.jsonl")
+    # A line with nothing to key by goes as it is, without a key (it becomes a reject, or an unkeyed event).
+    odd = [*lines, '{"amount": 3}', '{"payment_id": null}', "[1]"]
+    sent = file_events(odd, 2, "payment_id", "f.jsonl")
+    assert [(e.key, e.value) for e in sent[2:]] == [(None, line.rstrip().encode()) for line in odd[3:]]
+    assert [e.partition for e in sent[2:]] == [2 % 2, 3 % 2, 4 % 2, 5 % 2], "round the partitions, as without --key"
 
 
 def test_a_users_own_file_lands_in_the_table_and_its_bad_lines_are_rejects(tmp_path, broker, spark, topic, capsys):
