@@ -63,6 +63,12 @@ class FieldGuess:
             if all(_PLAIN_DECIMAL.fullmatch(t) for t in texts) and any("." in t for t in texts):
                 return _decimal(texts), "numbers sent as strings"
             return "string", ""
+        if "string" in kinds and kinds <= {"string", "integer", "number"}:
+            texts = [v if isinstance(v, str | int) else format(v, "f") for v in self.values]
+            texts = [str(v) for v in texts]
+            # A decimal reads a JSON number and a string of one; whole numbers alone may be ids: left out, as before.
+            if all(_PLAIN_DECIMAL.fullmatch(v) for v in texts) and any("." in v for v in texts):
+                return _decimal(texts), "numbers, some sent as strings"
         if not kinds:
             return None, f"left out: {self.name} was null in every sampled record"
         return None, f"left out: {self.name} holds mixed types ({', '.join(sorted(kinds))})"
@@ -197,9 +203,15 @@ def sample_topic(bootstrap: str, topic: str, settings: dict[str, str], limit: in
 
 
 def spec_text(
-    sample: Sample, topic: str, kind: str, bootstrap: str, key: Sequence[str] = (), name: str | None = None
+    sample: Sample,
+    topic: str,
+    kind: str,
+    bootstrap: str,
+    key: Sequence[str] = (),
+    name: str | None = None,
+    source: str | None = None,
 ) -> str:
-    """The commented spec for ``topic``."""
+    """The commented spec for ``topic``, inferred from ``source`` (``lines of F``; by default the topic's records)."""
     pipeline = name or re.sub(r"[^A-Za-z0-9_]", "_", topic)
     if not re.match(r"^[A-Za-z_]", pipeline):
         pipeline = f"p_{pipeline}"
@@ -207,7 +219,7 @@ def spec_text(
     kept = [(g, t, note) for g, t, note in typed if t is not None]
     left = [note for _g, t, note in typed if t is None]
     lines = [
-        f"# Written by krishiv init from {sample.records} sampled records of topic {topic}.",
+        f"# Written by krishiv init from {sample.records} {source or f'sampled records of topic {topic}'}.",
         "# Read the fields below and correct what the sample could not know; then: krishiv check",
         "",
         "[kafka]",
@@ -258,7 +270,10 @@ def check_kind(sample: Sample, kind: str, key: Sequence[str]) -> None:
     if kind == "windowed" and not any(
         t in ("timestamp", "timestamp_ms") and not sample.fields[n].missing_or_null for n, t in typed.items()
     ):
-        raise ConfigError("--kind", "a windowed pipeline needs an event time, and no field of the sample is a time")
+        raise ConfigError(
+            "--kind",
+            "a windowed pipeline needs an event time, and no field of the sample is a time" + _near_times(sample),
+        )
     if kind == "upsert":
         missing = [k for k in key if typed.get(k) is None or sample.fields[k].missing_or_null]
         if not key or missing:
@@ -267,6 +282,25 @@ def check_kind(sample: Sample, kind: str, key: Sequence[str]) -> None:
                 "an upsert pipeline needs --key FIELD[,FIELD], fields every sampled record has"
                 + (f"; not {', '.join(missing)}" if missing else ""),
             )
+
+
+def _near_times(sample: Sample) -> str:
+    """The way out when no field is a time in every record: the fields that are one in most of them."""
+    near = []
+    for g in sample.fields.values():
+        texts = [v for v in g.values if isinstance(v, str)]
+        times = sum(_is_time(v) for v in texts)
+        if texts and times >= 0.9 * len(g.values):
+            near.append(f"{g.name} is one in {times} of {len(g.values)} sampled values")
+    if not near:
+        return (
+            " in every sampled record: name one with --file of lines that hold it, or write the spec's fields by hand"
+        )
+    return (
+        f' in every sampled record ({"; ".join(near)}): declare it "timestamp" in [pipelines.fields] and '
+        "event_time_field in the spec (the records whose value is not a time become rejects), or sample clean lines "
+        "with --file"
+    )
 
 
 def write_spec(path: Path, text: str, check_only: bool = False) -> None:

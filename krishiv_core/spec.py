@@ -435,7 +435,11 @@ def load_spec(path: str | os.PathLike[str] | None = None, env: Mapping[str, str]
     try:
         text = spec_path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError("spec", f"no spec file at {spec_path}") from None
+        raise ConfigError(
+            "spec",
+            f"no spec file at {spec_path}: name yours with --spec or ${SPEC_FILE_ENV}, or write one with "
+            "krishiv init --topic TOPIC (docs/quickstart.md)",
+        ) from None
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

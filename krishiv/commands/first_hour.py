@@ -104,10 +104,10 @@ def cmd_init(args: argparse.Namespace) -> int:
     if args.kind == "upsert" and not key and sample.key_fields:
         key = sample.key_fields  # the Kafka key's fields (Debezium's key is the primary key)
     check_kind(sample, args.kind, key)
-    text = spec_text(sample, args.topic, args.kind, bootstrap, key)
+    source = f"lines of {args.file}" if args.file else f"sampled records of {args.topic}"
+    text = spec_text(sample, args.topic, args.kind, bootstrap, key, source=source if args.file else None)
     parse_spec(tomllib.loads(text), env={})  # what init writes, the spec reader takes
     write_spec(output, text)
-    source = f"lines of {args.file}" if args.file else f"sampled records of {args.topic}"
     console.print(f"wrote {output} from {len(values)} {source}; its fields:")
     for line in text.split("[pipelines.fields]\n", 1)[1].splitlines():
         console.print(f"  {escape(line)}")

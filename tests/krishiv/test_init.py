@@ -130,3 +130,26 @@ def test_the_first_hour_from_a_users_own_file(tmp_path, broker, spark, topic, ca
         assert main([command]) == 0
     table = load_catalog(spec).load_table(qualified(spec, spec.pipeline().table)).scan().to_arrow()
     assert sorted(table.column("payment_id").to_pylist()) == sorted(f"p-{i}" for i in range(30))
+
+
+def test_a_sample_with_a_stray_value_says_what_it_could_not_decide(tmp_path, capsys) -> None:
+    """Numbers sent some as JSON numbers, some as strings, are one decimal (the field rule reads both); a time that is
+    not one in a single record leaves the field a string, and --kind windowed names it and the way out."""
+    lines = [
+        json.dumps({"id": n, "weight": n + 0.5 if n % 2 else f"{n}.25", "at": f"2026-11-26T10:{n:02d}:00Z"})
+        for n in range(20)
+    ]
+    lines.append(json.dumps({"id": 20, "weight": 3, "at": "yesterday"}))
+    events = tmp_path / "e.jsonl"
+    events.write_text("\n".join(lines) + "\n")
+    base = ["init", "--topic", "t", "--file", str(events)]
+    assert main([*base, "--kind", "windowed", "--output", str(tmp_path / "w.toml")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "no field of the sample is a time in every sampled record (at is one in 20 of 21 sampled values)" in err
+    assert 'declare it "timestamp" in [pipelines.fields] and event_time_field' in err
+    assert main([*base, "--output", str(tmp_path / "e.toml")]) == 0
+    written = (tmp_path / "e.toml").read_text()
+    assert written.startswith(f"# Written by krishiv init from 21 lines of {events}.")
+    assert 'weight = "decimal(' in written and 'at = "string"' in written
+    fields = {f.name: f for f in load_spec(tmp_path / "e.toml", env={}).pipeline().fields}
+    assert fields["weight"].type.is_decimal
