@@ -9,6 +9,11 @@ class KafkaSourceError(KrishivError):
     """The Kafka source cannot deliver a batch's exact offsets (data deleted, broker gone, bad options)."""
 
 
+class TopicMissing(KafkaSourceError):
+    """The broker answers and does not have the topic (deleted; or lost with a restart of a broker that keeps its
+    topics in memory, as ``krishiv broker`` does)."""
+
+
 class OffsetsDeleted(KafkaSourceError):
     """Offsets a batch must read were removed by retention: reading on would silently lose data."""
 

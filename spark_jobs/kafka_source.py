@@ -56,10 +56,10 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from krishiv_core.errors import BrokerUnavailable
-from krishiv_core.runbook import runbook
+from krishiv_core.runbook import before_pointer, runbook
 from krishiv_core.spec import FORCED_CONSUMER_SETTINGS
 from spark_jobs.checkpoint import Checkpoint
-from spark_jobs.errors import KafkaSourceError, OffsetsDeleted, OffsetsMovedBackwards, SourceChanged
+from spark_jobs.errors import KafkaSourceError, OffsetsDeleted, OffsetsMovedBackwards, SourceChanged, TopicMissing
 from spark_jobs.kafka_clients import KafkaProblems, build, list_topics
 from spark_jobs.ports import RecordedBatches, apply_skips
 from spark_jobs.record_decoder import KAFKA_COLUMNS, Decoding, RecordDecoder
@@ -236,7 +236,7 @@ class KafkaAdmin:
 
         topic = self._metadata().topics.get(self.topic)
         if topic is None or (topic.error is not None and topic.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
-            raise KafkaSourceError(
+            raise TopicMissing(
                 f"topic {self.topic!r} does not exist on {self.bootstrap}: create it (krishiv topic create "
                 f"{self.topic}, or produce to it), or correct the topic in the spec "
                 + runbook("A topic that does not exist")
@@ -601,6 +601,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.pipeline = options.get("pipeline", "<pipeline>")
         self.outage_s = float(options.get("brokerOutageSeconds", str(DEFAULT_OUTAGE_S)))
         self._down_since: float | None = None
+        self._topic_missing = False  # whether the outage is a broker that answers without the topic
         self.starting: Offsets = {str(k): int(v) for k, v in json.loads(options.get("startingOffsets", "{}")).items()}
         self._admin: KafkaAdmin | None = None
         self._target: Offsets | None = None
@@ -645,10 +646,18 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 if not _transient(exc):
                     raise
                 now = time.monotonic()
-                if self._down_since is None:
-                    self._down_since = now
-                    _say(f"{exc}; retrying for up to {self.outage_s:g}s")
+                missing = isinstance(exc, TopicMissing)  # the broker answers, without the topic
+                if self._down_since is None or missing != self._topic_missing:
+                    self._down_since = now if self._down_since is None else self._down_since
+                    self._topic_missing = missing
+                    _say(before_pointer(str(exc), f"; retrying for up to {self.outage_s:g}s"))
                 waited = now - self._down_since
+                if waited >= self.outage_s and missing:
+                    raise KafkaSourceError(
+                        before_pointer(
+                            str(exc), f"; waited {waited:.0f}s for it: the query stopped, what was staged is kept"
+                        )
+                    ) from None
                 if waited >= self.outage_s:
                     cause = str(exc).removeprefix(f"Kafka broker at {self.bootstrap} is unreachable: ")
                     raise KafkaSourceError(
@@ -660,8 +669,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 attempt += 1
                 continue
             if self._down_since is not None:
-                _say(f"Kafka broker at {self.bootstrap} is back after {time.monotonic() - self._down_since:.0f}s")
-                self._down_since = None
+                back = f"topic {self.topic!r} is" if self._topic_missing else f"Kafka broker at {self.bootstrap} is"
+                _say(f"{back} back after {time.monotonic() - self._down_since:.0f}s")
+                self._down_since, self._topic_missing = None, False
                 self._identity_checked = False  # the topic is checked again: it may have been re-created meanwhile
             return result
 

@@ -453,6 +453,45 @@ def test_a_broker_out_of_reach_past_the_bound_is_one_line(monkeypatch, capsys) -
     assert len(capsys.readouterr().err.splitlines()) == 1, "one line when it went, none per attempt"
 
 
+class TopicGoneConsumer(ScriptedConsumer):
+    """A broker that answers without the topic for the next ``gone`` metadata requests (``krishiv broker`` restarted:
+    its topics were in memory), then has it again."""
+
+    gone: int = 0
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> ClusterMetadata:
+        metadata = super().list_topics(topic, timeout)
+        if self.gone > 0:
+            self.gone -= 1
+            metadata.topics = {}
+        return metadata
+
+
+def test_a_broker_that_answers_without_the_topic_is_said_so_and_its_return_too(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(kafka_source, "OUTAGE_BACKOFF_S", (0.01,))
+    consumer = TopicGoneConsumer(watermarks={0: [(0, 500)]})
+    consumer.gone = 3
+    assert reader(consumer).latestOffset({"0": 100}, ReadAllAvailable()) == {"0": 500}
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2, lines
+    assert f"topic '{TOPIC}' does not exist on {BOOTSTRAP}" in lines[0] and "retrying for up to 300s" in lines[0]
+    assert lines[0].endswith("A topic that does not exist)"), "the way out stays last"
+    assert lines[1].startswith(f"krishiv-kafka: topic '{TOPIC}' is back after"), lines[1]
+
+
+def test_a_topic_that_stays_missing_past_the_bound_names_its_section(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(kafka_source, "OUTAGE_BACKOFF_S", (0.05,))
+    consumer = TopicGoneConsumer(watermarks={0: [(0, 500)]})
+    consumer.gone = 10_000
+    with pytest.raises(KafkaSourceError) as info:
+        reader(consumer, brokerOutageSeconds="0.3").latestOffset({"0": 100}, ReadAllAvailable())
+    message = str(info.value)
+    assert message.startswith(f"topic '{TOPIC}' does not exist on {BOOTSTRAP}: create it") and "waited" in message
+    assert message.endswith("(see docs/operations.md: Recovery runbook > A topic that does not exist)"), message
+    assert "A broker outage" not in message
+    assert len(capsys.readouterr().err.splitlines()) == 1
+
+
 def test_a_high_watermark_low_for_a_moment_is_read_again() -> None:
     consumer = ScriptedConsumer(watermarks={0: [(0, 90), (0, 95), (0, 130)]})
     assert reader(consumer).latestOffset({"0": 100}, ReadAllAvailable()) == {"0": 130}
