@@ -15,9 +15,9 @@ from pyiceberg.catalog import Catalog
 
 from krishiv.cli import main
 from krishiv.operations import open_ledger
+from krishiv.produce import ensure_topic
 from krishiv_assets.assets import PipelineKeys
 from krishiv_assets.definitions import build_definitions, build_resources, pipeline_definitions
-from krishiv_assets.resources import KafkaResource, LedgerResource
 from krishiv_core.catalog import ensure_pipeline_tables, load_catalog, qualified
 from krishiv_core.entries import COMMITTED, PENDING, OutboxEntry, new_snapshot_id
 from krishiv_core.spec import KrishivSpec, PipelineSpec, load_spec
@@ -188,6 +188,7 @@ def test_a_route_removed_with_pending_batches_is_still_seen_and_committed(tmp_pa
 
     # The route c-002 and the whole payments pipeline leave the spec while their batches are pending.
     write_spec(tmp_path, routes='"c-001" = "orders_c001"', bootstrap=broker.bootstrap)
+    ensure_topic(broker.bootstrap, "orders", 1)  # status exits 1 for a pipeline whose topic is missing
     assert main(["--spec", str(spec_file), "status"]) == 0
     out = capsys.readouterr().out
     assert pending_line(out, "orders_c002") == "orders_c002: 2 pending, 0 committed, 0 rows appended"
@@ -202,13 +203,9 @@ def test_a_route_removed_with_pending_batches_is_still_seen_and_committed(tmp_pa
     assert {b.table for b in ledger.pending_batches()} == {route, payments, payments + "_rejects"}
     defs = build_definitions(spec)
     sensor = defs.resolve_sensor_def("orders_routed_outbox_sensor")
-    resources = {
-        "ledger": LedgerResource(spec=spec, path=spec.storage.ledger_path),
-        "kafka": KafkaResource(bootstrap_servers=spec.kafka.bootstrap_servers),
-    }
     with (
         dg.DagsterInstance.ephemeral() as instance,
-        dg.build_sensor_context(instance=instance, resources=resources, definitions=defs) as context,
+        dg.build_sensor_context(instance=instance, resources=build_resources(spec), definitions=defs) as context,
     ):
         (request,) = sensor.evaluate_tick(context).run_requests
     assert request.run_key == f"orders_routed:commit:{(QUERY + 'orders_routed')[:8]}:0-1"
