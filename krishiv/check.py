@@ -105,15 +105,13 @@ def _offsets(spec: KrishivSpec, p: PipelineSpec) -> str:
     from datetime import UTC, datetime
 
     from krishiv.operations import open_ledger
-    from krishiv.status import BrokerSide, pipeline_status, status_warnings
+    from krishiv.status import pipeline_status, read_broker_side, status_warnings
     from krishiv_core.catalog import qualified
-    from spark_jobs.kafka_source import KafkaAdmin
 
     ledger = open_ledger(spec)
     if not Path(ledger.path).exists():
         return "nothing read yet: the first run starts at the topic's first offsets"
-    with KafkaAdmin(spec.kafka.bootstrap_servers, p.topic, spec.kafka.consumer_settings()) as admin:
-        latest, side = admin.latest(), BrokerSide(admin.earliest(), admin.topic_id())
+    latest, side = read_broker_side(spec, p.topic)
     table = qualified(spec, p.all_tables[0])
     s = pipeline_status(ledger, p.name, table, p.topic, latest)
     problems = status_warnings(s, side, ledger.newest_topic_id(table), [], None, datetime.now(UTC))

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from krishiv_core.entries import OutboxEntry
+from krishiv_core.spec import KrishivSpec
 from outbox.ledger import Ledger
 from outbox.ledger.entries import PendingBatch
 from outbox.ledger.leases import StagerLease
@@ -110,6 +111,15 @@ class BrokerSide:
 
     earliest: Mapping[str, int] | None = None
     topic_id: str | None = None
+
+
+def read_broker_side(spec: KrishivSpec, topic: str) -> tuple[dict[str, int], BrokerSide]:
+    """The topic's high watermarks and what ``status`` and ``check`` compare with the ledger, through one client.
+    Raises :class:`~spark_jobs.errors.KafkaSourceError` (the topic missing, say)."""
+    from spark_jobs.kafka_source import KafkaAdmin
+
+    with KafkaAdmin(spec.kafka.bootstrap_servers, topic, spec.kafka.consumer_settings()) as admin:
+        return admin.latest(), BrokerSide(admin.earliest(), admin.topic_id())
 
 
 def status_warnings(

@@ -647,8 +647,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     raise
                 now = time.monotonic()
                 missing = isinstance(exc, TopicMissing)  # the broker answers, without the topic
-                if self._down_since is None or missing != self._topic_missing:
-                    self._down_since = now if self._down_since is None else self._down_since
+                starting = self._down_since is None
+                if starting:
+                    self._down_since = now
+                if starting or missing != self._topic_missing:  # a new outage, or its cause changed
                     self._topic_missing = missing
                     _say(before_pointer(str(exc), f"; retrying for up to {self.outage_s:g}s"))
                 waited = now - self._down_since

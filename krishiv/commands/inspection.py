@@ -24,6 +24,7 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
         PENDING_AGE_ENV,
         BrokerSide,
         pipeline_status,
+        read_broker_side,
         status_warnings,
     )
     from krishiv.views import lag_table, short_id, table_name, when
@@ -32,7 +33,6 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
     from krishiv_core.env_settings import seconds_from_env
     from krishiv_core.tables import output_tables
     from spark_jobs.errors import KafkaSourceError
-    from spark_jobs.kafka_source import KafkaAdmin
 
     ledger = open_existing_ledger(spec)
     try:
@@ -47,9 +47,7 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
         side = BrokerSide()
         if broker_down is None:
             try:
-                with KafkaAdmin(spec.kafka.bootstrap_servers, p.topic, spec.kafka.consumer_settings()) as admin:
-                    latest = admin.latest()
-                    side = BrokerSide(admin.earliest(), admin.topic_id())
+                latest, side = read_broker_side(spec, p.topic)
             except KafkaSourceError as exc:
                 broker_error = str(exc)
                 topics_unread += 1
