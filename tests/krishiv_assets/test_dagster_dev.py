@@ -161,11 +161,15 @@ def dagster_dev(broker: LocalBroker, tmp_path_factory: pytest.TempPathFactory) -
 
 
 def _committed_through(dev: DagsterDev, ends: dict[str, int]) -> bool:
-    """True once COMMITTED entries of the table cover every partition's offsets up to ``ends``."""
-    table = qualified(dev.spec, dev.spec.pipeline().table)
-    committed = [e for e in dev.ledger().entries(table=table) if e.status == COMMITTED]
-    done = end_offsets(committed, dev.spec.pipeline().topic)
-    return all(done.get(p, 0) >= end for p, end in ends.items())
+    """True once COMMITTED entries of every table of the pipeline (its rejects table too: a commit run commits the
+    tables one after the other) cover every partition's offsets up to ``ends``."""
+    pipeline, ledger = dev.spec.pipeline(), dev.ledger()
+    for name in pipeline.all_tables:
+        committed = [e for e in ledger.entries(table=qualified(dev.spec, name)) if e.status == COMMITTED]
+        done = end_offsets(committed, pipeline.topic)
+        if not all(done.get(p, 0) >= end for p, end in ends.items()):
+            return False
+    return True
 
 
 def _produce_and_wait(dev: DagsterDev, label: str, records: int, **kwargs: object) -> None:
