@@ -374,6 +374,8 @@ def test_the_ui_shows_the_asset_graph_with_the_table_and_its_check(dagster_dev: 
         f"{CHROMIUM} is missing: `make test` installs Debian's chromium (scripts/setup-browser.sh)"
     )
     ARTIFACTS.mkdir(exist_ok=True)
+    # The newest commit may be one the outbox sensor reported, whose checks run comes up to the checks interval later.
+    wait_until(lambda: _checks_done(dagster_dev), PIPELINE_TIMEOUT_S, "newest checks", dagster_dev.process)
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(
             executable_path=CHROMIUM,
