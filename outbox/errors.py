@@ -11,14 +11,36 @@ class OutboxError(KrishivError):
 
 
 class LedgerBusyError(OutboxError):
-    """Another process held the ledger file for longer than the retry budget."""
+    """Another process held the ledger for longer than the retry budget (or, as :class:`LedgerUnavailable`, the
+    ledger's server did not answer): nothing was written, and trying again later is the way on."""
 
     def __init__(self, path: str, waited_s: float, detail: str) -> None:
         super().__init__(
             f"ledger {path} stayed locked by another process for {waited_s:.1f}s (the retry budget); "
-            f"nothing was written. DuckDB said: {detail} {runbook('A ledger that is locked or damaged')}"
+            f"nothing was written. {detail} {runbook('A ledger that is locked or damaged')}"
         )
         self.path = path
+
+
+class LedgerUnavailable(LedgerBusyError):
+    """The ledger's PostgreSQL server did not answer, or the connection was lost during an operation.
+
+    ``written`` says what became of a write: False (nothing was written), None (lost during its COMMIT: unknown;
+    the protocol settles it, as a replayed batch or an entry found committed).
+    """
+
+    def __init__(self, path: str, reason: str, written: bool | None) -> None:
+        outcome = (
+            "nothing was written"
+            if written is False
+            else "the write may or may not have been made; the next run finds out from the ledger"
+        )
+        OutboxError.__init__(
+            self,
+            f"ledger {path} did not answer ({reason}); {outcome} {runbook('A ledger that is locked or damaged')}",
+        )
+        self.path = path
+        self.written = written
 
 
 class LedgerCorrupt(OutboxError):
@@ -27,13 +49,26 @@ class LedgerCorrupt(OutboxError):
     Retrying cannot help (unlike :class:`LedgerBusyError`), so it is raised at once, naming what was found.
     """
 
-    def __init__(self, path: str, found: str) -> None:
+    def __init__(self, path: str, found: str, database: str = "DuckDB") -> None:
+        where = "file" if database == "DuckDB" else "database and schema"
         super().__init__(
-            f"ledger {path} is not a DuckDB ledger ({found}); restore it from a backup or point "
-            f"storage.ledger_path at the right file {runbook('A ledger that is locked or damaged')}"
+            f"ledger {path} is not a {database} ledger ({found}); restore it from a backup or point "
+            f"storage.ledger_path at the right {where} {runbook('A ledger that is locked or damaged')}"
         )
         self.path = path
         self.found = found
+
+
+class LedgerMoved(OutboxError):
+    """``krishiv ledger-copy`` moved this ledger to another database; it is read and written there now."""
+
+    def __init__(self, path: str, target: str) -> None:
+        super().__init__(
+            f"ledger {path} was moved to {target} by krishiv ledger-copy; point storage.ledger_path (or "
+            f"$KRISHIV_LEDGER_PATH) at it {runbook('Moving the ledger to PostgreSQL')}"
+        )
+        self.path = path
+        self.target = target
 
 
 class LedgerSchemaError(OutboxError):

@@ -75,6 +75,8 @@ class StagerLease:
     token: str | None = None
     node: str | None = None
     committing: bool | None = False  # the holder commits its own batches as it stages them (NULL: an old lease)
+    #: The fencing token: one more than the lease's before each time another process took it over.
+    epoch: int | None = None
 
     def alive(self, now: datetime | None = None) -> bool:
         """Unexpired, and, when held in this process's pid space, by a process that still exists."""
@@ -100,18 +102,28 @@ class StagerLease:
         return f"{self.holder} (pid {self.pid} on {self.host}{commits}, lease until {until})"
 
 
-_LEASE_COLUMNS = "pipeline, holder, host, pid, acquired_at, expires_at, token, node, committing"
+_LEASE_COLUMNS = "pipeline, holder, host, pid, acquired_at, expires_at, token, node, committing, epoch"
 
 
 def check_lease(con: Connection, lease: StagerLease, now: datetime) -> None:
-    """Return if ``lease`` is still this process's and unexpired at ``now``, else raise :class:`StagerLeaseLost`."""
+    """Return if ``lease`` is still this process's and unexpired at ``now``, else raise :class:`StagerLeaseLost`.
+
+    Called inside the write it fences, which holds the ledger's one write lock: the lease cannot change before the
+    write commits. The lease must carry the current fencing token (``epoch``) as well as this process's token.
+    """
     row = con.execute(f"SELECT {_LEASE_COLUMNS} FROM stager_lease WHERE pipeline = ?", [lease.pipeline]).fetchone()
     current = StagerLease(*row) if row is not None else None
-    if current is not None and current.token == lease.token and lease.mine and current.expires_at > now:
+    if (
+        current is not None
+        and current.token == lease.token
+        and current.epoch == lease.epoch
+        and lease.mine
+        and current.expires_at > now
+    ):
         return
     if current is None:
         holder = "nobody holds it now"
-    elif current.token != lease.token:
+    elif current.token != lease.token or current.epoch != lease.epoch:
         holder = f"now held by {current.describe()}"
     elif not lease.mine:
         holder = f"held by {current.describe()}, another process"
@@ -131,28 +143,34 @@ class Leases(LedgerConnection):
         outbox sensor) that the holder commits each batch it stages itself.
         """
         now = datetime.now(UTC)
-        lease = StagerLease(
-            pipeline,
-            holder,
-            socket.gethostname(),
-            os.getpid(),
-            now,
-            now + timedelta(seconds=ttl_s),
-            process_token(),
-            node_identity(),
-            committing,
-        )
         with self._transaction() as con:
             row = con.execute(f"SELECT {_LEASE_COLUMNS} FROM stager_lease WHERE pipeline = ?", [pipeline]).fetchone()
-            if row is not None:
-                current = StagerLease(*row)
-                if current.alive(now) and not current.mine:
-                    raise StagerBusy(
-                        f"pipeline {pipeline!r} is already being staged by {current.describe()}: wait for it to "
-                        f"finish, or stop it, then run again {runbook('Another run holds the pipeline')}"
-                    )
+            current = StagerLease(*row) if row is not None else None
+            if current is not None and current.alive(now) and not current.mine:
+                raise StagerBusy(
+                    f"pipeline {pipeline!r} is already being staged by {current.describe()}: wait for it to "
+                    f"finish, or stop it, then run again {runbook('Another run holds the pipeline')}"
+                )
+            previous = current.epoch if current is not None and current.epoch is not None else 0
+            renewal = current is not None and current.mine and current.epoch is not None
+            lease = StagerLease(
+                pipeline,
+                holder,
+                socket.gethostname(),
+                os.getpid(),
+                now,
+                now + timedelta(seconds=ttl_s),
+                process_token(),
+                node_identity(),
+                committing,
+                previous if renewal else previous + 1,
+            )
             con.execute(
-                f"INSERT OR REPLACE INTO stager_lease ({_LEASE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO stager_lease ({_LEASE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (pipeline) DO UPDATE SET holder = excluded.holder, host = excluded.host, "
+                "pid = excluded.pid, acquired_at = excluded.acquired_at, expires_at = excluded.expires_at, "
+                "token = excluded.token, node = excluded.node, committing = excluded.committing, "
+                "epoch = excluded.epoch",
                 [
                     lease.pipeline,
                     lease.holder,
@@ -163,6 +181,7 @@ class Leases(LedgerConnection):
                     lease.token,
                     lease.node,
                     lease.committing,
+                    lease.epoch,
                 ],
             )
         return lease
@@ -177,20 +196,23 @@ class Leases(LedgerConnection):
         with self._transaction() as con:
             changed = con.execute(
                 "UPDATE stager_lease SET expires_at = ? "
-                "WHERE pipeline = ? AND token = ? AND expires_at > ? RETURNING 1",
-                [now + timedelta(seconds=ttl_s), lease.pipeline, lease.token, now],
+                "WHERE pipeline = ? AND token = ? AND epoch = ? AND expires_at > ? RETURNING 1",
+                [now + timedelta(seconds=ttl_s), lease.pipeline, lease.token, lease.epoch, now],
             ).fetchall()
         return bool(changed)
 
     def release_lease(self, lease: StagerLease) -> None:
         with self._transaction() as con:
-            con.execute("DELETE FROM stager_lease WHERE pipeline = ? AND token = ?", [lease.pipeline, lease.token])
+            con.execute(
+                "DELETE FROM stager_lease WHERE pipeline = ? AND token = ? AND epoch = ?",
+                [lease.pipeline, lease.token, lease.epoch],
+            )
 
     def lease_held(self, lease: StagerLease) -> bool:
         """Whether ``lease`` is still this process's and unexpired."""
         rows = self._read(
-            "SELECT 1 FROM stager_lease WHERE pipeline = ? AND token = ? AND expires_at > ?",
-            [lease.pipeline, lease.token, datetime.now(UTC)],
+            "SELECT 1 FROM stager_lease WHERE pipeline = ? AND token = ? AND epoch = ? AND expires_at > ?",
+            [lease.pipeline, lease.token, lease.epoch, datetime.now(UTC)],
         )
         return bool(rows) and lease.token == process_token()
 

@@ -16,8 +16,9 @@ from datetime import datetime
 from typing import Any
 
 from krishiv_core.entries import COMMITTED, OffsetRanges
-from outbox.ledger.connection import LedgerConnection, column_rows, fetch_columns
-from outbox.ledger.schema import COMMIT_ORDER, PARTITION_ORDER
+from outbox.ledger.connection import LedgerConnection, column_rows
+from outbox.ledger.dialect import Dialect
+from outbox.ledger.schema import COMMIT_ORDER
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ class CommittedBatches:
 
 
 def _end_offsets_query(
-    table: str, topic: str, status: str | None = None, pipeline: str | None = None
+    dialect: Dialect, table: str, topic: str, status: str | None = None, pipeline: str | None = None
 ) -> tuple[str, list[Any]]:
     """Per partition, the highest end offset of the table's entries (and archive) for a topic.
 
@@ -94,15 +95,17 @@ def _end_offsets_query(
     entry) is everything but the few entries in another status (an anti-join; DuckDB plans a correlated
     NOT EXISTS as a join over every offset row, several times slower).
     """
-    join, params = "", []
+    join, where, params = "", "f.table_name = ? AND f.topic = ?", []
     if status is not None:
-        kind, op = ("ANTI", "<>") if status == COMMITTED else ("SEMI", "=")
-        join = (
-            f" {kind} JOIN (SELECT query_id, batch_id FROM outbox WHERE table_name = ? AND status {op} ?) o "
-            "USING (query_id, batch_id)"
+        keep, op = (False, "<>") if status == COMMITTED else (True, "=")
+        join, unmatched = dialect.keyed_join(
+            keep,
+            f"SELECT query_id, batch_id FROM outbox WHERE table_name = ? AND status {op} ?",
+            "o",
+            "query_id, batch_id",
         )
+        where += f" AND {unmatched}" if unmatched else ""
         params += [table, status]
-    where = "f.table_name = ? AND f.topic = ?"
     params += [table, topic]
     if pipeline is not None:
         where += " AND f.query_id IN (SELECT DISTINCT query_id FROM outbox WHERE table_name = ? AND pipeline = ?)"
@@ -116,13 +119,15 @@ def _end_offsets_query(
         )
         params += [table, topic] + ([pipeline] if pipeline else [])
     sql = (
-        f"SELECT partition, max(end_offset) FROM ({' UNION ALL '.join(parts)}) "
-        f"GROUP BY partition ORDER BY {PARTITION_ORDER}"
+        f"SELECT partition, max(end_offset) FROM ({' UNION ALL '.join(parts)}) AS u "
+        f"GROUP BY partition ORDER BY {dialect.partition_order}"
     )
     return sql, params
 
 
-def _staged_and_committed_query(table: str, topic: str, pipeline: str | None = None) -> tuple[str, list[Any]]:
+def _staged_and_committed_query(
+    dialect: Dialect, table: str, topic: str, pipeline: str | None = None
+) -> tuple[str, list[Any]]:
     """Per partition, the highest end offset of all the table's entries and of its COMMITTED ones, in one pass."""
     where, params = "f.table_name = ? AND f.topic = ?", [table, table, topic]
     if pipeline is not None:
@@ -137,7 +142,7 @@ def _staged_and_committed_query(table: str, topic: str, pipeline: str | None = N
         f"LEFT JOIN (SELECT query_id, batch_id FROM outbox WHERE table_name = ? AND status <> '{COMMITTED}') o "
         f"USING (query_id, batch_id) WHERE {where} "
         f"UNION ALL SELECT a.partition, a.end_offset, true FROM outbox_archive_offsets a{archive_join} "
-        f"WHERE {archive_where}) GROUP BY partition ORDER BY {PARTITION_ORDER}"
+        f"WHERE {archive_where}) AS u GROUP BY partition ORDER BY {dialect.partition_order}"
     )
     return sql, params
 
@@ -180,8 +185,7 @@ class Queries(LedgerConnection):
         From the sequence itself, so a commit compaction already folded away still counts.
         """
         rows = self._read(
-            "SELECT greatest((SELECT max(commit_seq) FROM outbox), (SELECT last_value FROM duckdb_sequences() "
-            "WHERE sequence_name = 'outbox_commit_seq'))"
+            f"SELECT greatest((SELECT max(commit_seq) FROM outbox), ({self.dialect.last_sequence_value}))"
         )
         return int(rows[0][0]) if rows and rows[0][0] is not None else 0
 
@@ -192,7 +196,7 @@ class Queries(LedgerConnection):
 
         With ``status``, only entries in that status count; with ``pipeline``, only that pipeline's.
         """
-        sql, params = _end_offsets_query(table, topic, status, pipeline)
+        sql, params = _end_offsets_query(self.dialect, table, topic, status, pipeline)
         return {p: int(end) for p, end in self._read(sql, params)}
 
     def table_summary(self, table: str, pipeline: str | None = None, topic: str | None = None) -> TableSummary:
@@ -210,21 +214,26 @@ class Queries(LedgerConnection):
                 "sum(records_read), sum(rejects), sum(late_events), "
                 "sum(record_count) FILTER (WHERE status = 'COMMITTED'), "
                 "max(committed_at) FILTER (WHERE status = 'COMMITTED'), "
-                "arg_max(committed_snapshot_id, committed_at) "
-                "FILTER (WHERE status = 'COMMITTED' AND committed_snapshot_id IS NOT NULL), "
+                + self.dialect.arg_max(
+                    "committed_snapshot_id",
+                    "committed_at",
+                    "status = 'COMMITTED' AND committed_snapshot_id IS NOT NULL",
+                )
+                + ", "
                 "max(committed_at) FILTER (WHERE status = 'COMMITTED' AND committed_snapshot_id IS NOT NULL), "
                 f"min(created_at) FILTER (WHERE status = 'PENDING') FROM outbox WHERE {where}",
                 params,
             ),
             (
                 "SELECT sum(entries), sum(records_read), sum(rejects), sum(late_events), sum(record_count), "
-                "max(last_committed_at), arg_max(last_snapshot_id, last_snapshot_at), max(last_snapshot_at) "
+                f"max(last_committed_at), {self.dialect.arg_max('last_snapshot_id', 'last_snapshot_at')}, "
+                "max(last_snapshot_at) "
                 f"FROM outbox_archive WHERE {where}",
                 params,
             ),
         ]
         if topic is not None:
-            queries.append(_staged_and_committed_query(table, topic, pipeline))
+            queries.append(_staged_and_committed_query(self.dialect, table, topic, pipeline))
         results = self._reads(queries)
         if not results[0]:
             return TableSummary(table)
@@ -258,8 +267,8 @@ class Queries(LedgerConnection):
         if not offsets:
             return {}
         rows = self._read(
-            """
-            WITH wanted AS (SELECT unnest(?::BIGINT[]) AS p, unnest(?::BIGINT[]) AS o),
+            f"""
+            WITH wanted AS ({self.dialect.zipped_pairs}),
             ranges AS (
                 SELECT f.partition, f.start_offset, f.end_offset, coalesce(e.topic_id, '') AS topic_id
                 FROM outbox_offsets f JOIN outbox e USING (query_id, table_name, batch_id)
@@ -288,7 +297,7 @@ class Queries(LedgerConnection):
                 ),
                 ("SELECT query_id, max_batch_id, record_count FROM outbox_archive WHERE table_name = ?", [table]),
             ],
-            fetch=fetch_columns,
+            columns=True,
         )
         hot, archive = column_rows(hot), column_rows(archive)
         return CommittedBatches(
@@ -337,7 +346,7 @@ class Queries(LedgerConnection):
             r[0]
             for r in self._read(
                 "SELECT query_id FROM (SELECT query_id, created_at FROM outbox WHERE pipeline = ? "
-                "UNION ALL SELECT query_id, min_created_at FROM outbox_archive WHERE pipeline = ?) "
+                "UNION ALL SELECT query_id, min_created_at FROM outbox_archive WHERE pipeline = ?) AS q "
                 "GROUP BY query_id ORDER BY MIN(created_at), query_id",
                 [pipeline, pipeline],
             )

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 from krishiv_core.entries import COMMITTED
 from outbox.ledger.connection import Connection, LedgerConnection
@@ -46,7 +45,7 @@ class Retention(LedgerConnection):
         snapshot, and per partition the offsets covered. Each ``chunk`` of entries is its own transaction,
         so a first compaction of a large ledger does not hold the file for long.
         """
-        if not Path(self.path).exists():
+        if not self.exists():
             return CompactionReport(0, 0, 0)  # nothing to compact, and no reason to create a ledger
         cutoff = (now or datetime.now(UTC)) - timedelta(seconds=retention_s)
         archived, groups = 0, set()
@@ -86,63 +85,65 @@ class Retention(LedgerConnection):
         if last and (now - datetime.fromisoformat(last[0][0])).total_seconds() < every_s:
             return None
         report = self.compact(retention_s, now)
-        if Path(self.path).exists():
+        if self.exists():
             with self._transaction() as con:
-                con.execute("INSERT OR REPLACE INTO ledger_meta VALUES ('compacted_at', ?)", [now.isoformat()])
+                self._set_meta(con, "compacted_at", now.isoformat())
         return report
 
-    @staticmethod
-    def _fold(con: Connection) -> None:
+    def _fold(self, con: Connection) -> None:
         """Add the temporary table ``compacting``'s entries to the archive and delete them from the hot tables."""
         con.execute(
             """
-            INSERT INTO outbox_archive
-            SELECT query_id, table_name, any_value(pipeline), count(*), sum(record_count), sum(records_read),
+            INSERT INTO outbox_archive AS a
+            SELECT query_id, table_name, min(pipeline), count(*), sum(record_count), sum(records_read),
                 sum(rejects), sum(late_events), sum(windows), min(batch_id), max(batch_id), min(created_at),
-                max(created_at), max(committed_at),
-                arg_max(committed_snapshot_id, committed_at) FILTER (WHERE committed_snapshot_id IS NOT NULL),
+                max(created_at), max(committed_at), {last_snapshot},
                 max(committed_at) FILTER (WHERE committed_snapshot_id IS NOT NULL)
             FROM compacting GROUP BY query_id, table_name
             ON CONFLICT (query_id, table_name) DO UPDATE SET
-                entries = entries + excluded.entries,
-                record_count = record_count + excluded.record_count,
-                records_read = records_read + excluded.records_read,
-                rejects = rejects + excluded.rejects,
-                late_events = late_events + excluded.late_events,
-                windows = windows + excluded.windows,
-                min_batch_id = least(min_batch_id, excluded.min_batch_id),
-                max_batch_id = greatest(max_batch_id, excluded.max_batch_id),
-                min_created_at = least(min_created_at, excluded.min_created_at),
-                max_created_at = greatest(max_created_at, excluded.max_created_at),
-                last_committed_at = greatest(last_committed_at, excluded.last_committed_at),
+                entries = a.entries + excluded.entries,
+                record_count = a.record_count + excluded.record_count,
+                records_read = a.records_read + excluded.records_read,
+                rejects = a.rejects + excluded.rejects,
+                late_events = a.late_events + excluded.late_events,
+                windows = a.windows + excluded.windows,
+                min_batch_id = least(a.min_batch_id, excluded.min_batch_id),
+                max_batch_id = greatest(a.max_batch_id, excluded.max_batch_id),
+                min_created_at = least(a.min_created_at, excluded.min_created_at),
+                max_created_at = greatest(a.max_created_at, excluded.max_created_at),
+                last_committed_at = greatest(a.last_committed_at, excluded.last_committed_at),
                 last_snapshot_id = CASE
                     WHEN excluded.last_snapshot_at IS NOT NULL
-                        AND (last_snapshot_at IS NULL OR excluded.last_snapshot_at >= last_snapshot_at)
-                    THEN excluded.last_snapshot_id ELSE last_snapshot_id END,
-                last_snapshot_at = greatest(last_snapshot_at, excluded.last_snapshot_at)
-            """
+                        AND (a.last_snapshot_at IS NULL OR excluded.last_snapshot_at >= a.last_snapshot_at)
+                    THEN excluded.last_snapshot_id ELSE a.last_snapshot_id END,
+                last_snapshot_at = greatest(a.last_snapshot_at, excluded.last_snapshot_at)
+            """.format(
+                last_snapshot=self.dialect.arg_max(
+                    "committed_snapshot_id", "committed_at", "committed_snapshot_id IS NOT NULL"
+                )
+            )
         )
         con.execute(
             """
-            INSERT INTO outbox_archive_offsets
+            INSERT INTO outbox_archive_offsets AS a
             SELECT f.query_id, f.table_name, f.topic, f.partition, min(f.start_offset), max(f.end_offset)
             FROM outbox_offsets f JOIN compacting c USING (query_id, table_name, batch_id)
             GROUP BY f.query_id, f.table_name, f.topic, f.partition
             ON CONFLICT (query_id, table_name, topic, partition) DO UPDATE SET
-                start_offset = least(start_offset, excluded.start_offset),
-                end_offset = greatest(end_offset, excluded.end_offset)
+                start_offset = least(a.start_offset, excluded.start_offset),
+                end_offset = greatest(a.end_offset, excluded.end_offset)
             """
         )
         con.execute(
             """
-            INSERT INTO outbox_archive_ranges
+            INSERT INTO outbox_archive_ranges AS a
             SELECT f.query_id, f.table_name, f.topic, coalesce(c.topic_id, ''), f.partition, min(f.start_offset),
                 max(f.end_offset)
             FROM outbox_offsets f JOIN compacting c USING (query_id, table_name, batch_id)
             GROUP BY f.query_id, f.table_name, f.topic, coalesce(c.topic_id, ''), f.partition
             ON CONFLICT (query_id, table_name, topic, topic_id, partition) DO UPDATE SET
-                start_offset = least(start_offset, excluded.start_offset),
-                end_offset = greatest(end_offset, excluded.end_offset)
+                start_offset = least(a.start_offset, excluded.start_offset),
+                end_offset = greatest(a.end_offset, excluded.end_offset)
             """
         )
         for table in ("outbox_offsets", "outbox"):

@@ -1,11 +1,12 @@
 """The ledger's tables: the migrations that build them, and the orderings that statements over them share.
 
 A file records its schema version in ``ledger_meta``; :meth:`~outbox.ledger.connection.LedgerConnection.migrate`
-runs the migrations from that version to :data:`SCHEMA_VERSION`, all in one transaction. Each migration is
-DuckDB DDL and moves the schema one version on; one that has shipped is never edited, only followed by another.
+runs the migrations from that version to :data:`SCHEMA_VERSION`, all in one transaction. Each migration moves
+the schema one version on (:data:`MIGRATIONS` in DuckDB's DDL, :data:`POSTGRES_MIGRATIONS` in PostgreSQL's); one
+that has shipped is never edited, only followed by another.
 The tables: ``outbox`` (one entry per query, table and batch) with ``outbox_offsets`` (its offset ranges, one row
 per partition); ``outbox_archive`` with ``outbox_archive_offsets`` and ``outbox_archive_ranges`` (what compaction
-folded); ``stager_lease``; ``offset_skips``.
+folded); ``stager_lease``; ``offset_skips``. ``ledger_meta`` holds the version.
 """
 
 from __future__ import annotations
@@ -161,10 +162,45 @@ MIGRATIONS: tuple[str, ...] = (
     INSERT INTO outbox_archive_ranges
     SELECT query_id, table_name, topic, '', partition, start_offset, end_offset FROM outbox_archive_offsets;
     """,
+    # 11: the lease's fencing token: a number that grows by one each time another process takes the lease, checked
+    # by every write made under it (NULL for a lease taken before this version: the next taker starts at 1).
+    """
+    ALTER TABLE stager_lease ADD COLUMN epoch BIGINT;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
+#: The same migrations in PostgreSQL's DDL: the same tables and columns, version for version. Only the two that
+#: DuckDB spells its own way differ (the back-fill of version 3 reads the JSON with PostgreSQL's functions).
+POSTGRES_MIGRATIONS: tuple[str, ...] = tuple(
+    {
+        2: """
+    CREATE TABLE outbox_offsets (
+        query_id VARCHAR NOT NULL,
+        table_name VARCHAR NOT NULL,
+        batch_id BIGINT NOT NULL,
+        topic VARCHAR NOT NULL,
+        partition VARCHAR NOT NULL,
+        start_offset BIGINT NOT NULL,
+        end_offset BIGINT NOT NULL
+    );
+    INSERT INTO outbox_offsets
+    SELECT o.query_id, o.table_name, o.batch_id, t.key, p.key, (p.value->>0)::BIGINT, (p.value->>1)::BIGINT
+    FROM outbox o, jsonb_each(o.offsets::jsonb) AS t, jsonb_each(t.value) AS p;
+    ALTER TABLE outbox ADD COLUMN records_read BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE outbox ADD COLUMN rejects BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE outbox ADD COLUMN late_events BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE outbox ADD COLUMN windows BIGINT NOT NULL DEFAULT 0;
+    UPDATE outbox SET
+        records_read = COALESCE((metrics::jsonb->>'records_read')::BIGINT, 0),
+        rejects = COALESCE((metrics::jsonb->>'rejects')::BIGINT, 0),
+        late_events = COALESCE((metrics::jsonb->>'late_events')::BIGINT, 0),
+        windows = COALESCE((metrics::jsonb->>'windows')::BIGINT, 0);
+    """,
+        7: MIGRATIONS[7].replace("commit_ms DOUBLE;", "commit_ms DOUBLE PRECISION;"),
+    }.get(version, migration)
+    for version, migration in enumerate(MIGRATIONS)
+)
+
 #: Order of entries for the relay: by first appearance of their query, then batch id.
 COMMIT_ORDER = "MIN(created_at) OVER (PARTITION BY query_id, table_name), query_id, table_name, batch_id"
-#: Order of partitions: by number where the name is one.
-PARTITION_ORDER = "TRY_CAST(partition AS BIGINT), partition"

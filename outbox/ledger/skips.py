@@ -14,7 +14,6 @@ from krishiv_core.entries import OffsetSkip
 from krishiv_core.runbook import runbook
 from outbox.errors import OffsetSkipConflict
 from outbox.ledger.connection import LedgerConnection
-from outbox.ledger.schema import PARTITION_ORDER
 
 _SKIP_COLUMNS = (
     "pipeline, query_id, topic, partition, from_offset, to_offset, reason, operator, created_at, applied_batch_id"
@@ -86,7 +85,7 @@ class OffsetSkips(LedgerConnection):
             params.append(topic)
         rows = self._read(
             f"SELECT {_SKIP_COLUMNS} FROM offset_skips WHERE query_id = ?{clause} "
-            f"ORDER BY topic, {PARTITION_ORDER}, from_offset",
+            f"ORDER BY topic, {self.dialect.partition_order}, from_offset",
             params,
         )
         return [OffsetSkip(*r) for r in rows]

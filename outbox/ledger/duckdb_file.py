@@ -1,0 +1,194 @@
+"""The ledger in a DuckDB file (the embedded default): opening it with its lock retried, and what is in it.
+
+DuckDB lets one process at a time hold a file open for writing, and a writer blocks other processes'
+read-only opens as well. The Spark driver, the commit relay and the Dagster daemon all use the ledger, so
+every operation opens the file, runs one short transaction and closes it again. A lock held by another
+process is retried with backoff up to ``lock_timeout_s``; then :class:`LedgerBusyError` names the file
+and the holder, and nothing has been written. A file that is not a ledger at all (empty, not a DuckDB
+file, or a DuckDB database without the ledger's tables) raises :class:`LedgerCorrupt` at once, and is
+never migrated into a ledger; only a file modified in the last few seconds, which another process may be
+creating, is given half a second to get its header.
+
+This is the one module that calls DuckDB's API (connecting, its errors, its catalog, fetching results).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from outbox.errors import LedgerBusyError, LedgerCorrupt
+from outbox.ledger.dialect import Dialect, duckdb_dialect
+from outbox.ledger.schema import MIGRATIONS
+
+_BACKOFF_START_S = 0.005
+_BACKOFF_MAX_S = 0.25
+#: A file DuckDB calls invalid is retried this long, and only if it was modified in the last
+#: ``_FRESH_FILE_S``: another process may have created it and not yet written its header.
+_CREATION_GRACE_S = 0.5
+_FRESH_FILE_S = 5.0
+#: DuckDB's file header: an 8-byte checksum, then the magic bytes.
+_DUCKDB_MAGIC = b"DUCK"
+DIALECT = duckdb_dialect(MIGRATIONS)
+
+#: One connection at a time per ledger file within a process: DuckDB refuses a read-only open of a file that
+#: another thread of the same process has open for writing (the stager lease renews from a thread).
+_PROCESS_LOCKS: dict[str, threading.RLock] = {}
+_PROCESS_LOCKS_GUARD = threading.Lock()
+
+
+def _process_lock(path: str) -> threading.RLock:
+    with _PROCESS_LOCKS_GUARD:
+        return _PROCESS_LOCKS.setdefault(os.path.realpath(path), threading.RLock())
+
+
+def _is_lock_conflict(exc: duckdb.Error) -> bool:
+    """Another process holds the file."""
+    text = str(exc)
+    return "Could not set lock" in text or "Conflicting lock" in text
+
+
+def _is_invalid_file(exc: duckdb.Error) -> bool:
+    """DuckDB found no valid header: an empty or foreign file, or one another process has just created."""
+    return "not a valid DuckDB database file" in str(exc)
+
+
+#: What DuckDB says of a file whose header is there but whose contents are not: truncated or overwritten.
+_DAMAGE = ("Corrupt database file", "Could not read enough bytes from file")
+
+
+def _is_damaged(exc: duckdb.Error) -> bool:
+    return any(marker in str(exc) for marker in _DAMAGE)
+
+
+def _describe_invalid(path: str, exc: duckdb.Error) -> str:
+    try:
+        with open(path, "rb") as stream:
+            head = stream.read(16)
+    except OSError as error:
+        return f"unreadable: {error.strerror}"
+    if not head:
+        return "empty file"
+    if head[8:12] != _DUCKDB_MAGIC:
+        return "not a DuckDB file"
+    detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return f"a damaged DuckDB file: {detail}"
+
+
+def _recently_modified(path: str) -> bool:
+    try:
+        return time.time() - os.path.getmtime(path) < _FRESH_FILE_S
+    except OSError:
+        return True  # gone again: someone is replacing it; let the next attempt see
+
+
+class DuckDBFile:
+    """A ledger in one DuckDB file, opened for one short transaction or one batch of reads at a time."""
+
+    dialect: Dialect = DIALECT
+
+    def __init__(self, path: str | Path, lock_timeout_s: float) -> None:
+        self.path = str(path)
+        self.lock_timeout_s = lock_timeout_s
+        self._process_lock = _process_lock(self.path)
+
+    def exists(self) -> bool:
+        return Path(self.path).exists()
+
+    def _corrupt(self, found: str) -> LedgerCorrupt:
+        return LedgerCorrupt(self.path, found, self.dialect.name)
+
+    @contextmanager
+    def connect(self, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+        if not read_only:
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + self.lock_timeout_s
+        delay = _BACKOFF_START_S
+        started = time.monotonic()
+        invalid_since: float | None = None
+        with self._process_lock:
+            while True:
+                try:
+                    con = duckdb.connect(self.path, read_only=read_only)
+                    # Times come back in UTC whatever the machine's zone: every reader prints them as UTC.
+                    con.execute("SET TimeZone = 'UTC'")
+                    break
+                except duckdb.Error as exc:
+                    now = time.monotonic()
+                    if _is_invalid_file(exc) or _is_damaged(exc):
+                        invalid_since = now if invalid_since is None else invalid_since
+                        if now - invalid_since >= _CREATION_GRACE_S or not _recently_modified(self.path):
+                            raise self._corrupt(_describe_invalid(self.path, exc)) from exc
+                    elif not _is_lock_conflict(exc):
+                        raise
+                    if now >= deadline:
+                        raise LedgerBusyError(self.path, now - started, f"DuckDB said: {exc}") from exc
+                    time.sleep(min(delay * random.uniform(0.5, 1.5), max(0.0, deadline - time.monotonic())))
+                    delay = min(delay * 2, _BACKOFF_MAX_S)
+            try:
+                yield con
+            except duckdb.Error as exc:
+                if _is_damaged(exc):  # a damaged block DuckDB only read now, for a query
+                    raise self._corrupt(_describe_invalid(self.path, exc)) from exc
+                raise
+            finally:
+                con.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """One write transaction; the file's lock makes it the only writer while it runs."""
+        with self.connect() as con:
+            con.execute("BEGIN TRANSACTION")
+            try:
+                yield con
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+            con.execute("COMMIT")
+
+    @contextmanager
+    def snapshot(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A read-only open of the file for several reads (no writer can hold it meanwhile)."""
+        with self.connect(read_only=True) as con:
+            yield con
+
+    @staticmethod
+    def fetch_columns(cursor: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+        """A result as NumPy columns: several times quicker to take off the connection than tuples."""
+        return cursor.fetchnumpy()
+
+    @staticmethod
+    def insert_rows(
+        con: duckdb.DuckDBPyConnection, table: str, columns: list[str], rows: list[tuple[Any, ...]]
+    ) -> None:
+        if rows:
+            names = ", ".join(columns)
+            con.executemany(f"INSERT INTO {table} ({names}) VALUES ({', '.join('?' * len(columns))})", rows)
+
+    def prepare(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Nothing to make before the first migration: the file is the database."""
+
+    def version(self, con: duckdb.DuckDBPyConnection) -> int | None:
+        """The schema version recorded in the file; None for a database without tables; a foreign one raises."""
+        tables = [
+            r[0]
+            for r in con.execute(
+                "SELECT table_name FROM duckdb_tables() WHERE NOT temporary AND schema_name = 'main' "
+                "ORDER BY table_name"
+            ).fetchall()
+        ]
+        if "ledger_meta" not in tables:
+            if tables:
+                shown = ", ".join(tables[:5]) + (", …" if len(tables) > 5 else "")
+                raise self._corrupt(f"a DuckDB file without Krishiv's ledger tables; it holds {shown}")
+            return None
+        row = con.execute("SELECT value FROM ledger_meta WHERE key = 'schema_version'").fetchone()
+        return int(row[0]) if row else 0

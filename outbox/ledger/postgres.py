@@ -1,0 +1,249 @@
+"""The ledger on a PostgreSQL server: for deployments whose stager, relay and Dagster runs share no disk.
+
+A ``postgresql://`` location names the server and database as libpq does (``postgresql+psycopg://`` and
+``postgres://`` too), so the catalog's URI can be reused; credentials come from the URI or from libpq's
+environment (``PGPASSWORD``, ``PGPASSFILE``, ``PGSSLMODE``…), as the catalog's do. The ledger lives in one schema,
+``?schema=`` (default ``krishiv``), made on the first write; a schema holding other tables is refused.
+
+Writes are serialized as DuckDB's file lock serializes them: every write transaction first takes a transaction
+advisory lock keyed by the schema, so two processes on two hosts never interleave (a lease check and the batch it
+fences are one atomic step). A lock held past ``lock_timeout_s`` is :class:`LedgerBusyError`, naming the holder.
+A server that does not answer is retried for the same budget, then :class:`LedgerUnavailable`. A connection lost
+during a write is :class:`LedgerUnavailable` as well: before ``COMMIT`` nothing was written (the server rolls
+the transaction back); during it the outcome is unknown, and the protocol settles it as for any unknown outcome
+(a batch recorded again is a replay; an entry marked again is found committed). A client stopped inside a
+transaction loses its session after ``idle_in_transaction_session_timeout`` (60 s), releasing the lock.
+
+This is the one module that calls psycopg.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import re
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from functools import lru_cache
+from typing import Any
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+
+import psycopg
+
+from krishiv_core.catalog import redact
+from krishiv_core.spec_sections import SERVER_LEDGER_SCHEMES
+from outbox.errors import LedgerBusyError, LedgerCorrupt, LedgerUnavailable
+from outbox.ledger.dialect import Dialect, postgres_dialect
+from outbox.ledger.schema import POSTGRES_MIGRATIONS
+
+DEFAULT_SCHEMA = "krishiv"
+_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+#: First key of the advisory lock every write takes ("KRSV"); the second is the schema's hash.
+_LOCK_CLASS = 0x4B525356 & 0x7FFFFFFF
+_BACKOFF_START_S = 0.005
+_BACKOFF_MAX_S = 0.25
+#: libpq settings Krishiv gives a connection unless the URI sets them: a server that stops answering is noticed
+#: (connection, keepalives, unacknowledged data) instead of waited on for ever.
+_CONNECTION_DEFAULTS = {
+    "connect_timeout": "10",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "30000",
+}
+_SESSION_OPTIONS = "-c TimeZone=UTC -c idle_in_transaction_session_timeout=60000"
+DIALECT = postgres_dialect(POSTGRES_MIGRATIONS)
+
+
+def is_postgres_location(location: str) -> bool:
+    return location.startswith(SERVER_LEDGER_SCHEMES)
+
+
+@lru_cache(maxsize=512)
+def _placeholders(sql: str) -> str:
+    """The ledger's ``?`` placeholders as psycopg's ``%s`` (and a literal ``%`` doubled)."""
+    return sql.replace("%", "%%").replace("?", "%s")
+
+
+class _Session:
+    """A psycopg connection that takes the ledger's statements as they are written (``?`` placeholders)."""
+
+    def __init__(self, connection: psycopg.Connection[Any]) -> None:
+        self.connection = connection
+
+    def execute(self, sql: str, params: Sequence[Any] | None = None) -> psycopg.Cursor[Any]:
+        if not params:  # no parameters: sent as is (several statements allowed, as migrations have)
+            return self.connection.execute(sql.encode())
+        return self.connection.execute(_placeholders(sql).encode(), list(params))
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _refused(exc: psycopg.OperationalError) -> bool:
+    """The server refused the connection itself (authentication, a missing database, a bad setting)."""
+    return "FATAL:" in str(exc) and "the database system is" not in str(exc)  # not: starting up, shutting down
+
+
+def _roll_back(session: _Session) -> None:
+    with contextlib.suppress(psycopg.OperationalError):  # the connection is gone, and its transaction with it
+        session.execute("ROLLBACK")
+
+
+class PostgresLedger:
+    """A ledger in one schema of a PostgreSQL database."""
+
+    dialect: Dialect = DIALECT
+
+    def __init__(self, uri: str, lock_timeout_s: float) -> None:
+        parts = urlsplit(uri)
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        schemas = [value for key, value in query if key == "schema"]
+        self.schema = schemas[-1] if schemas else DEFAULT_SCHEMA
+        if not _SCHEMA_NAME.match(self.schema):
+            raise LedgerCorrupt(
+                redact(uri),
+                f"schema={self.schema!r} is not a plain PostgreSQL name (lower-case letters, digits, _)",
+                "PostgreSQL",
+            )
+        settings = dict(_CONNECTION_DEFAULTS)
+        settings.update((key, value) for key, value in query if key != "schema")
+        settings["options"] = f"{settings.get('options', '')} -c search_path={self.schema} {_SESSION_OPTIONS}".strip()
+        settings.setdefault("application_name", "krishiv")
+        scheme = "postgresql"
+        self._conninfo = urlunsplit((scheme, parts.netloc, parts.path, urlencode(settings, quote_via=quote), ""))
+        #: How the ledger is named in messages: the URI with its password hidden, and the schema.
+        shown = [(k, v) for k, v in query if k != "schema"] + [("schema", self.schema)]
+        self.path = redact(urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(shown, quote_via=quote), "")))
+        self.lock_timeout_s = lock_timeout_s
+        self._seen = False  # the ledger's tables were found once: they are not looked for again
+
+    def _open(self) -> _Session:
+        """A connection, retried with backoff while the server does not answer, up to ``lock_timeout_s``."""
+        started = time.monotonic()
+        delay = _BACKOFF_START_S
+        while True:
+            try:
+                return _Session(psycopg.connect(self._conninfo, autocommit=True))
+            except psycopg.OperationalError as exc:
+                waited = time.monotonic() - started
+                if _refused(exc):  # the server answered: no waiting makes a wrong password or database right
+                    raise LedgerUnavailable(self.path, _reason(exc), written=False) from None
+                if waited >= self.lock_timeout_s:
+                    raise LedgerUnavailable(
+                        self.path, f"the server did not answer for {waited:.1f}s: {_reason(exc)}", written=False
+                    ) from None
+                time.sleep(min(delay * random.uniform(0.5, 1.5), max(0.0, self.lock_timeout_s - waited)))
+                delay = min(delay * 2, _BACKOFF_MAX_S)
+
+    @contextmanager
+    def _session(self) -> Iterator[_Session]:
+        session = self._open()
+        try:
+            yield session
+        finally:
+            session.connection.close()
+
+    def exists(self) -> bool:
+        if not self._seen:
+            with self._session() as session:
+                self._seen = session.execute("SELECT to_regclass('ledger_meta')").fetchone()[0] is not None
+        return self._seen
+
+    @contextmanager
+    def transaction(self) -> Iterator[_Session]:
+        """One write transaction, holding the ledger's advisory lock: the only writer while it runs."""
+        with self._session() as session:
+            try:
+                self._lock(session)
+            except psycopg.OperationalError as exc:
+                raise LedgerUnavailable(self.path, _reason(exc), written=False) from None
+            try:
+                yield session
+            except psycopg.OperationalError as exc:  # the server rolls back a transaction whose connection is lost
+                raise LedgerUnavailable(self.path, _reason(exc), written=False) from None
+            except BaseException:
+                _roll_back(session)
+                raise
+            try:
+                session.execute("COMMIT")
+            except psycopg.OperationalError as exc:
+                raise LedgerUnavailable(self.path, _reason(exc), written=None) from None
+
+    def _lock(self, session: _Session) -> None:
+        started = time.monotonic()
+        delay = _BACKOFF_START_S
+        while True:
+            session.execute("BEGIN")
+            got = session.execute("SELECT pg_try_advisory_xact_lock(?, hashtext(?))", [_LOCK_CLASS, self.schema])
+            if got.fetchone()[0]:
+                return
+            session.execute("ROLLBACK")
+            waited = time.monotonic() - started
+            if waited >= self.lock_timeout_s:
+                raise LedgerBusyError(self.path, waited, self._holder(session))
+            time.sleep(min(delay * random.uniform(0.5, 1.5), max(0.0, self.lock_timeout_s - waited)))
+            delay = min(delay * 2, _BACKOFF_MAX_S)
+
+    def _holder(self, session: _Session) -> str:
+        row = session.execute(
+            "SELECT a.pid, a.application_name, coalesce(host(a.client_addr), 'local'), a.state "
+            "FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
+            "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = ? AND l.objid = hashtext(?)::oid",
+            [_LOCK_CLASS, self.schema],
+        ).fetchone()
+        if row is None:
+            return "The holder has gone since."
+        pid, application, client, state = row
+        return f"Held by server process {pid} ({application or 'no application name'} from {client}, {state})."
+
+    @contextmanager
+    def snapshot(self) -> Iterator[_Session]:
+        """One read-only transaction on one snapshot, for several reads."""
+        with self._session() as session:
+            try:
+                session.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                yield session
+                session.execute("COMMIT")
+            except psycopg.OperationalError as exc:
+                raise LedgerUnavailable(self.path, _reason(exc), written=False) from None
+
+    @staticmethod
+    def fetch_columns(cursor: psycopg.Cursor[Any]) -> dict[str, list[Any]]:
+        names = [column.name for column in cursor.description or ()]
+        rows = cursor.fetchall()
+        return {name: [row[i] for row in rows] for i, name in enumerate(names)}
+
+    @staticmethod
+    def insert_rows(session: _Session, table: str, columns: list[str], rows: list[tuple[Any, ...]]) -> None:
+        """Rows into ``table`` with PostgreSQL's COPY: one round trip for any number."""
+        with session.connection.cursor().copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN".encode()) as copy:
+            for row in rows:
+                copy.write_row(row)
+
+    def prepare(self, session: _Session) -> None:
+        """Make the ledger's schema (inside the migration's transaction, under its lock)."""
+        session.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
+
+    def version(self, session: _Session) -> int | None:
+        """The schema version recorded; None for a schema without tables; a schema of other tables raises."""
+        if session.execute("SELECT to_regclass('ledger_meta')").fetchone()[0] is None:
+            tables = [
+                r[0]
+                for r in session.execute(
+                    "SELECT table_name FROM information_schema.tables WHERE table_schema = ? ORDER BY 1",
+                    [self.schema],
+                ).fetchall()
+            ]
+            if tables:
+                shown = ", ".join(tables[:5]) + (", …" if len(tables) > 5 else "")
+                raise LedgerCorrupt(
+                    self.path, f"schema {self.schema} holds other tables, not Krishiv's ledger: {shown}", "PostgreSQL"
+                )
+            return None
+        self._seen = True
+        row = session.execute("SELECT value FROM ledger_meta WHERE key = 'schema_version'").fetchone()
+        return int(row[0]) if row else 0
