@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from krishiv_core.errors import KrishivError
 from krishiv_core.spec import KrishivSpec, PipelineSpec
@@ -88,7 +87,7 @@ def _history(spec: KrishivSpec, p: PipelineSpec) -> str:
     from spark_jobs.window_state import check_output_mode
 
     ledger = open_ledger(spec)
-    if not Path(ledger.path).exists():
+    if not ledger.exists():
         return f"no ledger yet at {ledger.path}: the first run starts one"
     check_topic_unchanged([p], ledger)
     if catalog_exists(spec) is False:
@@ -109,7 +108,7 @@ def _offsets(spec: KrishivSpec, p: PipelineSpec) -> str:
     from krishiv_core.catalog import qualified
 
     ledger = open_ledger(spec)
-    if not Path(ledger.path).exists():
+    if not ledger.exists():
         return "nothing read yet: the first run starts at the topic's first offsets"
     latest, side = read_broker_side(spec, p.topic)
     table = qualified(spec, p.all_tables[0])

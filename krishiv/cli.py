@@ -18,6 +18,7 @@ from krishiv.commands.maintenance import (
     cmd_compact,
     cmd_expire_snapshots,
     cmd_ledger_compact,
+    cmd_ledger_copy,
     cmd_maintain,
     cmd_remove_orphans,
 )
@@ -38,6 +39,7 @@ COMMANDS = {
     "check": cmd_check,
     "topic": cmd_topic,
     "ledger-compact": cmd_ledger_compact,
+    "ledger-copy": cmd_ledger_copy,
     "skip-offsets": cmd_skip_offsets,
     "restage": cmd_restage,
     "clean-staging": cmd_clean_staging,

@@ -54,16 +54,23 @@ def _ledger_label() -> str:
     return f"${LEDGER_PATH_ENV}" if os.environ.get(LEDGER_PATH_ENV) else "storage.ledger_path"
 
 
-def ledger_path(spec: KrishivSpec) -> Path:
-    return Path(spec.resolve(spec.storage.ledger_path))
-
-
-def require_ledger(spec: KrishivSpec) -> Path:
-    """The ledger file's path; :class:`LedgerMissing` if there is none (a typo, or nothing staged yet)."""
-    path = ledger_path(spec)
-    if path.is_file():
-        return path
+def require_ledger(spec: KrishivSpec) -> str:
+    """The ledger's location; :class:`LedgerMissing` if there is none (a typo, or nothing staged yet)."""
     label = _ledger_label()
+    if spec.ledger_on_server:
+        from outbox.ledger import Ledger
+
+        location = spec.ledger_location()
+        ledger = Ledger(location)
+        if not ledger.exists():
+            raise LedgerMissing(
+                f"no ledger in {ledger.path}: nothing has been staged there yet; expected the ledger `krishiv run` "
+                f"writes (run it first, or check {label} and its schema=)"
+            )
+        return location
+    path = Path(spec.ledger_location())
+    if path.is_file():
+        return str(path)
     if path.is_dir():
         raise LedgerPathUnusable(f"{label} {path} is a folder; expected the ledger file `krishiv run` writes")
     expected = f"expected the ledger `krishiv run` writes (run it first, or check {label})"
@@ -72,9 +79,12 @@ def require_ledger(spec: KrishivSpec) -> Path:
     raise LedgerMissing(f"no ledger at {path}: nothing has been staged there yet; {expected}")
 
 
-def require_writable_ledger(spec: KrishivSpec) -> Path:
-    """The ledger's path, its folder made; :class:`LedgerPathUnusable` naming the path if it cannot hold one."""
-    path = ledger_path(spec)
+def require_writable_ledger(spec: KrishivSpec) -> str:
+    """The ledger's location, a file's folder made; :class:`LedgerPathUnusable` naming the path if it cannot hold
+    one. A PostgreSQL ledger is the server's to refuse (its first write makes the schema)."""
+    if spec.ledger_on_server:
+        return spec.ledger_location()
+    path = Path(spec.ledger_location())
     label = _ledger_label()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -106,8 +106,8 @@ def ledger_lock_timeout_s() -> float:
 
 
 def open_ledger(spec: KrishivSpec) -> Ledger:
-    """The spec's ledger (``storage.ledger_path``, relative to the spec file's folder)."""
-    return Ledger(spec.resolve(spec.storage.ledger_path), ledger_lock_timeout_s())
+    """The spec's ledger (``storage.ledger_path``: a DuckDB file relative to the spec file's folder, or PostgreSQL)."""
+    return Ledger(spec.ledger_location(), ledger_lock_timeout_s())
 
 
 def open_writable_ledger(spec: KrishivSpec) -> Ledger:

@@ -103,7 +103,8 @@ class LedgerResource(dg.ConfigurableResource):
     _ledgers: dict[float | None, Ledger] = PrivateAttr(default_factory=dict)
 
     def ledger(self, lock_timeout_s: float | None = None) -> Ledger:
-        """The ledger at ``path`` (relative to the spec file's folder), kept for this resource instance.
+        """The ledger at ``path`` (a DuckDB file relative to the spec file's folder, or a PostgreSQL URI), kept for
+        this resource instance.
 
         ``lock_timeout_s``: how long a call waits for another process's lock; by default
         ``KRISHIV_LEDGER_LOCK_TIMEOUT_S`` (30 s), as for the CLI.
@@ -112,7 +113,8 @@ class LedgerResource(dg.ConfigurableResource):
             from krishiv.operations import ledger_lock_timeout_s
 
             self._ledgers[lock_timeout_s] = Ledger(
-                self.spec.resolve(self.path), lock_timeout_s if lock_timeout_s is not None else ledger_lock_timeout_s()
+                self.spec.ledger_location(self.path),
+                lock_timeout_s if lock_timeout_s is not None else ledger_lock_timeout_s(),
             )
         return self._ledgers[lock_timeout_s]
 

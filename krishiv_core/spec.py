@@ -47,9 +47,11 @@ from krishiv_core.partitioning import PartitionField, parse_partition_by
 from krishiv_core.schema_fields import registry_fields
 from krishiv_core.spec_events import KAFKA_METADATA, KAFKA_METADATA_PREFIX, REJECTS, Route
 from krishiv_core.spec_sections import (
+    DUCKDB_LEDGER_SCHEME,
     FORCED_CONSUMER_SETTINGS,
     FORCED_SPARK_CONF,
     MIN_ORPHAN_GRACE_MS,
+    SERVER_LEDGER_SCHEMES,
     IcebergSettings,
     KafkaSettings,
     MaintenanceSettings,
@@ -233,6 +235,19 @@ class KrishivSpec:
         if "://" in w:
             return w
         return self.resolve(w).as_uri()
+
+    def ledger_location(self, value: str | None = None) -> str:
+        """Where the ledger lives (``storage.ledger_path``, or ``value`` given in its place): a PostgreSQL URI as
+        written, else the DuckDB file's path, relative to the spec file's folder unless absolute."""
+        value = self.storage.ledger_path if value is None else value
+        if value.startswith(SERVER_LEDGER_SCHEMES):
+            return value
+        return str(self.resolve(value.removeprefix(DUCKDB_LEDGER_SCHEME)))
+
+    @property
+    def ledger_on_server(self) -> bool:
+        """Whether the ledger is a PostgreSQL schema rather than a DuckDB file."""
+        return self.storage.ledger_path.startswith(SERVER_LEDGER_SCHEMES)
 
     def catalog_uri(self) -> str:
         """The catalog URI with a relative SQLite path made absolute against the spec's folder."""

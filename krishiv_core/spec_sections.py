@@ -235,15 +235,23 @@ _CHECKPOINT_NEEDS = (
     "disk or a mount every driver shares (NFS, EFS)"
 )
 _LEDGER_NEEDS = (
-    "the DuckDB ledger is one file, opened read-write by one process at a time under a file lock; keep it on a "
-    "local disk or a POSIX mount the stager, the relay and Dagster share"
+    "the ledger is a DuckDB file (a path, or duckdb:///path) on a local disk or a POSIX mount the stager, the relay "
+    "and Dagster share, or a PostgreSQL schema (postgresql://user@host:5432/db?schema=krishiv) when they share no disk"
 )
+#: Locations of a ledger on a PostgreSQL server (``storage.ledger_path``); anything else is a DuckDB file.
+SERVER_LEDGER_SCHEMES = ("postgresql://", "postgres://", "postgresql+psycopg://")
+DUCKDB_LEDGER_SCHEME = "duckdb://"
 
 
 def parse_storage(doc: Mapping[str, Any]) -> StorageSettings:
     s = section(doc, "storage", {"ledger_path", "checkpoint_location"})
     storage = StorageSettings(
-        ledger_path=expect(s.get("ledger_path", StorageSettings.ledger_path), str, "storage.ledger_path", "a path"),
+        ledger_path=expect(
+            s.get("ledger_path", StorageSettings.ledger_path),
+            str,
+            "storage.ledger_path",
+            "a path, duckdb:///path or postgresql://…",
+        ),
         checkpoint_location=expect(
             s.get("checkpoint_location", StorageSettings.checkpoint_location),
             str,
@@ -252,16 +260,21 @@ def parse_storage(doc: Mapping[str, Any]) -> StorageSettings:
         ),
     )
 
-    for name, value, reason in (
-        ("storage.checkpoint_location", storage.checkpoint_location, _CHECKPOINT_NEEDS),
-        ("storage.ledger_path", storage.ledger_path, _LEDGER_NEEDS),
+    for name, value, what, reason in (
+        (
+            "storage.checkpoint_location",
+            storage.checkpoint_location,
+            "a path on a local disk or a shared filesystem",
+            _CHECKPOINT_NEEDS,
+        ),
+        ("storage.ledger_path", storage.ledger_path, "a path, duckdb:///path or postgresql://…", _LEDGER_NEEDS),
     ):
+        if name == "storage.ledger_path" and value.startswith((*SERVER_LEDGER_SCHEMES, DUCKDB_LEDGER_SCHEME)):
+            continue
         if m := _URI_SCHEME.match(value):
             if m.group(1).lower() == "file":
                 raise ConfigError(name, f"expected a path, not a file:// URI: write the path itself ({value[7:]})")
-            raise ConfigError(
-                name, f"expected a path on a local disk or a shared filesystem, not a {m.group(1)}:// URI: {reason}"
-            )
+            raise ConfigError(name, f"expected {what}, not a {m.group(1)}:// URI: {reason}")
     return storage
 
 

@@ -1,6 +1,7 @@
 """Table and ledger upkeep: ``krishiv compact``, ``expire-snapshots``, ``remove-orphans`` and ``maintain`` (the
 three with the spec's ``[maintenance]``), ``krishiv clean-staging`` (staged files nothing refers to) and
-``krishiv ledger-compact`` (old committed entries folded into totals)."""
+``krishiv ledger-compact`` (old committed entries folded into totals) and ``krishiv ledger-copy`` (the ledger moved
+to another database)."""
 
 from __future__ import annotations
 
@@ -87,5 +88,23 @@ def cmd_ledger_compact(args: argparse.Namespace, spec: KrishivSpec) -> int:
         f"ledger {ledger.path}: {report.entries_archived} committed entries older than "
         f"{format_duration(args.retention)} folded into the archive of {report.groups} query/table pairs; "
         f"{report.entries_kept} entries kept"
+    )
+    return 0
+
+
+def cmd_ledger_copy(args: argparse.Namespace, spec: KrishivSpec) -> int:
+    from krishiv.operations import ledger_lock_timeout_s
+    from outbox.ledger import Ledger
+
+    source = open_existing_ledger(spec)
+    report = source.copy_to(Ledger(spec.ledger_location(args.to), ledger_lock_timeout_s()))
+    rows = report.rows
+    console.print(
+        escape(
+            f"copied ledger {report.source} to {report.target}: {rows['outbox']} entries, "
+            f"{rows['outbox_archive']} archived query/table totals, {rows['offset_skips']} offset skips; commits "
+            f"numbered on from {report.commit_seq}. The old ledger now refuses every use: point storage.ledger_path "
+            "(or $KRISHIV_LEDGER_PATH) at the new one"
+        )
     )
     return 0

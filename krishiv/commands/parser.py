@@ -13,10 +13,10 @@ from krishiv_core.errors import ConfigError
 from krishiv_core.spec import ENV_OVERRIDES, SPEC_FILE_ENV
 
 #: What ``krishiv --help`` says first.
-DESCRIPTION = """krishiv: exactly-once Kafka -> Spark -> Iceberg through a DuckDB outbox ledger.
+DESCRIPTION = """krishiv: exactly-once Kafka -> Spark -> Iceberg through an outbox ledger.
 broker, produce, run, commit, status, lineage, verify, demo, the operator's
-tools (ledger-compact, skip-offsets, restage, clean-staging) and table
-maintenance (compact, expire-snapshots, remove-orphans, maintain)."""
+tools (ledger-compact, ledger-copy, skip-offsets, restage, clean-staging)
+and table maintenance (compact, expire-snapshots, remove-orphans, maintain)."""
 
 # ------------------------------------------------------------------------------------------ argument types
 
@@ -272,6 +272,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     lc.add_argument(
         "--retention", type=_duration, default=_duration("7d"), help="keep entries committed within this (default 7d)"
+    )
+
+    copy = _command(
+        sub,
+        "ledger-copy",
+        "copy the ledger into a new, empty one elsewhere (a DuckDB file onto PostgreSQL), refusing while a stager "
+        "runs; the old one then refuses every use",
+        pipeline=None,
+    )
+    copy.add_argument(
+        "--to",
+        required=True,
+        metavar="LOCATION",
+        help="where: postgresql://user@host:5432/db?schema=krishiv, duckdb:///path or a path (required)",
     )
 
     so = _command(

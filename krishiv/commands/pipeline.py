@@ -75,7 +75,8 @@ def _commit_line(spec: KrishivSpec, report: TableCommitReport) -> str:
 
 def cmd_run(args: argparse.Namespace, spec: KrishivSpec) -> int:
     pipelines, ledger = chosen_pipelines(spec, args.pipeline), open_writable_ledger(spec)
-    _LEDGER_FOLDER_MADE.append(Path(ledger.path).parent)  # from here on, its absence means it was removed
+    if not ledger.on_server:
+        _LEDGER_FOLDER_MADE.append(Path(ledger.path).parent)  # from here on, its absence means it was removed
     committed: dict[str, set[int]] = {}  # table -> the batches this run's committer committed to it
 
     def on_commit(report: TableCommitReport) -> None:
@@ -165,10 +166,9 @@ _LEDGER_FOLDER_MADE: list[Path] = []
 def _state_paths(spec: KrishivSpec) -> list[tuple[str, Path]]:
     """The local state a run made before Spark started: the ledger, the checkpoints, a SQLite catalog, a local
     warehouse."""
-    paths = [
-        ("ledger", spec.resolve(spec.storage.ledger_path)),
-        ("checkpoints", spec.resolve(spec.storage.checkpoint_location)),
-    ]
+    paths = [("checkpoints", spec.resolve(spec.storage.checkpoint_location))]
+    if not spec.ledger_on_server:
+        paths.insert(0, ("ledger", Path(spec.ledger_location())))
     uri = spec.catalog_uri()
     if uri.startswith("sqlite:///") and uri != "sqlite:///:memory:":
         paths.append(("catalog", Path(uri[len("sqlite:///") :])))

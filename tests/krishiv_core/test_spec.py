@@ -1134,7 +1134,8 @@ def test_a_route_value_route_by_can_never_hold_is_refused(route_by: str, value: 
     [
         ("checkpoint_location", "s3://bucket/checkpoints", "not a s3:// URI: Spark's checkpoint needs"),
         ("checkpoint_location", "s3a://bucket/checkpoints", "not a s3a:// URI: Spark's checkpoint needs"),
-        ("ledger_path", "s3://bucket/ledger.duckdb", "not a s3:// URI: the DuckDB ledger is one file"),
+        ("ledger_path", "s3://bucket/ledger.duckdb", "not a s3:// URI: the ledger is a DuckDB file"),
+        ("ledger_path", "mysql://db/ledger", "or postgresql://…, not a mysql:// URI: the ledger is a DuckDB file"),
         ("checkpoint_location", "file:///var/lib/krishiv/checkpoints", "write the path itself (/var/lib/krishiv/"),
     ],
 )
@@ -1145,6 +1146,31 @@ def test_checkpoint_and_ledger_stay_on_a_filesystem(key: str, value: str, expect
     raw["storage"][key] = value
     with pytest.raises(ConfigError, match=re.escape(f"storage.{key}: expected a path") + ".*" + re.escape(expected)):
         parse_spec(raw, env={})
+
+
+@pytest.mark.parametrize(
+    ("value", "location", "on_server"),
+    [
+        ("state/ledger.duckdb", "{base}/state/ledger.duckdb", False),
+        ("duckdb:///var/lib/krishiv/ledger.duckdb", "/var/lib/krishiv/ledger.duckdb", False),
+        ("duckdb://state/ledger.duckdb", "{base}/state/ledger.duckdb", False),
+        ("postgresql://app@db:5432/platform?schema=krishiv", "postgresql://app@db:5432/platform?schema=krishiv", True),
+        ("postgresql+psycopg://app@db/platform", "postgresql+psycopg://app@db/platform", True),
+    ],
+)
+def test_the_ledger_is_a_duckdb_file_or_a_postgresql_uri(
+    tmp_path: Path, value: str, location: str, on_server: bool
+) -> None:
+    """A path and duckdb:// are files relative to the spec's folder; a PostgreSQL URI is kept as written."""
+    import tomllib
+
+    raw = tomllib.loads(MINIMAL_TOML)
+    raw["storage"]["ledger_path"] = value
+    spec = parse_spec(raw, env={}, base_dir=tmp_path)
+    assert spec.ledger_location() == location.format(base=tmp_path)
+    assert spec.ledger_on_server is on_server
+    via_env = parse_spec(tomllib.loads(MINIMAL_TOML), env={"KRISHIV_LEDGER_PATH": value}, base_dir=tmp_path)
+    assert via_env.ledger_location() == location.format(base=tmp_path)
 
 
 # ------------------------------------------------------------------------------------------- [maintenance]
