@@ -5,9 +5,10 @@ entries is 4.6 days of a pipeline) with one bulk insert into the real schema, th
 ledger work as the code does it (a new :class:`Ledger` per tick, as the sensors open one) and how long each
 holds the file, from connect to close: while one process holds it, DuckDB makes every other process wait.
 Targets: each under 1 s, each holding the file under 100 ms. Then compacts entries committed more than a
-day ago and times the same reads again.
+day ago and times the same reads again. With ``--postgres URI`` the same ledger is built again, moved onto
+PostgreSQL with ``ledger-copy``'s code and timed there (target: under 1 s; a PostgreSQL reader locks nothing).
 
-    .venv/bin/python -m benchmarks.ledger_scale [--entries 200000] [--baseline]
+    .venv/bin/python -m benchmarks.ledger_scale [--entries 200000] [--baseline] [--postgres URI]
 
 ``--baseline`` also times ``Ledger.entries(table=...)``, which every one of these paths used to call.
 """
@@ -25,6 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import duckdb
 from rich.console import Console
@@ -52,15 +54,18 @@ class TimedLedger(Ledger):
     def __init__(self, path: str | Path, lock_timeout_s: float, holds: list[float]) -> None:
         super().__init__(path, lock_timeout_s)
         self.holds = holds
+        connect = self._backend.connect  # every transaction and read of the ledger opens a connection here
 
-    @contextmanager
-    def _connect(self, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
-        started = time.perf_counter()
-        try:
-            with super()._connect(read_only) as con:
-                yield con
-        finally:
-            self.holds.append(time.perf_counter() - started)
+        @contextmanager
+        def timed(read_only: bool = False) -> Iterator[Any]:
+            started = time.perf_counter()
+            try:
+                with connect(read_only) as con:
+                    yield con
+            finally:
+                self.holds.append(time.perf_counter() - started)
+
+        self._backend.connect = timed  # type: ignore[method-assign]
 
 
 @dataclass
@@ -69,6 +74,7 @@ class Measurement:
     seconds: list[float] = field(default_factory=list)
     holds: list[float] = field(default_factory=list)  # every connection's hold, over all runs
     opens: int = 0  # connections per run
+    holds_lock: bool = True  # a DuckDB connection holds the file; a PostgreSQL reader holds no lock
 
     @property
     def median_s(self) -> float:
@@ -87,7 +93,7 @@ class Measurement:
     @property
     def ok(self) -> bool:
         """Within the targets in a typical run (the median; a shared machine makes single runs wander)."""
-        return self.median_s < TARGET_S and self.median_hold_s < TARGET_HOLD_S
+        return self.median_s < TARGET_S and (self.median_hold_s < TARGET_HOLD_S or not self.holds_lock)
 
 
 def build(path: Path, entries: int, partitions: int) -> float:
@@ -169,8 +175,8 @@ def build(path: Path, entries: int, partitions: int) -> float:
     return time.perf_counter() - started
 
 
-def measure(name: str, run: Callable[[list[float]], object], repeat: int) -> Measurement:
-    result = Measurement(name)
+def measure(name: str, run: Callable[[list[float]], object], repeat: int, holds_lock: bool = True) -> Measurement:
+    result = Measurement(name, holds_lock=holds_lock)
     for _ in range(repeat):
         holds: list[float] = []
         started = time.perf_counter()
@@ -181,7 +187,7 @@ def measure(name: str, run: Callable[[list[float]], object], repeat: int) -> Mea
     return result
 
 
-def hot_paths(path: Path, partitions: int) -> dict[str, Callable[[list[float]], object]]:
+def hot_paths(path: str | Path, partitions: int) -> dict[str, Callable[[list[float]], object]]:
     """Each hot path's ledger work, made as the code makes it (a new Ledger each time, as a sensor tick does)."""
 
     def kafka_sensor(holds: list[float]) -> object:
@@ -238,11 +244,12 @@ def hot_paths(path: Path, partitions: int) -> dict[str, Callable[[list[float]], 
 
 
 def show(console: Console, title: str, results: list[Measurement]) -> None:
-    out = RichTable(
-        title=title,
-        caption=f"target: under {TARGET_S:g} s, holding the file under {TARGET_HOLD_S * 1000:g} ms "
-        "(a hold: connect to close)",
+    caption = (
+        f"target: under {TARGET_S:g} s, holding the file under {TARGET_HOLD_S * 1000:g} ms (a hold: connect to close)"
     )
+    if not all(m.holds_lock for m in results):
+        caption = f"target: under {TARGET_S:g} s (a PostgreSQL reader holds no lock; a writer only its transaction)"
+    out = RichTable(title=title, caption=caption)
     for col in ("ledger work", "time (median)", "time (max)", "opens", "hold (median)", "hold (max)", "on target"):
         out.add_column(col)
     for m in results:
@@ -265,6 +272,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=9, help="runs of each measurement")
     parser.add_argument("--baseline", action="store_true", help="also time entries(table=...), the old hot path")
     parser.add_argument("--keep", help="build the ledger at this path and keep it (default: a temporary folder)")
+    parser.add_argument(
+        "--postgres",
+        metavar="URI",
+        help="measure the ledger on PostgreSQL too: the DuckDB ledger built is copied into this new, empty "
+        "location (postgresql://…?schema=…) and measured there",
+    )
     args = parser.parse_args(argv)
     console = Console(highlight=False, width=120)
 
@@ -295,6 +308,16 @@ def main(argv: list[str] | None = None) -> int:
         )
         after = [measure(name, run, args.repeat) for name, run in paths.items()]
         show(console, "after compaction", after)
+        if args.postgres:  # the same ledger again, moved onto PostgreSQL as `krishiv ledger-copy` moves one
+            build(Path(folder) / "to-copy.duckdb", args.entries, args.partitions)
+            started = time.perf_counter()
+            Ledger(Path(folder) / "to-copy.duckdb").copy_to(Ledger(args.postgres))
+            console.print(f"ledger-copy onto {args.postgres}: {time.perf_counter() - started:.1f}s")
+            on_server = [
+                measure(name, run, args.repeat) for name, run in hot_paths(args.postgres, args.partitions).items()
+            ]
+            show(console, f"ledger on PostgreSQL at {args.entries:,} entries, {args.repeat} runs each", on_server)
+            after += on_server
     return 0 if all(m.ok for m in results + after if "old hot path" not in m.name) else 1
 
 

@@ -92,6 +92,9 @@ class Copying(LedgerConnection):
                     for statement in target.dialect.restart_sequence(int(last_seq)):
                         into.execute(statement)
             self._set_meta(source, "moved_to", target.path)
+        if target.on_server:  # the planner's statistics of the new tables, before the first query reads them
+            with target._transaction() as into:
+                into.execute("ANALYZE")
         return CopyReport(self.path, target.path, {n: len(r) for n, (_, r) in tables.items()}, int(last_seq or 0))
 
 

@@ -140,7 +140,8 @@ class PostgresLedger:
                 delay = min(delay * 2, _BACKOFF_MAX_S)
 
     @contextmanager
-    def _session(self) -> Iterator[_Session]:
+    def connect(self, read_only: bool = False) -> Iterator[_Session]:
+        """A connection for one transaction or one snapshot (``read_only`` is the transaction's to say)."""
         session = self._open()
         try:
             yield session
@@ -149,14 +150,14 @@ class PostgresLedger:
 
     def exists(self) -> bool:
         if not self._seen:
-            with self._session() as session:
+            with self.connect() as session:
                 self._seen = session.execute("SELECT to_regclass('ledger_meta')").fetchone()[0] is not None
         return self._seen
 
     @contextmanager
     def transaction(self) -> Iterator[_Session]:
         """One write transaction, holding the ledger's advisory lock: the only writer while it runs."""
-        with self._session() as session:
+        with self.connect() as session:
             try:
                 self._lock(session)
             except psycopg.OperationalError as exc:
@@ -203,7 +204,7 @@ class PostgresLedger:
     @contextmanager
     def snapshot(self) -> Iterator[_Session]:
         """One read-only transaction on one snapshot, for several reads."""
-        with self._session() as session:
+        with self.connect() as session:
             try:
                 session.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 yield session
