@@ -137,7 +137,7 @@ def build_resources(spec: KrishivSpec, env_overrides: Collection[str] = ()) -> d
             uri=value("KRISHIV_ICEBERG_CATALOG_URI", displayed(spec.iceberg.catalog_uri)),
             warehouse=value("KRISHIV_ICEBERG_WAREHOUSE", displayed(spec.iceberg.warehouse)),
         ),
-        "ledger": LedgerResource(spec=spec, path=value("KRISHIV_LEDGER_PATH", spec.storage.ledger_path)),
+        "ledger": LedgerResource(spec=spec, path=value("KRISHIV_LEDGER_PATH", displayed(spec.storage.ledger_path))),
         "spark": SparkResource(
             spec=spec,
             # Resource config is what the UI shows: a secret of [spark.conf] is added by the run (session()).

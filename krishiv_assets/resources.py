@@ -96,7 +96,7 @@ class IcebergCatalogResource(dg.ConfigurableResource):
 
 
 class LedgerResource(dg.ConfigurableResource):
-    """The DuckDB outbox ledger; every call on it opens the file for one short transaction."""
+    """The outbox ledger (a DuckDB file or a PostgreSQL schema); every call on it is one short transaction."""
 
     spec: dg.ResourceDependency[KrishivSpec] = Field(repr=False, exclude=True, description=_SPEC_DESCRIPTION)
     path: str
@@ -112,8 +112,11 @@ class LedgerResource(dg.ConfigurableResource):
         if lock_timeout_s not in self._ledgers:
             from krishiv.operations import ledger_lock_timeout_s
 
+            path = resolve_displayed(
+                self.path, self.spec.storage.ledger_path, "storage.ledger_path", "KRISHIV_LEDGER_PATH"
+            )
             self._ledgers[lock_timeout_s] = Ledger(
-                self.spec.ledger_location(self.path),
+                self.spec.ledger_location(path),
                 lock_timeout_s if lock_timeout_s is not None else ledger_lock_timeout_s(),
             )
         return self._ledgers[lock_timeout_s]
