@@ -54,14 +54,14 @@ def _ledger_label() -> str:
     return f"${LEDGER_PATH_ENV}" if os.environ.get(LEDGER_PATH_ENV) else "storage.ledger_path"
 
 
-def require_ledger(spec: KrishivSpec) -> str:
+def require_ledger(spec: KrishivSpec, lock_timeout_s: float) -> str:
     """The ledger's location; :class:`LedgerMissing` if there is none (a typo, or nothing staged yet)."""
     label = _ledger_label()
     if spec.ledger_on_server:
         from outbox.ledger import Ledger
 
         location = spec.ledger_location()
-        ledger = Ledger(location)
+        ledger = Ledger(location, lock_timeout_s)
         if not ledger.exists():
             raise LedgerMissing(
                 f"no ledger in {ledger.path}: nothing has been staged there yet; expected the ledger `krishiv run` "

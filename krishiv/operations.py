@@ -123,7 +123,7 @@ def open_existing_ledger(spec: KrishivSpec) -> Ledger:
     error naming the path (:class:`krishiv.inputs.LedgerMissing`), never an empty pipeline."""
     from krishiv.inputs import require_ledger
 
-    return Ledger(require_ledger(spec), ledger_lock_timeout_s())
+    return Ledger(require_ledger(spec, ledger_lock_timeout_s()), ledger_lock_timeout_s())
 
 
 def _catalog_address(catalog: Catalog) -> str:

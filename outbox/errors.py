@@ -29,16 +29,14 @@ class LedgerUnavailable(LedgerBusyError):
     the protocol settles it, as a replayed batch or an entry found committed).
     """
 
-    def __init__(self, path: str, reason: str, written: bool | None) -> None:
+    def __init__(self, path: str, reason: str, written: bool | None, refused: bool = False) -> None:
         outcome = (
             "nothing was written"
             if written is False
             else "the write may or may not have been made; the next run finds out from the ledger"
         )
-        OutboxError.__init__(
-            self,
-            f"ledger {path} did not answer ({reason}); {outcome} {runbook('A ledger that is locked or damaged')}",
-        )
+        what = f"refused the connection: {reason}" if refused else f"did not answer ({reason})"
+        OutboxError.__init__(self, f"ledger {path} {what}; {outcome} {runbook('A ledger that is locked or damaged')}")
         self.path = path
         self.written = written
 

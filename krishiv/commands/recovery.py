@@ -22,11 +22,11 @@ def cmd_skip_offsets(args: argparse.Namespace, spec: KrishivSpec) -> int:
 
 
 def cmd_restage(args: argparse.Namespace, spec: KrishivSpec) -> int:
-    from krishiv.inputs import require_ledger
+    from krishiv.operations import open_existing_ledger
     from krishiv.staging_files import restage
 
     pipeline = spec.pipeline(args.pipeline)
-    require_ledger(spec)  # a mistyped ledger path is an error, not "nothing to restage"
+    open_existing_ledger(spec)  # a mistyped ledger path is an error, not "nothing to restage"
     result = restage(spec, pipeline)
     if not result.batches:
         console.print(f"{pipeline.name}: every pending batch still has its staged files; nothing to restage")

@@ -83,9 +83,13 @@ def _reason(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-def _refused(exc: psycopg.OperationalError) -> bool:
-    """The server refused the connection itself (authentication, a missing database, a bad setting)."""
-    return "FATAL:" in str(exc) and "the database system is" not in str(exc)  # not: starting up, shutting down
+def _refusal(exc: psycopg.OperationalError) -> str | None:
+    """What the server said when it refused the connection itself (authentication, a missing database, a bad
+    setting), or None if it did not answer (down, starting up, shutting down: worth waiting for)."""
+    text = str(exc)
+    if "FATAL:" not in text or "the database system is" in text:
+        return None
+    return " ".join(text.split("FATAL:", 1)[1].split())
 
 
 def _roll_back(session: _Session) -> None:
@@ -130,11 +134,11 @@ class PostgresLedger:
                 return _Session(psycopg.connect(self._conninfo, autocommit=True))
             except psycopg.OperationalError as exc:
                 waited = time.monotonic() - started
-                if _refused(exc):  # the server answered: no waiting makes a wrong password or database right
-                    raise LedgerUnavailable(self.path, _reason(exc), written=False) from None
+                if refusal := _refusal(exc):  # the server answered: no waiting makes a wrong password or database right
+                    raise LedgerUnavailable(self.path, refusal, written=False, refused=True) from None
                 if waited >= self.lock_timeout_s:
                     raise LedgerUnavailable(
-                        self.path, f"the server did not answer for {waited:.1f}s: {_reason(exc)}", written=False
+                        self.path, f"for {waited:.1f}s: {_reason(exc)}", written=False
                     ) from None
                 time.sleep(min(delay * random.uniform(0.5, 1.5), max(0.0, self.lock_timeout_s - waited)))
                 delay = min(delay * 2, _BACKOFF_MAX_S)
