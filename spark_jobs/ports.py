@@ -12,7 +12,6 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from pathlib import Path
 from typing import Any, Protocol
 
 from krishiv_core.entries import OffsetSkip, OutboxEntry, StagedFile
@@ -22,7 +21,7 @@ class StagingLedger(Protocol):
     """The ledger operations phase 1 uses."""
 
     @property
-    def path(self) -> Path: ...
+    def path(self) -> str: ...  # how messages name the ledger: a file's path, or a server's URI
 
     def batch(self, query_id: str, batch_id: int) -> dict[str, OutboxEntry]: ...
 
@@ -32,7 +31,7 @@ class StagingLedger(Protocol):
 
     def skips(self, query_id: str, topic: str | None = None) -> list[OffsetSkip]: ...
 
-    def mark_skip_applied(self, skip: OffsetSkip, batch_id: int) -> OffsetSkip: ...
+    def mark_skip_applied(self, skip: OffsetSkip, batch_id: int, lease: Any = None) -> OffsetSkip: ...
 
     def missing_batches(self, query_id: str, table: str, batch_ids: Sequence[int]) -> list[int]: ...
 

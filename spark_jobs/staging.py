@@ -343,7 +343,7 @@ class BatchStager:
         start, after = apply_skips(self._skips, offsets.start, batch_id)
         for before, skip in zip(self._skips, after, strict=True):
             if before.applied_batch_id is None and skip.applied_batch_id is not None:
-                self.ledger.mark_skip_applied(before, batch_id)
+                self.ledger.mark_skip_applied(before, batch_id, lease=self.lease.lease if self.lease else None)
         self._skips = after
         return replace(offsets, start=start) if start != offsets.start else offsets
 

@@ -14,6 +14,7 @@ from krishiv_core.entries import OffsetSkip
 from krishiv_core.runbook import runbook
 from outbox.errors import OffsetSkipConflict
 from outbox.ledger.connection import LedgerConnection
+from outbox.ledger.leases import StagerLease, check_lease
 
 _SKIP_COLUMNS = (
     "pipeline, query_id, topic, partition, from_offset, to_offset, reason, operator, created_at, applied_batch_id"
@@ -90,14 +91,17 @@ class OffsetSkips(LedgerConnection):
         )
         return [OffsetSkip(*r) for r in rows]
 
-    def mark_skip_applied(self, skip: OffsetSkip, batch_id: int) -> OffsetSkip:
+    def mark_skip_applied(self, skip: OffsetSkip, batch_id: int, lease: StagerLease | None = None) -> OffsetSkip:
         """Record the batch that applied ``skip``; applying it again in the same batch (a replay) changes nothing.
 
-        Raises :class:`OffsetSkipConflict` if another batch already applied it, or it was never recorded.
+        Raises :class:`OffsetSkipConflict` if another batch already applied it, or it was never recorded; with
+        ``lease``, :class:`StagerLeaseLost` (nothing written) if the stager no longer holds it, as ``record_batch``.
         """
         key = [skip.query_id, skip.topic, skip.partition, skip.from_offset]
         where = "WHERE query_id = ? AND topic = ? AND partition = ? AND from_offset = ?"
         with self._transaction() as con:
+            if lease is not None:
+                check_lease(con, lease, datetime.now(UTC))
             row = con.execute(f"SELECT {_SKIP_COLUMNS} FROM offset_skips {where}", key).fetchone()
             if row is None:
                 raise OffsetSkipConflict(
