@@ -21,6 +21,7 @@ pytest_plugins: list[str] = [
     "tests.services.otlp_receiver",
     "tests.services.secured_broker",
     "tests.services.private_postgres",
+    "tests.services.ledger_postgres",
     "tests.services.schema_registry",
 ]
 
@@ -106,3 +107,19 @@ def postgres_uri() -> Iterator[str]:
     yield f"{base}/{name}"
     with psycopg.connect(PG_ADMIN_DSN, autocommit=True, connect_timeout=10) as con:
         con.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(params=["duckdb", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def ledger_location(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """Where a test's ledger goes, on each of its backends: a DuckDB file in the test's folder (not made yet), or a
+    schema of its own in the machine's PostgreSQL database (not made yet either), dropped afterwards."""
+    if request.param == "duckdb":
+        yield str(tmp_path / "state" / "ledger.duckdb")
+        return
+    import psycopg
+
+    schema = f"ledger_{uuid.uuid4().hex[:12]}"
+    yield f"{PG_ADMIN_DSN}{'&' if '?' in PG_ADMIN_DSN else '?'}schema={schema}"
+    with psycopg.connect(PG_ADMIN_DSN, autocommit=True, connect_timeout=10) as con:
+        con.execute("SET lock_timeout = '60s'")  # a session the test left open inside the schema: fail, never hang
+        con.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')

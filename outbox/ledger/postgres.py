@@ -8,11 +8,13 @@ environment (``PGPASSWORD``, ``PGPASSFILE``, ``PGSSLMODE``…), as the catalog's
 Writes are serialized as DuckDB's file lock serializes them: every write transaction first takes a transaction
 advisory lock keyed by the schema, so two processes on two hosts never interleave (a lease check and the batch it
 fences are one atomic step). A lock held past ``lock_timeout_s`` is :class:`LedgerBusyError`, naming the holder.
-A server that does not answer is retried for the same budget, then :class:`LedgerUnavailable`. A connection lost
-during a write is :class:`LedgerUnavailable` as well: before ``COMMIT`` nothing was written (the server rolls
-the transaction back); during it the outcome is unknown, and the protocol settles it as for any unknown outcome
-(a batch recorded again is a replay; an entry marked again is found committed). A client stopped inside a
-transaction loses its session after ``idle_in_transaction_session_timeout`` (60 s), releasing the lock.
+A server that does not answer is retried for the same budget, then :class:`LedgerUnavailable`; so is a statement
+it does not answer within the budget (a server paused or stalled while TCP still acknowledges: no keepalive or
+TCP timeout notices that). A connection lost during a write is :class:`LedgerUnavailable` as well: before ``COMMIT``
+nothing was written (the server rolls the transaction back); during it the outcome is unknown, and the protocol
+settles it as for any unknown outcome (a batch recorded again is a replay; an entry marked again is found
+committed). A client stopped inside a transaction loses its session after ``idle_in_transaction_session_timeout``
+(:data:`IDLE_IN_TRANSACTION_TIMEOUT_S`), releasing the lock; when it wakes, its write is refused as not written.
 
 This is the one module that calls psycopg.
 """
@@ -20,6 +22,8 @@ This is the one module that calls psycopg.
 from __future__ import annotations
 
 import contextlib
+import inspect
+import math
 import random
 import re
 import time
@@ -52,7 +56,19 @@ _CONNECTION_DEFAULTS = {
     "keepalives_count": "3",
     "tcp_user_timeout": "30000",
 }
-_SESSION_OPTIONS = "-c TimeZone=UTC -c idle_in_transaction_session_timeout=60000"
+_SESSION_OPTIONS = "-c TimeZone=UTC"
+#: How long the server keeps a session idle inside a transaction before ending it, and the advisory lock with it: a
+#: client stopped inside a write (paused, its host lost) holds the ledger no longer than this.
+IDLE_IN_TRANSACTION_TIMEOUT_S = 60.0
+#: libpq's shortest connect_timeout (a smaller one is taken as 2 s); the shortest wait for a statement's answer too,
+#: so a tiny budget does not cut a healthy server's slower statements (a migration).
+_MIN_CONNECT_TIMEOUT_S = 2
+#: The errors that say the session is gone, and the transaction with it (never committed): the connection was lost
+#: or timed out, or the server ended a session left idle in its transaction (which it reports as an error).
+_SESSION_LOST: tuple[type[Exception], ...] = (
+    psycopg.OperationalError,
+    psycopg.errors.IdleInTransactionSessionTimeout,
+)
 DIALECT = postgres_dialect(POSTGRES_MIGRATIONS)
 
 
@@ -64,6 +80,27 @@ def is_postgres_location(location: str) -> bool:
 def _placeholders(sql: str) -> str:
     """The ledger's ``?`` placeholders as psycopg's ``%s`` (and a literal ``%`` doubled)."""
     return sql.replace("%", "%%").replace("?", "%s")
+
+
+class _Connection(psycopg.Connection[Any]):
+    """A psycopg connection whose every wait for the server is bounded by :attr:`answer_within_s`: a server that
+    stops answering while TCP still acknowledges (paused, stalled) is an :class:`~psycopg.OperationalError` then."""
+
+    answer_within_s: float | None = None
+
+    def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.answer_within_s is None or not _WAIT_TAKES_TIMEOUT or "timeout" in kwargs:
+            return super().wait(gen, *args, **kwargs)
+        try:
+            return super().wait(gen, *args, timeout=self.answer_within_s, **kwargs)
+        except psycopg.OperationalError as exc:
+            if type(exc).__name__ != "_WaitTimeout":
+                raise
+            raise psycopg.OperationalError(f"for {self.answer_within_s:.1f}s, with a statement in flight") from None
+
+
+#: psycopg 3.3 bounds a wait (``timeout``); with an older one a statement waits for the server as long as it takes.
+_WAIT_TAKES_TIMEOUT = "timeout" in inspect.signature(psycopg.Connection.wait).parameters
 
 
 class _Session:
@@ -115,7 +152,11 @@ class PostgresLedger:
             )
         settings = dict(_CONNECTION_DEFAULTS)
         settings.update((key, value) for key, value in query if key != "schema")
-        settings["options"] = f"{settings.get('options', '')} -c search_path={self.schema} {_SESSION_OPTIONS}".strip()
+        idle_ms = round(IDLE_IN_TRANSACTION_TIMEOUT_S * 1000)
+        settings["options"] = (
+            f"{settings.get('options', '')} -c search_path={self.schema} {_SESSION_OPTIONS} "
+            f"-c idle_in_transaction_session_timeout={idle_ms}"
+        ).strip()
         settings.setdefault("application_name", "krishiv")
         scheme = "postgresql"
         self._conninfo = urlunsplit((scheme, parts.netloc, parts.path, urlencode(settings, quote_via=quote), ""))
@@ -123,6 +164,11 @@ class PostgresLedger:
         shown = [(k, v) for k, v in query if k != "schema"] + [("schema", self.schema)]
         self.path = redact(urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(shown, quote_via=quote), "")))
         self.lock_timeout_s = lock_timeout_s
+        try:
+            configured = float(settings.get("connect_timeout") or 0)
+        except ValueError:
+            configured = 0.0
+        self._connect_timeout_s = configured if configured > 0 else math.inf  # libpq: 0 or none is no timeout
         self._seen = False  # the ledger's tables were found once: they are not looked for again
 
     def _open(self) -> _Session:
@@ -130,16 +176,19 @@ class PostgresLedger:
         started = time.monotonic()
         delay = _BACKOFF_START_S
         while True:
+            # An attempt waits no longer than the budget left (a paused server takes the connection, never answers).
+            left = self.lock_timeout_s - (time.monotonic() - started)
+            timeout = min(self._connect_timeout_s, max(_MIN_CONNECT_TIMEOUT_S, math.ceil(left)))
             try:
-                return _Session(psycopg.connect(self._conninfo, autocommit=True))
+                connection = _Connection.connect(self._conninfo, autocommit=True, connect_timeout=int(timeout))
+                connection.answer_within_s = max(self.lock_timeout_s, _MIN_CONNECT_TIMEOUT_S)
+                return _Session(connection)
             except psycopg.OperationalError as exc:
                 waited = time.monotonic() - started
                 if refusal := _refusal(exc):  # the server answered: no waiting makes a wrong password or database right
                     raise LedgerUnavailable(self.path, refusal, written=False, refused=True) from None
                 if waited >= self.lock_timeout_s:
-                    raise LedgerUnavailable(
-                        self.path, f"for {waited:.1f}s: {_reason(exc)}", written=False
-                    ) from None
+                    raise LedgerUnavailable(self.path, f"for {waited:.1f}s: {_reason(exc)}", written=False) from None
                 time.sleep(min(delay * random.uniform(0.5, 1.5), max(0.0, self.lock_timeout_s - waited)))
                 delay = min(delay * 2, _BACKOFF_MAX_S)
 
@@ -153,9 +202,15 @@ class PostgresLedger:
             session.connection.close()
 
     def exists(self) -> bool:
+        """Whether the schema holds the ledger's tables. A schema holding other tables raises :class:`LedgerCorrupt`
+        (as reading a DuckDB file of other tables does): reads must not take some other program's schema for a
+        ledger not made yet."""
         if not self._seen:
             with self.connect() as session:
-                self._seen = session.execute("SELECT to_regclass('ledger_meta')").fetchone()[0] is not None
+                try:
+                    self._seen = self.version(session) is not None
+                except psycopg.OperationalError as exc:
+                    raise LedgerUnavailable(self.path, _reason(exc), written=False) from None
         return self._seen
 
     @contextmanager
@@ -168,13 +223,15 @@ class PostgresLedger:
                 raise LedgerUnavailable(self.path, _reason(exc), written=False) from None
             try:
                 yield session
-            except psycopg.OperationalError as exc:  # the server rolls back a transaction whose connection is lost
+            except _SESSION_LOST as exc:  # the server rolls back a transaction whose session is gone
                 raise LedgerUnavailable(self.path, _reason(exc), written=False) from None
             except BaseException:
                 _roll_back(session)
                 raise
             try:
                 session.execute("COMMIT")
+            except psycopg.errors.IdleInTransactionSessionTimeout as exc:  # ended before the COMMIT reached it
+                raise LedgerUnavailable(self.path, _reason(exc), written=False) from None
             except psycopg.OperationalError as exc:
                 raise LedgerUnavailable(self.path, _reason(exc), written=None) from None
 
@@ -213,7 +270,7 @@ class PostgresLedger:
                 session.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 yield session
                 session.execute("COMMIT")
-            except psycopg.OperationalError as exc:
+            except _SESSION_LOST as exc:
                 raise LedgerUnavailable(self.path, _reason(exc), written=False) from None
 
     @staticmethod
