@@ -174,5 +174,8 @@ def defs() -> dg.Definitions:
     """Called by Dagster when it loads the code location, never at import."""
     from krishiv_core.spec import ENV_OVERRIDES
 
-    spec = load_spec(os.environ.get(SPEC_FILE_ENV) or DEFAULT_SPEC_FILE, env={})
+    # The overrides reach the resources as EnvVars (below), never as values of the spec; every other variable is
+    # the environment's, which the spec's ${VARIABLE} references ([iceberg.properties], [kafka.properties]…) need.
+    environ = {k: v for k, v in os.environ.items() if k not in ENV_OVERRIDES}
+    spec = load_spec(os.environ.get(SPEC_FILE_ENV) or DEFAULT_SPEC_FILE, env=environ)
     return build_definitions(spec, [variable for variable in ENV_OVERRIDES if os.environ.get(variable)])
