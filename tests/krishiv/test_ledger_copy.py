@@ -107,9 +107,7 @@ def test_a_copy_is_refused_while_a_stager_holds_the_ledger(tmp_path: Path, pg_le
     assert main(["--spec", str(spec_file), "ledger-copy", "--to", pg_ledger]) == 0
 
 
-def test_a_copy_into_a_ledger_holding_entries_or_onto_itself_is_refused(
-    tmp_path: Path, pg_ledger: str, capsys
-) -> None:
+def test_a_copy_into_a_ledger_holding_entries_or_onto_itself_is_refused(tmp_path: Path, pg_ledger: str, capsys) -> None:
     from tests.outbox.test_ledger import _entry
 
     spec_file = _spec_file(tmp_path)
