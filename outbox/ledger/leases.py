@@ -102,6 +102,8 @@ class StagerLease:
         return f"{self.holder} (pid {self.pid} on {self.host}{commits}, lease until {until})"
 
 
+#: ``ledger_meta`` key (+ pipeline) of the fencing token a released lease had.
+_EPOCH_KEY = "lease_epoch:"
 _LEASE_COLUMNS = "pipeline, holder, host, pid, acquired_at, expires_at, token, node, committing, epoch"
 
 
@@ -151,7 +153,11 @@ class Leases(LedgerConnection):
                     f"pipeline {pipeline!r} is already being staged by {current.describe()}: wait for it to "
                     f"finish, or stop it, then run again {runbook('Another run holds the pipeline')}"
                 )
-            previous = current.epoch if current is not None and current.epoch is not None else 0
+            if current is not None and current.epoch is not None:
+                previous = current.epoch
+            else:  # a released lease left its last fencing token behind: the next one is greater still
+                row = con.execute("SELECT value FROM ledger_meta WHERE key = ?", [_EPOCH_KEY + pipeline]).fetchone()
+                previous = int(row[0]) if row else 0
             renewal = current is not None and current.mine and current.epoch is not None
             lease = StagerLease(
                 pipeline,
@@ -202,11 +208,14 @@ class Leases(LedgerConnection):
         return bool(changed)
 
     def release_lease(self, lease: StagerLease) -> None:
+        """Give the lease up (the row goes; its fencing token is kept, so the next holder's is greater)."""
         with self._transaction() as con:
-            con.execute(
-                "DELETE FROM stager_lease WHERE pipeline = ? AND token = ? AND epoch = ?",
+            released = con.execute(
+                "DELETE FROM stager_lease WHERE pipeline = ? AND token = ? AND epoch = ? RETURNING epoch",
                 [lease.pipeline, lease.token, lease.epoch],
-            )
+            ).fetchall()
+            if released and released[0][0] is not None:
+                self._set_meta(con, _EPOCH_KEY + lease.pipeline, str(released[0][0]))
 
     def lease_held(self, lease: StagerLease) -> bool:
         """Whether ``lease`` is still this process's and unexpired."""

@@ -1,4 +1,10 @@
-"""The outbox ledger on a real DuckDB file, alone and with other processes contending for it."""
+"""The outbox ledger on both of its databases, a real DuckDB file and a real PostgreSQL schema, alone and with other
+processes contending for it; then what each database's own troubles look like (a damaged or foreign file, a locked
+file, old DuckDB schemas; a foreign schema, a held write lock, a server that does not answer or refuses).
+
+Every test of the ledger's behaviour takes ``ledger_location`` and so runs once on each database; the tests named for
+one database (``ledger_path`` is a DuckDB file, :data:`ON_POSTGRESQL` a PostgreSQL schema) are about that one.
+"""
 
 from __future__ import annotations
 
@@ -11,23 +17,31 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import duckdb
+import psycopg
 import pytest
 
+from krishiv.broker import free_port
 from krishiv_core.entries import COMMITTED, PENDING, OffsetRanges, OutboxEntry, StagedFile
 from krishiv_core.errors import BatchReplayMismatch
 from outbox.errors import (
     LedgerBusyError,
     LedgerCorrupt,
     LedgerSchemaError,
+    LedgerUnavailable,
     OffsetSkipConflict,
 )
 from outbox.ledger import Ledger
+from outbox.ledger.connection import is_server_location
 from outbox.ledger.schema import MIGRATIONS, SCHEMA_VERSION
+from tests.conftest import PG_ADMIN_DSN
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TABLE = "orders_per_minute"
@@ -69,24 +83,76 @@ def _same(stored: OutboxEntry, recorded: OutboxEntry) -> bool:
     return stored == dataclasses.replace(recorded, created_at=stored.created_at)
 
 
+#: A test of the PostgreSQL ledger alone: its ``ledger_location`` is a schema of the machine's server.
+ON_POSTGRESQL = pytest.mark.parametrize(
+    "ledger_location", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
+)
+
+
 @pytest.fixture
 def ledger_path(tmp_path: Path) -> Path:
+    """A DuckDB ledger file, for the tests about DuckDB files."""
     return tmp_path / "state" / "ledger.duckdb"
 
 
 @pytest.fixture
-def ledger(ledger_path: Path) -> Ledger:
-    return Ledger(ledger_path, lock_timeout_s=10.0)
+def ledger(ledger_location: str) -> Ledger:
+    return Ledger(ledger_location, lock_timeout_s=10.0)
+
+
+def _server_and_schema(location: str) -> tuple[str, str]:
+    """A PostgreSQL ledger location's server URI (without ``schema=``), and its schema."""
+    parts = urlsplit(location)
+    query = parse_qsl(parts.query)
+    rest = urlencode([(key, value) for key, value in query if key != "schema"])
+    return urlunsplit(parts._replace(query=rest)), dict(query)["schema"]
+
+
+def _run_sql(location: str, sql: str, params: Sequence[object] = ()) -> list[tuple[Any, ...]]:
+    """One statement (``?`` placeholders) on the ledger's database itself, past the ledger: in the DuckDB file, or
+    in the PostgreSQL schema (which need not exist yet); returns its rows, if it has any."""
+    if is_server_location(location):
+        uri, schema = _server_and_schema(location)
+        with psycopg.connect(uri, autocommit=True, connect_timeout=10) as con:
+            con.execute(f'SET search_path = "{schema}"')
+            cursor = con.execute(sql.replace("?", "%s").encode(), list(params) or None)
+            return cursor.fetchall() if cursor.description else []
+    con = duckdb.connect(location)
+    try:
+        cursor = con.execute(sql, list(params))
+        return cursor.fetchall() if cursor.description else []
+    finally:
+        con.close()
+
+
+def _nothing_at(location: str) -> bool:
+    """Nothing was made at the ledger's location: no DuckDB file, no PostgreSQL schema."""
+    if not is_server_location(location):
+        return not Path(location).exists()
+    _, schema = _server_and_schema(location)
+    return not _run_sql(location, "SELECT 1 FROM pg_namespace WHERE nspname = ?", [schema])
+
+
+@pytest.fixture
+def second_location(ledger_location: str, tmp_path: Path) -> Iterator[str]:
+    """Another new ledger on the same database as ``ledger_location`` (another file, or another schema)."""
+    if not is_server_location(ledger_location):
+        yield str(tmp_path / "second.duckdb")
+        return
+    _, schema = _server_and_schema(ledger_location)
+    yield ledger_location.replace(f"schema={schema}", f"schema={schema}_b")
+    _run_sql(ledger_location, f'DROP SCHEMA IF EXISTS "{schema}_b" CASCADE')
 
 
 # ------------------------------------------------------------------------------------------- one process
 
 
-def test_record_batch_inserts_once(ledger: Ledger, ledger_path: Path) -> None:
+def test_record_batch_inserts_once(ledger: Ledger) -> None:
     first = [_entry("q1", 0, TABLE, intended_snapshot_id=111), _entry("q1", 0, REJECTS, intended_snapshot_id=222)]
 
+    assert not ledger.exists()
     assert ledger.record_batch(first) == [True, True]
-    assert ledger_path.exists()
+    assert ledger.exists()
 
     stored = ledger.entries()
     assert len(stored) == 2
@@ -182,9 +248,10 @@ def test_mark_committed(ledger: Ledger) -> None:
     assert ledger.pending(TABLE) == []
 
 
-def test_times_read_back_are_utc_whatever_the_machines_zone(ledger_path: Path) -> None:
+def test_times_read_back_are_utc_whatever_the_machines_zone(ledger_location: str) -> None:
     """status, lineage and --json print the ledger's times as UTC; in a process whose zone is not UTC, DuckDB would
-    hand back its local time (the same instant, labelled with another offset, printed as if it were UTC)."""
+    hand back its local time (the same instant, labelled with another offset, printed as if it were UTC), and
+    PostgreSQL its session's zone."""
     script = textwrap.dedent(
         f"""
         import sys
@@ -192,7 +259,7 @@ def test_times_read_back_are_utc_whatever_the_machines_zone(ledger_path: Path) -
         sys.path[:0] = {[str(Path(__file__).resolve().parents[2])]!r}
         from tests.outbox.test_ledger import TABLE, _entry
         from outbox.ledger import Ledger
-        ledger = Ledger({str(ledger_path)!r})
+        ledger = Ledger({ledger_location!r})
         entry = _entry("q1", 0)
         ledger.record_batch([entry])
         before = datetime.now(UTC)
@@ -231,67 +298,60 @@ def test_pending_is_in_batch_order(ledger: Ledger) -> None:
     assert [(e.query_id, e.batch_id) for e in ledger.pending(TABLE)][:2] == [("q-zzz", 1), ("q-zzz", 2)]
 
 
-def test_reads_of_a_missing_file_create_nothing(ledger: Ledger, ledger_path: Path) -> None:
+def test_reads_of_a_missing_ledger_create_nothing(ledger: Ledger, ledger_location: str) -> None:
     assert ledger.entries() == []
     assert ledger.pending(TABLE) == []
     assert ledger.get("q", TABLE, 0) is None
     assert ledger.tables() == []
     assert ledger.schema_version() == 0
-    assert not ledger_path.exists()
+    assert not ledger.exists()
+    assert _nothing_at(ledger_location)
 
 
-def test_schema_version_after_migrate(ledger: Ledger, ledger_path: Path) -> None:
+def test_schema_version_after_migrate(ledger: Ledger, ledger_location: str) -> None:
     assert ledger.migrate() == 0
     assert ledger.schema_version() == SCHEMA_VERSION
     assert ledger.migrate() == SCHEMA_VERSION
 
-    # Another instance finds the file already at the current version, and migrating again keeps data.
+    # Another instance finds the ledger already at the current version, and migrating again keeps data.
     ledger.record_batch([_entry("q1", 0)])
-    again = Ledger(ledger_path, lock_timeout_s=10.0)
+    again = Ledger(ledger_location, lock_timeout_s=10.0)
     assert again.migrate() == SCHEMA_VERSION
     assert again.schema_version() == SCHEMA_VERSION
     assert len(again.entries()) == 1
 
 
-def test_newer_schema_version_is_refused(ledger: Ledger, ledger_path: Path) -> None:
+def test_newer_schema_version_is_refused(ledger: Ledger, ledger_location: str) -> None:
     ledger.record_batch([_entry("q1", 0)])
     newer = SCHEMA_VERSION + 1
-    con = duckdb.connect(str(ledger_path))
-    try:
-        con.execute("UPDATE ledger_meta SET value = ? WHERE key = 'schema_version'", [str(newer)])
-    finally:
-        con.close()
+    _run_sql(ledger_location, "UPDATE ledger_meta SET value = ? WHERE key = 'schema_version'", [str(newer)])
 
-    fresh = Ledger(ledger_path, lock_timeout_s=10.0)
+    fresh = Ledger(ledger_location, lock_timeout_s=10.0)
     with pytest.raises(LedgerSchemaError) as info:
         fresh.migrate()
     message = str(info.value)
-    assert str(ledger_path) in message
+    assert fresh.path in message
     assert str(newer) in message
     assert message.endswith(f"upgrade Krishiv {RUNBOOK} > A ledger that is locked or damaged)")
 
     with pytest.raises(LedgerSchemaError):
-        Ledger(ledger_path).record_batch([_entry("q1", 1)])
+        Ledger(ledger_location).record_batch([_entry("q1", 1)])
     with pytest.raises(LedgerSchemaError):
-        Ledger(ledger_path).entries()
+        Ledger(ledger_location).entries()
 
-    # The refusal left the file as it was.
-    con = duckdb.connect(str(ledger_path), read_only=True)
-    try:
-        assert con.execute("SELECT value FROM ledger_meta WHERE key = 'schema_version'").fetchone() == (str(newer),)
-        assert con.execute("SELECT count(*) FROM outbox").fetchone() == (1,)
-    finally:
-        con.close()
+    # The refusal left the ledger as it was.
+    assert _run_sql(ledger_location, "SELECT value FROM ledger_meta WHERE key = 'schema_version'") == [(str(newer),)]
+    assert _run_sql(ledger_location, "SELECT count(*) FROM outbox") == [(1,)]
 
 
-def test_entries_survive_reopening(ledger: Ledger, ledger_path: Path) -> None:
+def test_entries_survive_reopening(ledger: Ledger, ledger_location: str) -> None:
     recorded = [_entry("q1", b, t) for b in range(3) for t in (TABLE, REJECTS)]
     for b in range(3):
         ledger.record_batch([e for e in recorded if e.batch_id == b])
     ledger.mark_committed(recorded[0], 77)
     del ledger
 
-    reopened = Ledger(ledger_path, lock_timeout_s=10.0)
+    reopened = Ledger(ledger_location, lock_timeout_s=10.0)
     stored = reopened.entries()
     assert len(stored) == len(recorded)
     stored_by_key = {e.key: e for e in stored}
@@ -422,14 +482,14 @@ HOLDER = """
 
 @pytest.mark.parametrize("processes", [2, 3])
 def test_contending_processes_lose_nothing_and_write_no_half_batch(
-    ledger_path: Path, children: list[Child], processes: int
+    ledger_location: str, children: list[Child], processes: int
 ) -> None:
     batches = 40
-    # Created up front: racing creators of a brand-new file are test_racing_creators_all_get_the_ledger's subject.
-    Ledger(ledger_path).migrate()
+    # Created up front: racing creators of a brand-new ledger are test_racing_creators_all_get_the_ledger's subject.
+    Ledger(ledger_location).migrate()
 
     for proc in range(processes):
-        children.append(Child(WRITER, str(ledger_path), str(proc), str(batches)))
+        children.append(Child(WRITER, ledger_location, str(proc), str(batches)))
     for child in children:
         assert child.read_line(timeout=CHILD_TIMEOUT_S) == "ready"
     started = time.monotonic()
@@ -446,7 +506,7 @@ def test_contending_processes_lose_nothing_and_write_no_half_batch(
         assert report["results"] == [[True, True]] * batches
         assert report["max_wait_s"] < 60.0  # each call's wait stayed inside its retry budget
 
-    stored = Ledger(ledger_path).entries()
+    stored = Ledger(ledger_location).entries()
     assert len(stored) == 2 * batches * processes
     assert len({e.key for e in stored}) == len(stored)
     by_batch: dict[tuple[str, int], list[OutboxEntry]] = {}
@@ -478,17 +538,19 @@ CREATOR = """
 """
 
 
-def test_racing_creators_all_get_the_ledger(ledger_path: Path, children: list[Child]) -> None:
-    """Processes creating the same new file at once: one writes the header, the others wait for it."""
-    ledger_path.parent.mkdir(parents=True)
+def test_racing_creators_all_get_the_ledger(ledger_location: str, children: list[Child]) -> None:
+    """Processes creating the same new ledger at once (a file, a schema): one makes it, the others wait for it."""
+    if not is_server_location(ledger_location):
+        Path(ledger_location).parent.mkdir(parents=True)
     for _ in range(3):
-        children.append(Child(CREATOR, str(ledger_path)))
+        children.append(Child(CREATOR, ledger_location))
     for child in children:
         assert child.read_line(timeout=CHILD_TIMEOUT_S) == "ready"
     for child in children:
         child.send("go")
     assert [child.read_line(timeout=CHILD_TIMEOUT_S) for child in children] == [str(SCHEMA_VERSION)] * 3
     assert [child.finish(timeout=CHILD_TIMEOUT_S) for child in children] == [0, 0, 0], [c.stderr for c in children]
+    assert Ledger(ledger_location).record_batch([_entry("q", 0)]) == [True]
 
 
 @pytest.mark.parametrize("migrated", [False, True], ids=["fresh-instance", "migrated-instance"])
@@ -582,6 +644,148 @@ def test_writer_waits_for_a_short_lived_holder(ledger_path: Path, children: list
     assert [e.batch_id for e in ledger.pending(TABLE)] == [0, 1]
 
 
+PG_HOLDER = """
+    import sys
+    from outbox.ledger import Ledger
+
+    # A write transaction of the ledger's own, left open: the ledger's write lock is held until told to let go.
+    with Ledger(sys.argv[1])._transaction() as con:
+        print("locked", con.execute("SELECT pg_backend_pid()").fetchone()[0], flush=True)
+        sys.stdin.readline()
+    print("released", flush=True)
+"""
+
+
+def _hold_postgresql_write_lock(location: str, children: list[Child]) -> tuple[Child, int]:
+    """A child process holding the PostgreSQL ledger's write lock, and its server process's pid."""
+    holder = Child(PG_HOLDER, location)
+    children.append(holder)
+    said, backend = holder.read_line(timeout=CHILD_TIMEOUT_S).split()
+    assert said == "locked"
+    return holder, int(backend)
+
+
+def _release(holder: Child) -> None:
+    holder.send("release")
+    assert holder.read_line(timeout=CHILD_TIMEOUT_S) == "released"
+    assert holder.finish(timeout=CHILD_TIMEOUT_S) == 0, holder.stderr
+
+
+@ON_POSTGRESQL
+@pytest.mark.parametrize("migrated", [False, True], ids=["fresh-instance", "migrated-instance"])
+def test_a_postgresql_write_blocked_by_another_process_fails_within_its_budget_while_reads_go_on(
+    ledger_location: str, children: list[Child], migrated: bool
+) -> None:
+    """The counterpart of the DuckDB file lock: another process's write holds the ledger, and a write waits its
+    budget, then fails naming the holder, having written nothing. Unlike DuckDB's lock it blocks no reader."""
+    setup = Ledger(ledger_location, lock_timeout_s=10.0)
+    setup.record_batch([_entry("q0", 0)])
+    before = setup.entries()
+
+    ledger = Ledger(ledger_location, lock_timeout_s=1.0)
+    if migrated:
+        ledger.migrate()
+    holder, backend = _hold_postgresql_write_lock(ledger_location, children)
+
+    attempt = [_entry("q1", 0, TABLE), _entry("q1", 0, REJECTS)]
+    started = time.monotonic()
+    with pytest.raises(LedgerBusyError) as info:
+        ledger.record_batch(attempt)
+    waited = time.monotonic() - started
+
+    assert 0.9 <= waited < 5.0
+    assert not isinstance(info.value, LedgerUnavailable)  # the server answered: the ledger was busy
+    assert info.value.path == ledger.path
+    message = str(info.value)
+    assert ledger.path in message
+    assert "nothing was written" in message
+    assert f"server process {backend}" in message  # the holder, as the server knows it
+    assert message.endswith(f"{RUNBOOK} > A ledger that is locked or damaged)")
+
+    # Readers go on meanwhile, and see nothing of the failed write.
+    assert ledger.entries() == before
+    assert ledger.get("q1", TABLE, 0) is None and ledger.get("q1", REJECTS, 0) is None
+    assert [e.key for e in Ledger(ledger_location, lock_timeout_s=1.0).pending(TABLE)] == [("q0", TABLE, 0)]
+
+    _release(holder)
+    assert ledger.record_batch(attempt) == [True, True]
+    stored = {e.key: e for e in ledger.entries()}
+    assert set(stored) == {("q0", TABLE, 0), ("q1", TABLE, 0), ("q1", REJECTS, 0)}
+    assert _same(stored[("q1", TABLE, 0)], attempt[0])
+
+
+@ON_POSTGRESQL
+def test_a_postgresql_writer_waits_for_a_short_lived_holder(ledger_location: str, children: list[Child]) -> None:
+    """A holder that lets go inside the retry budget delays the write but does not fail it."""
+    Ledger(ledger_location).record_batch([_entry("q0", 0)])
+    name = f"waiting-writer-{uuid.uuid4().hex[:8]}"  # names the writer's session, to see it wait
+    ledger = Ledger(f"{ledger_location}&application_name={name}", lock_timeout_s=30.0)
+    ledger.migrate()
+    holder, _ = _hold_postgresql_write_lock(ledger_location, children)
+
+    outcome: queue.Queue[list[bool] | BaseException] = queue.Queue()
+
+    def write() -> None:
+        try:
+            outcome.put(ledger.record_batch([_entry("q0", 1)]))
+        except BaseException as exc:
+            outcome.put(exc)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    deadline = time.monotonic() + CHILD_TIMEOUT_S
+    # Its first try at the lock failed (it rolled back) and it is waiting to try again.
+    while not _run_sql(
+        ledger_location, "SELECT 1 FROM pg_stat_activity WHERE application_name = ? AND query = 'ROLLBACK'", [name]
+    ):
+        assert writer.is_alive() and time.monotonic() < deadline, "the writer never waited for the lock"
+        time.sleep(0.02)
+    _release(holder)
+
+    result = outcome.get(timeout=CHILD_TIMEOUT_S)
+    writer.join(timeout=CHILD_TIMEOUT_S)
+    assert result == [True]
+    assert [e.batch_id for e in ledger.pending(TABLE)] == [0, 1]
+
+
+def test_a_postgresql_server_that_is_not_listening_is_unavailable_within_the_budget() -> None:
+    port = free_port()  # nothing listens there
+    ledger = Ledger(f"postgresql://krishiv:s3cret-pw@127.0.0.1:{port}/ledgers?schema=krishiv", lock_timeout_s=1.0)
+    assert "s3cret-pw" not in ledger.path
+
+    for call in (ledger.exists, ledger.entries, lambda: ledger.record_batch([_entry("q", 0)])):
+        started = time.monotonic()
+        with pytest.raises(LedgerUnavailable) as info:
+            call()
+        waited = time.monotonic() - started
+        assert 0.9 <= waited < 5.0  # retried for the budget, then given up
+        assert isinstance(info.value, LedgerBusyError)  # what callers retry later
+        assert info.value.written is False and info.value.path == ledger.path
+        message = str(info.value)
+        assert f"ledger postgresql://krishiv:***@127.0.0.1:{port}/ledgers?schema=krishiv " in message
+        assert "s3cret-pw" not in message
+        assert "nothing was written" in message
+        assert message.endswith(f"{RUNBOOK} > A ledger that is locked or damaged)")
+
+
+@pytest.mark.postgres
+def test_a_wrong_postgresql_database_is_refused_at_once() -> None:
+    """The server answers, and says no: no waiting makes a missing database appear, so nothing waits the budget."""
+    missing = f"no_such_database_{uuid.uuid4().hex[:8]}"
+    server = urlsplit(PG_ADMIN_DSN)
+    ledger = Ledger(urlunsplit(server._replace(path=f"/{missing}", query="schema=krishiv")), lock_timeout_s=30.0)
+
+    for call in (ledger.entries, lambda: ledger.record_batch([_entry("q", 0)])):
+        started = time.monotonic()
+        with pytest.raises(LedgerUnavailable) as info:
+            call()
+        assert time.monotonic() - started < 5.0  # not the 30 s budget
+        message = str(info.value)
+        assert f"ledger {ledger.path} refused the connection: " in message
+        assert f'database "{missing}" does not exist' in message  # the server's own words
+        assert info.value.written is False
+
+
 # ------------------------------------------------------------------------------------------- not a ledger
 
 
@@ -666,6 +870,53 @@ def test_an_empty_duckdb_database_becomes_a_ledger(ledger_path: Path) -> None:
     assert ledger.schema_version() == SCHEMA_VERSION
 
 
+def _tables(location: str) -> list[str]:
+    _, schema = _server_and_schema(location)
+    return [
+        name
+        for (name,) in _run_sql(
+            location, "SELECT table_name FROM information_schema.tables WHERE table_schema = ? ORDER BY 1", [schema]
+        )
+    ]
+
+
+@ON_POSTGRESQL
+def test_a_postgresql_schema_holding_other_tables_is_refused_and_left_alone(ledger_location: str) -> None:
+    _, schema = _server_and_schema(ledger_location)
+    _run_sql(ledger_location, f'CREATE SCHEMA "{schema}"; CREATE TABLE invoices (id INTEGER)')
+    _run_sql(ledger_location, "INSERT INTO invoices VALUES (1)")
+    ledger = Ledger(ledger_location, lock_timeout_s=30.0)
+
+    started = time.monotonic()
+    calls = (ledger.exists, ledger.entries, ledger.pending_batches, ledger.schema_version, ledger.migrate)
+    for call in (*calls, lambda: ledger.record_batch([_entry("q", 0)]), lambda: ledger.compact(0)):
+        with pytest.raises(LedgerCorrupt) as info:
+            call()
+        message = str(info.value)
+        assert f"ledger {ledger.path} is not a PostgreSQL ledger (" in message
+        assert schema in info.value.found and "invoices" in info.value.found
+        assert message.endswith(
+            "restore it from a backup or point storage.ledger_path at the right database and schema "
+            f"{RUNBOOK} > A ledger that is locked or damaged)"
+        )
+        assert info.value.path == ledger.path
+    assert time.monotonic() - started < 5.0  # at once, not after the 30 s lock budget
+
+    assert _tables(ledger_location) == ["invoices"]  # nothing was migrated into it
+    assert _run_sql(ledger_location, "SELECT id FROM invoices") == [(1,)]
+
+
+@ON_POSTGRESQL
+def test_an_empty_postgresql_schema_becomes_a_ledger(ledger_location: str) -> None:
+    _, schema = _server_and_schema(ledger_location)
+    _run_sql(ledger_location, f'CREATE SCHEMA "{schema}"')
+    ledger = Ledger(ledger_location, lock_timeout_s=10.0)
+    assert not ledger.exists() and ledger.entries() == []
+    assert ledger.record_batch([_entry("q", 0)]) == [True]
+    assert ledger.exists() and ledger.schema_version() == SCHEMA_VERSION
+    assert {"ledger_meta", "outbox", "stager_lease"} <= set(_tables(ledger_location))
+
+
 # ------------------------------------------------------------------------------------------- aggregate reads
 
 
@@ -741,14 +992,15 @@ def test_aggregate_reads_agree_with_the_entries(ledger: Ledger) -> None:
     assert batches.total_records == summary.committed_records
 
 
-def test_aggregate_reads_of_a_missing_file_create_nothing(ledger: Ledger, ledger_path: Path) -> None:
+def test_aggregate_reads_of_a_missing_ledger_create_nothing(ledger: Ledger, ledger_location: str) -> None:
     assert ledger.end_offsets(TABLE, "orders") == {}
     assert ledger.table_summary(TABLE, topic="orders").pending == 0
     assert ledger.pending_batches() == []
     assert ledger.committed_batches(TABLE).total_records == 0
     assert ledger.skips("q") == []
     assert ledger.compact(0).entries_archived == 0
-    assert not ledger_path.exists()
+    assert not ledger.exists()
+    assert _nothing_at(ledger_location)
 
 
 def _schema_2_ledger(path: Path, entries: list[OutboxEntry]) -> None:
@@ -967,8 +1219,8 @@ def test_compaction_keeps_the_newest_entry_even_when_committed_and_old(ledger: L
     assert (summary.committed, summary.archived, summary.last_snapshot_id) == (3, 2, 502)
 
 
-def test_compaction_in_small_chunks_gives_the_same_archive(ledger_path: Path, tmp_path: Path) -> None:
-    whole, chunked = Ledger(ledger_path), Ledger(tmp_path / "chunked.duckdb")
+def test_compaction_in_small_chunks_gives_the_same_archive(ledger_location: str, second_location: str) -> None:
+    whole, chunked = Ledger(ledger_location), Ledger(second_location)
     for book in (whole, chunked):
         _fill(book, 15, queries=("q1",))
     later = datetime.now(UTC) + timedelta(seconds=1)
@@ -998,22 +1250,21 @@ def test_a_replay_of_a_compacted_batch_is_recognised_or_refused(ledger: Ledger) 
     assert ledger.get("q2", TABLE, 0) is None  # rolled back with it
 
 
-def test_ledger_compact_command(tmp_path: Path, capsys) -> None:
+def test_ledger_compact_command(tmp_path: Path, ledger_location: str, capsys: pytest.CaptureFixture[str]) -> None:
     from chaos.workspace import SPEC_TEMPLATE
     from krishiv.cli import main
 
     spec_file = tmp_path / "krishiv.toml"
-    spec_file.write_text(
-        SPEC_TEMPLATE.format(
-            bootstrap="127.0.0.1:1",
-            partitions=4,
-            catalog_uri="sqlite:///catalog.db",
-            warehouse="warehouse",
-            topic="orders",
-            max_records=100,
-        )
+    spec = SPEC_TEMPLATE.format(
+        bootstrap="127.0.0.1:1",
+        partitions=4,
+        catalog_uri="sqlite:///catalog.db",
+        warehouse="warehouse",
+        topic="orders",
+        max_records=100,
     )
-    ledger = Ledger(tmp_path / "ledger.duckdb")
+    spec_file.write_text(spec.replace('ledger_path = "ledger.duckdb"', f'ledger_path = "{ledger_location}"'))
+    ledger = Ledger(ledger_location)
     _fill(ledger, 6, queries=("q1",))
 
     assert main(["--spec", str(spec_file), "ledger-compact"]) == 0
@@ -1078,15 +1329,19 @@ def test_offset_skips_are_recorded_once_and_applied_by_one_batch(ledger: Ledger)
         ledger.record_skip("orders_per_minute", "q1", "orders", 1, -1, 5, "x", "ana")
 
 
-def test_aggregate_reads_on_thousands_of_entries_agree_with_the_entries(tmp_path: Path) -> None:
-    """The benchmark's bulk-built ledger (4,000 entries, 4 partitions, two queries), before and after compaction."""
+def test_aggregate_reads_on_thousands_of_entries_agree_with_the_entries(tmp_path: Path, ledger_location: str) -> None:
+    """The benchmark's bulk-built ledger (4,000 entries, 4 partitions, two queries), before and after compaction;
+    built in DuckDB and, for PostgreSQL, moved there as the benchmark and ``krishiv ledger-copy`` move one."""
     from benchmarks.ledger_scale import REJECTS as BENCH_REJECTS
     from benchmarks.ledger_scale import TABLE as BENCH_TABLE
     from benchmarks.ledger_scale import TOPIC, build
 
-    path = tmp_path / "ledger.duckdb"
-    build(path, 4_000, 4)
-    ledger = Ledger(path)
+    built = tmp_path / "built.duckdb"
+    build(built, 4_000, 4)
+    ledger = Ledger(built)
+    if is_server_location(ledger_location):
+        ledger.copy_to(Ledger(ledger_location))
+        ledger = Ledger(ledger_location)
 
     def expected(table: str) -> dict[str, object]:
         everything = ledger.entries(table=table)
