@@ -170,34 +170,39 @@ MIGRATIONS: tuple[str, ...] = (
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
-#: The same migrations in PostgreSQL's DDL: the same tables and columns, version for version. Only the two that
-#: DuckDB spells its own way differ (the back-fill of version 3 reads the JSON with PostgreSQL's functions).
+
+#: Version 3's back-fill of ``outbox_offsets`` from the entries' JSON, in DuckDB's words.
+_DUCKDB_OFFSETS_BACKFILL = (
+    "t.topic.key, p.part.key, p.part.value[1], p.part.value[2]\n    FROM outbox o,\n"
+    "        unnest(map_entries(CAST(o.offsets AS JSON)::MAP(VARCHAR, MAP(VARCHAR, BIGINT[])))) AS t(topic),\n"
+    "        unnest(map_entries(t.topic.value)) AS p(part);"
+)
+
+
+def _in_postgres_sql(migration: str, spellings: dict[str, str]) -> str:
+    """``migration`` with each of DuckDB's own spellings replaced by PostgreSQL's (each must be there)."""
+    for duckdb_sql, postgres_sql in spellings.items():
+        assert duckdb_sql in migration, duckdb_sql
+        migration = migration.replace(duckdb_sql, postgres_sql)
+    return migration
+
+
+#: The same migrations in PostgreSQL's SQL: the same tables and columns, version for version. Two are spelled
+#: differently: version 3's back-fill reads the JSON with PostgreSQL's functions, version 8 names its double type.
 POSTGRES_MIGRATIONS: tuple[str, ...] = tuple(
     {
-        2: """
-    CREATE TABLE outbox_offsets (
-        query_id VARCHAR NOT NULL,
-        table_name VARCHAR NOT NULL,
-        batch_id BIGINT NOT NULL,
-        topic VARCHAR NOT NULL,
-        partition VARCHAR NOT NULL,
-        start_offset BIGINT NOT NULL,
-        end_offset BIGINT NOT NULL
-    );
-    INSERT INTO outbox_offsets
-    SELECT o.query_id, o.table_name, o.batch_id, t.key, p.key, (p.value->>0)::BIGINT, (p.value->>1)::BIGINT
-    FROM outbox o, jsonb_each(o.offsets::jsonb) AS t, jsonb_each(t.value) AS p;
-    ALTER TABLE outbox ADD COLUMN records_read BIGINT NOT NULL DEFAULT 0;
-    ALTER TABLE outbox ADD COLUMN rejects BIGINT NOT NULL DEFAULT 0;
-    ALTER TABLE outbox ADD COLUMN late_events BIGINT NOT NULL DEFAULT 0;
-    ALTER TABLE outbox ADD COLUMN windows BIGINT NOT NULL DEFAULT 0;
-    UPDATE outbox SET
-        records_read = COALESCE((metrics::jsonb->>'records_read')::BIGINT, 0),
-        rejects = COALESCE((metrics::jsonb->>'rejects')::BIGINT, 0),
-        late_events = COALESCE((metrics::jsonb->>'late_events')::BIGINT, 0),
-        windows = COALESCE((metrics::jsonb->>'windows')::BIGINT, 0);
-    """,
-        7: MIGRATIONS[7].replace("commit_ms DOUBLE;", "commit_ms DOUBLE PRECISION;"),
+        2: _in_postgres_sql(
+            MIGRATIONS[2],
+            {
+                _DUCKDB_OFFSETS_BACKFILL: "t.key, p.key, (p.value->>0)::BIGINT, (p.value->>1)::BIGINT\n"
+                "    FROM outbox o, jsonb_each(o.offsets::jsonb) AS t, jsonb_each(t.value) AS p;",
+                **{
+                    f"CAST(json_extract(metrics, '$.{name}') AS BIGINT)": f"(metrics::jsonb->>'{name}')::BIGINT"
+                    for name in ("records_read", "rejects", "late_events", "windows")
+                },
+            },
+        ),
+        7: _in_postgres_sql(MIGRATIONS[7], {"commit_ms DOUBLE;": "commit_ms DOUBLE PRECISION;"}),
     }.get(version, migration)
     for version, migration in enumerate(MIGRATIONS)
 )

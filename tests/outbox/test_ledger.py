@@ -39,7 +39,7 @@ from outbox.errors import (
     OffsetSkipConflict,
 )
 from outbox.ledger import Ledger
-from outbox.ledger.connection import is_server_location
+from outbox.ledger.connection import is_server_location, open_backend
 from outbox.ledger.schema import MIGRATIONS, SCHEMA_VERSION
 from tests.conftest import PG_ADMIN_DSN
 
@@ -1003,13 +1003,13 @@ def test_aggregate_reads_of_a_missing_ledger_create_nothing(ledger: Ledger, ledg
     assert _nothing_at(ledger_location)
 
 
-def _schema_2_ledger(path: Path, entries: list[OutboxEntry]) -> None:
-    """A ledger as the Krishiv before the normalised reads wrote it (schema version 2)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    con = duckdb.connect(str(path))
-    try:
+def _schema_2_ledger(location: str, entries: list[OutboxEntry]) -> None:
+    """A ledger as the Krishiv before the normalised reads wrote it (schema version 2), in either database."""
+    backend = open_backend(location, 10.0)
+    with backend.transaction() as con:
+        backend.prepare(con)
         con.execute("CREATE TABLE ledger_meta (key VARCHAR PRIMARY KEY, value VARCHAR)")
-        for migration in MIGRATIONS[:2]:
+        for migration in backend.dialect.migrations[:2]:
             con.execute(migration)
         con.execute("INSERT INTO ledger_meta VALUES ('schema_version', '2')")
         for e in entries:
@@ -1030,20 +1030,19 @@ def _schema_2_ledger(path: Path, entries: list[OutboxEntry]) -> None:
             )
         con.execute(
             "INSERT INTO stager_lease VALUES "
-            "('orders_per_minute', 'krishiv run', 'h', 1, now(), now() - INTERVAL 1 HOUR)"
+            "('orders_per_minute', 'krishiv run', 'h', 1, now(), now() - INTERVAL '1 hour')"
         )
-    finally:
-        con.close()
 
 
-def test_a_schema_2_ledger_is_back_filled_by_its_first_read(ledger_path: Path) -> None:
+def test_a_schema_2_ledger_is_back_filled_by_its_first_read(ledger_location: str) -> None:
+    """Migration 3's back-fill, in each database's SQL, reads the offsets and metrics out of the entries' JSON."""
     old = [
         _committed_entry("q1", 0),
         dataclasses.replace(_committed_entry("q1", 1), offsets={"orders": {"0": [10, 25]}, "payments": {"3": [7, 9]}}),
         dataclasses.replace(_committed_entry("q1", 2), metrics={}),
     ]
-    _schema_2_ledger(ledger_path, old)
-    ledger = Ledger(ledger_path, lock_timeout_s=10.0)
+    _schema_2_ledger(ledger_location, old)
+    ledger = Ledger(ledger_location, lock_timeout_s=10.0)
 
     assert ledger.end_offsets(TABLE, "orders") == {"0": 30, "1": 31}
     assert ledger.end_offsets(TABLE, "payments") == {"3": 9}
