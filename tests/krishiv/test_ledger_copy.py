@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from krishiv.cli import main
@@ -15,19 +12,15 @@ from krishiv.operations import run_pipelines
 from krishiv_core.catalog import qualified
 from outbox.errors import LedgerMoved
 from outbox.ledger import Ledger
-from tests.conftest import PG_ADMIN_DSN
 from tests.spark_jobs.pipeline_helpers import produce_orders
 
-pytestmark = pytest.mark.postgres
+#: The copies' target: a PostgreSQL ledger in a schema of its own (``ledger_location``'s PostgreSQL case).
+pytestmark = [pytest.mark.postgres, pytest.mark.parametrize("ledger_location", ["postgresql"], indirect=True)]
 
 
 @pytest.fixture
-def pg_ledger() -> Iterator[str]:
-    """A PostgreSQL ledger location in a schema of its own, dropped afterwards."""
-    schema = f"copy_{uuid.uuid4().hex[:12]}"
-    yield f"{PG_ADMIN_DSN}?schema={schema}"
-    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as con:
-        con.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+def pg_ledger(ledger_location: str) -> str:
+    return ledger_location
 
 
 def _words(text: str) -> str:
