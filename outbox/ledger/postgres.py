@@ -291,15 +291,18 @@ class PostgresLedger:
         session.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
 
     def version(self, session: _Session) -> int | None:
-        """The schema version recorded; None for a schema without tables; a schema of other tables raises."""
-        if session.execute("SELECT to_regclass('ledger_meta')").fetchone()[0] is None:
-            tables = [
-                r[0]
-                for r in session.execute(
-                    "SELECT table_name FROM information_schema.tables WHERE table_schema = ? ORDER BY 1",
-                    [self.schema],
-                ).fetchall()
-            ]
+        """The schema version recorded; None for a schema without tables; a schema of other tables raises.
+
+        The schema's tables are read in one statement (one snapshot): a migration another process commits between
+        two looks must not make its half-seen tables read as some other program's.
+        """
+        tables = [
+            r[0]
+            for r in session.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = ? ORDER BY 1", [self.schema]
+            ).fetchall()
+        ]
+        if "ledger_meta" not in tables:
             if tables:
                 shown = ", ".join(tables[:5]) + (", …" if len(tables) > 5 else "")
                 raise LedgerCorrupt(
