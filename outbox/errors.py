@@ -69,6 +69,10 @@ class LedgerMoved(OutboxError):
         self.target = target
 
 
+class CopyRefused(OutboxError):
+    """A ledger copy that would lose or mix batches: a live stager on the source, or a target already in use."""
+
+
 class LedgerSchemaError(OutboxError):
     """The ledger file was written by a newer Krishiv than this one."""
 

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from krishiv_core.runbook import runbook
-from outbox.errors import LedgerMoved, OutboxError
+from outbox.errors import CopyRefused
 from outbox.ledger.connection import Connection, LedgerConnection
-from outbox.ledger.leases import _LEASE_COLUMNS, StagerLease
+from outbox.ledger.leases import _EPOCH_KEY, _LEASE_COLUMNS, StagerLease
 
 #: The tables copied, parents first. Leases are not: a lease names a process on the source's side.
 COPIED_TABLES = (
@@ -28,12 +28,6 @@ COPIED_TABLES = (
     "outbox_archive_ranges",
     "offset_skips",
 )
-#: ``ledger_meta`` keys the copy carries over (the schema version is the target's own).
-_COPIED_META = ("compacted_at",)
-
-
-class CopyRefused(OutboxError):
-    """A ledger copy that would lose or mix batches: a live stager on the source, or a target already in use."""
 
 
 @dataclass(frozen=True)
@@ -63,23 +57,22 @@ class Copying(LedgerConnection):
                 "schema= or file) so no two histories mix"
             )
         with self._transaction() as source:  # the source's write lock: nothing is recorded while it copies
-            live = [
-                lease
-                for lease in (
-                    StagerLease(*row) for row in source.execute(f"SELECT {_LEASE_COLUMNS} FROM stager_lease").fetchall()
-                )
-                if lease.alive()
+            leases = [
+                StagerLease(*row) for row in source.execute(f"SELECT {_LEASE_COLUMNS} FROM stager_lease").fetchall()
             ]
+            live = [lease for lease in leases if lease.alive()]
             if live:
                 raise CopyRefused(
                     f"ledger {self.path} is in use: {live[0].pipeline!r} is held by {live[0].describe()}; stop it "
                     f"(krishiv run, a Dagster staging run), then copy {runbook('Moving the ledger to PostgreSQL')}"
                 )
             tables = {name: _rows(source, name) for name in COPIED_TABLES}
+            # What ledger_meta carries besides the schema version (the target's own): when it was last compacted, and
+            # the fencing token each pipeline's lease last had, so the next holder's is greater on the target too.
             meta = source.execute(
-                f"SELECT key, value FROM ledger_meta WHERE key IN ({', '.join('?' * len(_COPIED_META))})",
-                list(_COPIED_META),
+                "SELECT key, value FROM ledger_meta WHERE key = 'compacted_at' OR key LIKE ?", [_EPOCH_KEY + "%"]
             ).fetchall()
+            meta += [(_EPOCH_KEY + lease.pipeline, str(lease.epoch)) for lease in leases if lease.epoch is not None]
             last_seq = source.execute(
                 f"SELECT greatest((SELECT max(commit_seq) FROM outbox), ({self.dialect.last_sequence_value}))"
             ).fetchone()[0]
@@ -102,6 +95,3 @@ def _rows(con: Connection, table: str) -> tuple[list[str], list[tuple[Any, ...]]
     cursor = con.execute(f"SELECT * FROM {table}")
     columns = [d[0] for d in cursor.description]
     return columns, cursor.fetchall()
-
-
-__all__ = ["COPIED_TABLES", "CopyRefused", "CopyReport", "Copying", "LedgerMoved"]

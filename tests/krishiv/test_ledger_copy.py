@@ -98,6 +98,8 @@ def test_a_copy_is_refused_while_a_stager_holds_the_ledger(tmp_path: Path, pg_le
 
     source.release_lease(lease)
     assert main(["--spec", str(spec_file), "ledger-copy", "--to", pg_ledger]) == 0
+    # The lease's fencing token moved with the ledger: the next holder's is greater, there too.
+    assert Ledger(pg_ledger).acquire_lease("orders_per_minute", "krishiv run", ttl_s=60).epoch == lease.epoch + 1
 
 
 def test_a_copy_into_a_ledger_holding_entries_or_onto_itself_is_refused(tmp_path: Path, pg_ledger: str, capsys) -> None:
