@@ -80,7 +80,7 @@ ENTRY_INSERT = b"INSERT INTO outbox ("
 OFFSETS_INSERT = b"INSERT INTO outbox_offsets"
 MARK_UPDATE = b"UPDATE outbox SET status"
 PENDING_READ = b"SELECT query_id, table_name, batch_id, created_at FROM outbox"
-LEDGER_LOOKUP = b"to_regclass('ledger_meta')"
+LEDGER_LOOKUP = b"FROM information_schema.tables"
 
 T = TypeVar("T")
 
