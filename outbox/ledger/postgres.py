@@ -22,7 +22,6 @@ This is the one module that calls psycopg.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import math
 import random
 import re
@@ -89,7 +88,7 @@ class _Connection(psycopg.Connection[Any]):
     answer_within_s: float | None = None
 
     def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
-        if self.answer_within_s is None or not _WAIT_TAKES_TIMEOUT or "timeout" in kwargs:
+        if self.answer_within_s is None or "timeout" in kwargs:
             return super().wait(gen, *args, **kwargs)
         try:
             return super().wait(gen, *args, timeout=self.answer_within_s, **kwargs)
@@ -97,10 +96,6 @@ class _Connection(psycopg.Connection[Any]):
             if type(exc).__name__ != "_WaitTimeout":
                 raise
             raise psycopg.OperationalError(f"for {self.answer_within_s:.1f}s, with a statement in flight") from None
-
-
-#: psycopg 3.3 bounds a wait (``timeout``); with an older one a statement waits for the server as long as it takes.
-_WAIT_TAKES_TIMEOUT = "timeout" in inspect.signature(psycopg.Connection.wait).parameters
 
 
 class _Session:

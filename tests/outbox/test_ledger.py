@@ -648,6 +648,23 @@ def test_read_blocked_by_a_writer_fails_within_its_budget(ledger_path: Path, chi
     assert [e.key for e in ledger.pending(TABLE)] == [("q0", TABLE, 0)]
 
 
+def _record_in_background(
+    ledger: Ledger, entries: list[OutboxEntry]
+) -> tuple[threading.Thread, queue.Queue[list[bool] | BaseException]]:
+    """``record_batch`` in a thread of its own; its result (or error) arrives on the queue."""
+    outcome: queue.Queue[list[bool] | BaseException] = queue.Queue()
+
+    def write() -> None:
+        try:
+            outcome.put(ledger.record_batch(entries))
+        except BaseException as exc:
+            outcome.put(exc)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    return writer, outcome
+
+
 def test_writer_waits_for_a_short_lived_holder(ledger_path: Path, children: list[Child]) -> None:
     """A holder that lets go inside the retry budget delays the write but does not fail it."""
     ledger = Ledger(ledger_path, lock_timeout_s=30.0)
@@ -657,16 +674,7 @@ def test_writer_waits_for_a_short_lived_holder(ledger_path: Path, children: list
     children.append(holder)
     assert holder.read_line(timeout=CHILD_TIMEOUT_S) == "locked"
 
-    outcome: queue.Queue[list[bool] | BaseException] = queue.Queue()
-
-    def write() -> None:
-        try:
-            outcome.put(ledger.record_batch([_entry("q0", 1)]))
-        except BaseException as exc:
-            outcome.put(exc)
-
-    writer = threading.Thread(target=write, daemon=True)
-    writer.start()
+    writer, outcome = _record_in_background(ledger, [_entry("q0", 1)])
     holder.send("release")
     assert holder.finish(timeout=CHILD_TIMEOUT_S) == 0, holder.stderr
 
@@ -755,16 +763,7 @@ def test_a_postgresql_writer_waits_for_a_short_lived_holder(ledger_location: str
     ledger.migrate()
     holder, _ = _hold_postgresql_write_lock(ledger_location, children)
 
-    outcome: queue.Queue[list[bool] | BaseException] = queue.Queue()
-
-    def write() -> None:
-        try:
-            outcome.put(ledger.record_batch([_entry("q0", 1)]))
-        except BaseException as exc:
-            outcome.put(exc)
-
-    writer = threading.Thread(target=write, daemon=True)
-    writer.start()
+    writer, outcome = _record_in_background(ledger, [_entry("q0", 1)])
     deadline = time.monotonic() + CHILD_TIMEOUT_S
     # Its first try at the lock failed (it rolled back) and it is waiting to try again.
     while not _run_sql(
