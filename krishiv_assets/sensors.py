@@ -23,8 +23,9 @@
   A materialization the sensor reports has no check evaluation, so the UI would show the table's checks as "Not
   evaluated" until the next commit run: after reporting commits the sensor also requests a run of the pipeline's
   **checks job** (``<pipeline>_checks_job``: every check of the pipeline's tables, no commit), at most one every
-  ``KRISHIV_CHECKS_INTERVAL_S`` (default 60) and none while one is in flight; commits reported meanwhile get the
-  next one, so the newest materialization is always checked within about the interval plus a run's start.
+  ``KRISHIV_CHECKS_INTERVAL_S`` (default 60) and none while one or a commit run is in flight; commits reported
+  meanwhile get the next one, so the newest materialization is always checked within about the interval plus a
+  run's start.
 - The **Kafka sensor** requests a staging run when the topic holds records beyond what the ledger has
   staged, unless a staging run is in flight or ``krishiv run`` stages the pipeline continuously (it holds
   the pipeline's stager lease).
@@ -249,15 +250,25 @@ def commit_request(
 
 
 def checks_request(
-    context: SensorEvaluationContext, job_name: str, run_key_prefix: str, cursor: SensorCursor, interval_s: float
+    context: SensorEvaluationContext,
+    job_name: str,
+    commit_job_name: str,
+    run_key_prefix: str,
+    cursor: SensorCursor,
+    interval_s: float,
 ) -> dg.RunRequest | None:
     """The checks run of ``job_name`` to request (updating ``cursor``), or None: only once commits were reported
-    since the last one was requested (``cursor.unchecked``), ``interval_s`` after it, and with none in flight (it
-    may have checked before the newest reports). A commit every second thus starts one checks run per interval, and
-    the last commits reported are checked by the next request however long the topic then stays quiet."""
+    since the last one was requested (``cursor.unchecked``), ``interval_s`` after it, and with no checks run in
+    flight (it may have checked before the newest reports). A commit every second thus starts one checks run per
+    interval, and the last commits reported are checked by the next request however long the topic then stays quiet.
+
+    Nor while a run of ``commit_job_name`` is in flight (or requested on this tick): a checks run that starts after
+    a commit run but evaluates before that run materializes the table would hold the checks' newest execution while
+    targeting the materialization before, and the UI would show the table's checks as not evaluated until some later
+    run. The commit run checks what it commits; the next tick after it asks for the checks run."""
     if not cursor.unchecked or time.time() - cursor.checks_requested_at < interval_s:
         return None
-    if _has_runs(context, job_name, IN_FLIGHT):
+    if _has_runs(context, job_name, IN_FLIGHT) or _has_runs(context, commit_job_name, IN_FLIGHT):
         return None
     cursor.unchecked, cursor.checks_requested_at = False, time.time()
     return dg.RunRequest(
@@ -331,7 +342,9 @@ def outbox_sensor(
         reported = f"; reported {len(events)} commits no commit run materialized" if events else ""
         due, left = left_to_committer(pending, lease)
         request, reason = commit_request(context, job.name, pipeline.name, what, cursor, due, left)
-        checks = checks_request(context, checks_job.name, pipeline.name, cursor, interval)
+        checks = (
+            None if request else checks_request(context, checks_job.name, job.name, pipeline.name, cursor, interval)
+        )
         requests = [r for r in (request, checks) if r is not None]
         if not requests and not events and cursor.dumps() == SensorCursor.parse(context.cursor).dumps():
             return dg.SkipReason(reason)

@@ -148,7 +148,16 @@ def test_each_commit_names_its_process_and_reported_commits_are_plotted_and_chec
         cursor = SensorCursor.parse(soon.cursor)
         assert cursor.unchecked
         cursor.checks_requested_at -= 3600  # as if the interval had passed, with no commit since
-        later = _tick(spec, SENSOR, cursor.dumps(), instance)
+        # A commit run in flight (one the UI launched): a checks run starting after it could evaluate before it
+        # materializes, and would then hold the checks' newest execution against the older materialization. The
+        # sensor waits for the run to end.
+        committing = instance.create_run_for_job(
+            defs.resolve_job_def(commit_job_name(pipeline)), status=dg.DagsterRunStatus.STARTED
+        )
+        held = _tick(spec, SENSOR, cursor.dumps(), instance)
+        assert not held.run_requests and SensorCursor.parse(held.cursor).unchecked
+        instance.report_run_failed(committing)
+        later = _tick(spec, SENSOR, held.cursor, instance)
         assert not later.asset_events and [r.job_name for r in later.run_requests] == [checks_job_name(pipeline)]
         assert not SensorCursor.parse(later.cursor).unchecked
 

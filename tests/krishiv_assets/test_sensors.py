@@ -246,7 +246,7 @@ def test_outbox_sensor_reports_each_commit_made_outside_dagster_once(make_spec, 
     entries = [stage(catalog, ledger, b, b, pipeline=pipeline, namespace=spec.iceberg.namespace) for b in range(3)]
     assert CommitRelay(ledger, catalog, committed_by="krishiv run").commit_table(table).committed == [0, 1, 2]
     # Batch 2 as if a Dagster commit run had made it: the same relay run, under the label of a run of the commit job.
-    run = create_run_for_test(instance, job_name="orders_per_minute_commit_job")
+    run = create_run_for_test(instance, job_name="orders_per_minute_commit_job", status=dg.DagsterRunStatus.SUCCESS)
     with duckdb.connect(ledger.path) as con:
         con.execute(f"UPDATE outbox SET committed_by = 'dagster run {run.run_id}' WHERE batch_id = 2")
 
