@@ -46,7 +46,9 @@ STARTUP_TIMEOUT_S = 180
 PIPELINE_TIMEOUT_S = 300
 CHROMIUM = "/usr/bin/chromium"
 
-pytestmark = pytest.mark.timeout(900)
+# The tests share one dagster dev and follow on from each other (the first wave's commits are what the later ones
+# find): with `pytest -n`, the group keeps them on one worker, in order (`--dist loadgroup`, pyproject.toml).
+pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("dagster_dev")]
 
 
 @dataclass
@@ -103,8 +105,26 @@ def _clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def _refuse_a_second_worker(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Fail at once, saying why, if this module's tests were split across pytest-xdist workers (each would start its
+    own dagster dev, and a later test would wait out its timeout for what an earlier one did on the other worker)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        return
+    claim = tmp_path_factory.getbasetemp().parent / "dagster-dev-worker"  # shared by the session's workers
+    try:
+        with claim.open("x") as file:
+            file.write(worker)
+    except FileExistsError:
+        pytest.fail(
+            f"{Path(__file__).name}'s tests ran on {claim.read_text()} and {worker}: they must share one worker "
+            "(xdist_group with --dist loadgroup, which pytest 9.2 breaks: pytest-xdist#1386)"
+        )
+
+
 @pytest.fixture(scope="module")
 def dagster_dev(broker: LocalBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DagsterDev]:
+    _refuse_a_second_worker(tmp_path_factory)
     folder = tmp_path_factory.mktemp("dagster-dev")
     (folder / "krishiv.toml").write_text(
         SPEC_TEMPLATE.format(
