@@ -17,10 +17,12 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING
 
+from krishiv.ledger_outage import LedgerOutage
 from krishiv_core.env_settings import seconds_from_env
-from krishiv_core.errors import KrishivError
+from krishiv_core.errors import KrishivError, StagerLeaseLost
 from krishiv_core.runbook import before_pointer, runbook
 from krishiv_core.spec import KrishivSpec, PipelineSpec
+from outbox.errors import ledger_outage
 from outbox.ledger import Ledger
 from outbox.ledger.connection import DEFAULT_LOCK_TIMEOUT_S
 
@@ -31,6 +33,7 @@ if TYPE_CHECKING:  # Spark and pyiceberg load only when an operation runs, keepi
 
     from krishiv.verify import Verification
     from outbox.committer import Committer
+    from outbox.lease import HeldLease
     from outbox.relay import TableCommitReport
     from spark_jobs.job import RunningPipeline
     from spark_jobs.staging import StagedBatch
@@ -151,13 +154,20 @@ def _root_cause(exc: BaseException) -> str:
 WORKER_START_RUNBOOK = runbook("A query that did not start in time")
 
 
-def _query_failed(name: str, failure: BaseException) -> KrishivError:
+def _query_failed(running: RunningPipeline, failure: BaseException, leases: dict[str, HeldLease]) -> KrishivError:
     """``query <name> failed: <cause>``; when every start timed out waiting for Spark's Python worker, with the
-    runbook's section."""
+    runbook's section. A :class:`LedgerOutage` when the stager stopped because the ledger could not be written, or
+    because its lease expired while renewals could not reach it."""
     from spark_jobs.job import worker_start_timed_out
 
     pointer = f" {WORKER_START_RUNBOOK}" if worker_start_timed_out(failure) else ""
-    return KrishivError(f"query {name} failed: {_root_cause(failure)}{pointer}")
+    message = f"query {running.query.name} failed: {_root_cause(failure)}{pointer}"
+    cause, lease = running.stager.failure, leases[running.stager.pipeline.name]
+    if isinstance(cause, StagerLeaseLost) and ledger_outage(lease.lost_to):
+        cause = lease.lost_to
+    if cause is not None and ledger_outage(cause):
+        return LedgerOutage(message, cause)
+    return KrishivError(message)
 
 
 def run_pipelines(
@@ -234,8 +244,9 @@ def run_pipelines(
                 catalog, spec, p, pending=lambda t: len(ledger.pending_batches([t])), defer_schema=True
             )
         committer = _start_committer(spec, pipelines, ledger, on_commit, say, holder) if committing else None
+        outage: list[LedgerOutage] = []  # the ledger is away: no final pass, the leases left (see LedgerOutage)
         if committer is not None:  # a final pass once the queries have stopped (callbacks run last in, first out)
-            stack.callback(committer.stop)
+            stack.callback(lambda: committer.stop(0.0) if outage else committer.stop())
         if spark is None:
             say(f"starting Spark (master {spec.spark.master})")
             spark = build_session(spec)
@@ -296,7 +307,7 @@ def run_pipelines(
                                     left.remove(i)
                             except StreamingQueryException as exc:
                                 if not restarted(i):
-                                    raise _query_failed(running[i].query.name, exc) from exc
+                                    raise _query_failed(running[i], exc, leases) from exc
                 else:
                     while True:
                         try:
@@ -321,7 +332,13 @@ def run_pipelines(
                 raise
         for r in running:
             if r.query.exception() is not None:
-                raise _query_failed(r.query.name, r.query.exception())
+                failed = _query_failed(r, r.query.exception(), leases)
+                if isinstance(failed, LedgerOutage):
+                    failed.running = running
+                    outage.append(failed)
+                    for held in leases.values():
+                        held.leave()
+                raise failed
     if committer is not None and (committer.failures or committer.error):
         failures = dict(committer.failures)
         if committer.error:

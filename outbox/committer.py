@@ -102,6 +102,7 @@ class Committer:
         self._say = progress or (lambda _line: None)
         self._woken = threading.Event()
         self._stopping = threading.Event()
+        self._final_pass = True
         self._thread = threading.Thread(target=self._run, name="krishiv-committer", daemon=True)
         #: Table -> why this process stopped committing it (one line).
         self.failures: dict[str, str] = {}
@@ -131,10 +132,15 @@ class Committer:
         """One last pass (unless the catalog is backing off), bounded by ``final_pass_s``, then end the thread.
 
         Call it once the query has stopped, so the last staged batch is committed too. What the pass did not finish
-        stays pending for ``krishiv commit`` or the outbox sensor.
+        stays pending for ``krishiv commit`` or the outbox sensor. With ``final_pass_s`` 0 (the ledger is away, and
+        the run starts again once it answers) there is no last pass: the thread ends after the call it is in, and
+        this returns at once.
         """
+        self._final_pass = final_pass_s > 0
         self._stopping.set()
         self._woken.set()
+        if not self._final_pass:
+            return
         self._thread.join(final_pass_s)
         if self._thread.is_alive():
             self._say(
@@ -160,6 +166,8 @@ class Committer:
                 self._pass(staged=woken)
                 woken = self._woken.wait(self._wait_s())
                 self._woken.clear()
+            if not self._final_pass:
+                return
             if self._backing_off():
                 self._say(f"commits: not retried before stopping ({self._outage}); pending entries stay pending")
             else:

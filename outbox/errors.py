@@ -39,6 +39,14 @@ class LedgerUnavailable(LedgerBusyError):
         OutboxError.__init__(self, f"ledger {path} {what}; {outcome} {runbook('A ledger that is locked or damaged')}")
         self.path = path
         self.written = written
+        self.refused = refused
+
+
+def ledger_outage(exc: BaseException | None) -> bool:
+    """Whether ``exc`` says the ledger could not be written for a while (busy past the budget, or its server did not
+    answer), so that trying again once it answers is the way on. A server that answered with a refusal (a wrong
+    password, a missing database) is not an outage: no waiting helps."""
+    return isinstance(exc, LedgerBusyError) and not getattr(exc, "refused", False)
 
 
 class LedgerCorrupt(OutboxError):

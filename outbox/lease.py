@@ -47,16 +47,25 @@ class HeldLease:
         self.lease = lease
         self._lost = threading.Event()
         self.lost_reason: str | None = None
+        #: The ledger's error when the lease expired because renewals failed (see :func:`outbox.errors.ledger_outage`).
+        self.lost_to: BaseException | None = None
+        self.left = False  # see leave()
 
     @property
     def lost(self) -> bool:
         """True once the lease was found expired or taken over; it never becomes False again."""
         return self._lost.is_set()
 
-    def mark_lost(self, reason: str) -> None:
+    def mark_lost(self, reason: str, cause: BaseException | None = None) -> None:
         if not self._lost.is_set():
-            self.lost_reason = reason
+            self.lost_reason, self.lost_to = reason, cause
             self._lost.set()
+
+    def leave(self) -> None:
+        """Leave the lease as it is on exit, not released and its renewer not waited for: the ledger cannot be reached
+        now, and a release would wait out its budget. It expires by itself, and this process taking it again (a
+        continuous run starting again after the outage) renews it."""
+        self.left = True
 
     def wait_lost(self, timeout: float | None = None) -> bool:
         """Block until the lease is lost or ``timeout`` passes; returns :attr:`lost`."""
@@ -116,7 +125,7 @@ def stager_lease(
             except OutboxError as exc:  # busy, or unreadable for a moment: the lease may still hold
                 log.warning("could not renew the stager lease of pipeline %s: %s", pipeline, exc)
                 if time.monotonic() >= valid_until:
-                    held.mark_lost(f"it expired while the ledger could not be written: {exc}")
+                    held.mark_lost(f"it expired while the ledger could not be written: {exc}", exc)
                     log.error("stager lease of pipeline %s expired before it could be renewed", pipeline)
                     return
                 continue
@@ -132,8 +141,9 @@ def stager_lease(
         yield held
     finally:
         stop.set()
-        renewer.join()
-        if not held.lost:
+        if not held.left:
+            renewer.join()
+        if not (held.lost or held.left):
             try:
                 ledger.release_lease(held.lease)
             except LedgerBusyError as exc:

@@ -187,6 +187,8 @@ class BatchStager:
         self._query_id: str | None = None
         self._skips: list[OffsetSkip] | None = None
         self.called = threading.Event()  # set when Spark first hands the sink a batch: its source is up
+        #: What the last call raised, as raised (Spark hands the query's owner only its text).
+        self.failure: BaseException | None = None
         self._schemas_applied = False
 
     @property
@@ -197,6 +199,13 @@ class BatchStager:
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         self.called.set()
+        try:
+            self._stage_batch(batch, batch_id)
+        except BaseException as exc:
+            self.failure = exc
+            raise
+
+    def _stage_batch(self, batch: DataFrame, batch_id: int) -> None:
         fault_point("stage.begin", batch_id)
         if self.lease is not None:
             self.lease.ensure_held()  # a stager that lost its lease stops before staging another batch

@@ -108,6 +108,7 @@ def _environment() -> str:
         (LEDGER_LOCK_TIMEOUT_ENV, "seconds to wait for a ledger another process holds (default 30)"),
         (STAGER_LEASE_TTL_ENV, "seconds a stager's lease lasts unless renewed (default 30)"),
         ("KRISHIV_BROKER_OUTAGE_S", "seconds a running query waits for a broker that stopped answering (default 300)"),
+        ("KRISHIV_LEDGER_OUTAGE_S", "seconds a continuous run waits for a ledger it could not write (default 300)"),
         ("KRISHIV_STATUS_PENDING_S", "status warns of entries pending longer than this many seconds (600)"),
         ("KRISHIV_REGISTRY_OUTAGE_S", "seconds a query's tasks wait for a Schema Registry that stopped answering (60)"),
         ("OTEL_EXPORTER_OTLP_ENDPOINT", "export metrics over OTLP/HTTP there (with the other OTEL_* variables)"),

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from rich.markup import escape
 
 from krishiv.commands.common import chosen_pipelines, console, err_console, fail, say, show
+from krishiv.ledger_outage import LedgerOutage, run_through_ledger_outages
 from krishiv.operations import (
     CommitsStopped,
     RunInterrupted,
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from krishiv.metrics import Metrics
     from outbox.ledger import Ledger
     from outbox.relay import TableCommitReport
+    from spark_jobs.job import RunningPipeline
 
 #: What a batch's rows are, by kind: short, so a batch's line fits 80 columns with six-digit counts.
 _ROWS_NAMED = {"windowed": "windows", "events": "rows", "upsert": "keys"}
@@ -85,10 +87,12 @@ def cmd_run(args: argparse.Namespace, spec: KrishivSpec) -> int:
         console.print(escape(_commit_line(spec, report)))
 
     failure = None
-    try:
-        with _metrics(spec, ledger, pipelines, args.metrics_port) as metrics:
-            try:
-                running = run_pipelines(
+    attempts: list[list[RunningPipeline]] = []  # a continuous run starts its queries again after a ledger outage
+
+    def run() -> list[RunningPipeline]:
+        try:
+            attempts.append(
+                run_pipelines(
                     spec,
                     pipelines,
                     once=args.once,
@@ -99,18 +103,34 @@ def cmd_run(args: argparse.Namespace, spec: KrishivSpec) -> int:
                     commit=not args.no_commit,
                     on_commit=on_commit,
                 )
+            )
+        except LedgerOutage as exc:
+            attempts.append(exc.running)
+            raise
+        return attempts[-1]
+
+    try:
+        with _metrics(spec, ledger, pipelines, args.metrics_port) as metrics:
+            try:
+                if args.once:
+                    run()
+                else:
+                    run_through_ledger_outages(spec.ledger_location(), run, say)
             except CommitsStopped as exc:
-                running, failure = exc.running, str(exc)
+                attempts.append(exc.running)
+                failure = str(exc)
     except RunInterrupted as exc:
         err_console.print(f"krishiv run: {escape(str(exc))}")
         return 130 if exc.signal_name == "Ctrl-C" else 143
     from krishiv_core.catalog import qualified
 
-    for r, p in zip(running, pipelines, strict=False):
-        staged = [b for b in r.stager.history if b.recorded]
+    for p in pipelines:
+        stagers = [r.stager for attempt in attempts for r in attempt if r.stager.pipeline.name == p.name]
+        history = [b for stager in stagers for b in stager.history]
+        staged = [b for b in history if b.recorded]
         line = (
-            f"{escape(r.query.name)}: {len(r.stager.history)} batches, {len(staged)} staged, "
-            f"{sum(b.records_read for b in r.stager.history)} records read"
+            f"{escape(p.name)}: {len(history)} batches, {len(staged)} staged, "
+            f"{sum(b.records_read for b in history)} records read"
         )
         if not (args.once or args.no_commit):
             batches = set().union(*(committed.get(qualified(spec, t), set()) for t in p.all_tables))

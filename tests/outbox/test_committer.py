@@ -113,6 +113,21 @@ def test_the_final_pass_commits_the_last_batch(tmp_path: Path, ledger: Ledger) -
     assert catalog.load_table(TABLE).current_snapshot().snapshot_id == last.intended_snapshot_id
 
 
+def test_a_stop_without_a_final_pass_leaves_the_last_batch_pending(tmp_path: Path, ledger: Ledger) -> None:
+    """``stop(0)``, as a continuous run stopping for a ledger outage does: no last pass, so the batch staged after
+    the first pass stays pending for the run that starts again."""
+    catalog = sqlite_catalog(tmp_path)
+    first = stage(catalog, ledger, 0, 0)
+    committer = Committer(CommitRelay(ledger, lambda: sqlite_catalog(tmp_path)), [TABLE], idle_s=600)
+    committer.start()
+    wait_for(all_committed(ledger, [first]), "the first pass")
+    stage(catalog, ledger, 1, 1)  # never woken for
+    committer.stop(0.0)
+    wait_for(lambda: not committer.running, "the thread to end")
+    assert ledger.get("q1", TABLE, 1).status != COMMITTED and committer.committed == 1
+    assert batches_in(catalog, TABLE) == [0]
+
+
 class TcpForwarder:
     """A port that refuses connections until :meth:`open`, then forwards them to ``upstream``: an outage of a
     catalog server (PostgreSQL here) and its end, for a client that knows the catalog by this port."""

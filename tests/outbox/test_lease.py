@@ -24,7 +24,7 @@ from krishiv.cli import main
 from krishiv.produce import ensure_topic
 from krishiv_core.entries import OutboxEntry
 from krishiv_core.errors import StagerLeaseLost
-from outbox.errors import StagerBusy
+from outbox.errors import StagerBusy, ledger_outage
 from outbox.lease import HeldLease, stager_lease
 from outbox.ledger import Ledger
 from outbox.ledger.leases import StagerLease, node_identity, process_token
@@ -386,6 +386,8 @@ def test_a_lease_that_expires_while_the_ledger_is_unreachable_is_lost(tmp_path: 
         # Usually "expired while the ledger could not be written"; a renewal the load delayed past the
         # expiry before the file was locked says "expired at ..." instead.
         assert "expired" in (held.lost_reason or "")
+        if "could not be written" in (held.lost_reason or ""):  # what a continuous run then waits out
+            assert ledger_outage(held.lost_to), held.lost_to
         holder.send("release")
         assert holder.read_line(timeout=CHILD_TIMEOUT_S) == "released"
         with pytest.raises(StagerLeaseLost):
@@ -453,6 +455,18 @@ def test_this_process_may_take_its_own_lease_again(ledger: Ledger) -> None:
     again = ledger.acquire_lease(PIPELINE, "krishiv run", 30)
     assert first.token == again.token == process_token()
     assert ledger.lease_held(again) and ledger.lease_held(first)
+
+
+def test_a_lease_left_on_exit_stays_and_this_process_takes_it_again_as_a_renewal(ledger: Ledger) -> None:
+    """What a continuous run does when the ledger went away: it leaves its lease (a release would wait out the
+    budget), then, once the ledger answers, takes it again under the same fencing token."""
+    with stager_lease(ledger, PIPELINE, "krishiv run", ttl_s=30.0) as held:
+        held.leave()
+    left = _live(ledger)
+    assert left.token == held.lease.token == process_token()
+    with stager_lease(ledger, PIPELINE, "krishiv run", ttl_s=30.0) as again:
+        assert again.lease.epoch == left.epoch and not again.lost
+    assert ledger.live_lease(PIPELINE) is None  # released this time
 
 
 def test_a_lease_says_whether_its_process_commits_its_own_batches(ledger: Ledger) -> None:

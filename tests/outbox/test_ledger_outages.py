@@ -525,10 +525,11 @@ def test_a_continuous_run_keeps_every_event_once_through_a_killed_and_a_paused_l
     broker: LocalBroker, topic: str, tmp_path: Path, ledger_server: LedgerServer, ledger_front: LedgerFront
 ) -> None:
     """``krishiv run`` with its ledger on the private server (through the front, which places each fault on the
-    stager's write of a batch). Killed while the stager records a batch: that write cannot be finished, the query
-    fails and the run exits with one line naming the ledger (the server is back at once; the test restarts the run,
-    whose replay records the batch). Paused for seconds under the next batch's write: the run waits and goes on.
-    The oracle is the events the test produced: each valid one once in the table, each malformed one a reject."""
+    stager's write of a batch). Killed while the stager records a batch: that write cannot be finished and the query
+    stops; the run says so in one line and waits for the ledger (the server stays down until it has said so), then
+    starts its query again, whose replay records the batch. Paused for seconds under the next batch's write: the run
+    waits and goes on. The oracle is the events the test produced: each valid one once in the table, each malformed
+    one a reject."""
     server = ledger_server.server
     spec_file = tmp_path / "krishiv.toml"
     text = _EVENTS_SPEC.format(
@@ -549,52 +550,52 @@ def test_a_continuous_run_keeps_every_event_once_through_a_killed_and_a_paused_l
         produce(spec.kafka.bootstrap_servers, pipeline.topic, events)
         produced.extend(events)
 
-    def wait(condition: Callable[[], object], what: str, output: Path) -> None:
-        wait_for(condition, what, output, RUN_TIMEOUT_S)
+    log = tmp_path / "run.log"
+
+    def wait(condition: Callable[[], object], what: str) -> None:
+        wait_for(condition, what, log, RUN_TIMEOUT_S)
 
     produce_wave(1)
-    first_log = tmp_path / "run-1.log"
-    run = start_krishiv(spec_file, "run", output=first_log)
+    run = start_krishiv(spec_file, "run", output=log)
     try:
-        wait(lambda: _all_committed(spec, watcher), "the first wave was not committed", first_log)
+        wait(lambda: _all_committed(spec, watcher), "the first wave was not committed")
 
-        # Killed as the stager writes the next batch's entries; started again at once.
+        # Killed as the stager writes the next batch's entries; started again once the run waits for it.
         killed = ledger_front.when_sent(ENTRY_INSERT, server.kill)
         produce_wave(2)
-        wait(killed.is_set, "the stager did not write the second wave's batch", first_log)
+        wait(killed.is_set, "the stager did not write the second wave's batch")
+        wait(lambda: "waiting for the ledger up to" in log.read_text(), "the run did not say it waits for the ledger")
+        down_at = time.monotonic()  # kept down for RUN_PAUSE_S while the run waits
+        wait(lambda: time.monotonic() - down_at >= RUN_PAUSE_S or run.poll() is not None, "down")
+        assert run.poll() is None, log.read_text()
         server.restart()
-        code = run.wait(RUN_TIMEOUT_S)
-    finally:
-        stop(run)
-    said = first_log.read_text()
-    failures = [line for line in said.splitlines() if line.startswith("krishiv run:")]
-    assert code == 2 and len(failures) == 1, said
-    assert "LedgerUnavailable: ledger postgresql://" in failures[0] and ledger_server.schema in failures[0], said
-    assert "did not answer" in failures[0] and "nothing was written" in failures[0], said
-    assert "Traceback" not in said, said
-
-    second_log = tmp_path / "run-2.log"
-    run = start_krishiv(spec_file, "run", output=second_log)
-    try:
-        wait(lambda: _all_committed(spec, watcher), "the replayed batch was not committed", second_log)
+        wait(lambda: _all_committed(spec, watcher), "the replayed batch was not committed")
 
         # Paused as the stager writes the third wave's first batch, for RUN_PAUSE_S (a time the test sets).
         paused = ledger_front.when_sent(ENTRY_INSERT, server.pause)
         produce_wave(3)
-        wait(paused.is_set, "the stager did not write the third wave's batch", second_log)
+        wait(paused.is_set, "the stager did not write the third wave's batch")
         paused_at = time.monotonic()
-        wait(lambda: time.monotonic() - paused_at >= RUN_PAUSE_S or run.poll() is not None, "paused", second_log)
-        assert run.poll() is None, second_log.read_text()
+        wait(lambda: time.monotonic() - paused_at >= RUN_PAUSE_S or run.poll() is not None, "paused")
+        assert run.poll() is None, log.read_text()
         server.resume()
-        wait(lambda: _all_committed(spec, watcher), "the third wave was not committed", second_log)
-        assert run.poll() is None, second_log.read_text()
+        wait(lambda: _all_committed(spec, watcher), "the third wave was not committed")
+        assert run.poll() is None, log.read_text()
         run.send_signal(signal.SIGTERM)
         code = run.wait(RUN_TIMEOUT_S)
     finally:
         server.resume()
+        if server.postmaster() is None:
+            server.restart()
         stop(run)
-    said = second_log.read_text()
+    said = log.read_text()
     assert code == 0 and "Traceback" not in said, said
+    waiting = [line for line in said.splitlines() if "waiting for the ledger up to" in line]
+    assert len(waiting) == 1, said
+    assert "LedgerUnavailable: ledger postgresql://" in waiting[0] and ledger_server.schema in waiting[0], said
+    assert "did not answer" in waiting[0] and "nothing was written" in waiting[0], said
+    (back,) = [line for line in said.splitlines() if line.startswith("the ledger is back after ")]
+    assert int(back.split()[5].rstrip("s;")) >= RUN_PAUSE_S - 1, back
 
     verified = krishiv_cli(spec_file, "verify")
     assert verified.returncode == 0, verified.stdout + verified.stderr
