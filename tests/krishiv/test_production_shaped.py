@@ -18,7 +18,7 @@
 At the end every produced offset is staged once, the table equals the oracle folded from the topic's records
 (``chaos.checks.check_contract``: windows, rejects, late counts, linear lineage with one snapshot per batch, the
 ledger agreeing with the table), ``krishiv verify`` exits 0 and ``krishiv status`` shows nothing pending and no lag.
-Each phase's seconds are printed (``-s``) and the test fails if the whole takes longer than ``BUDGET_S``.
+Each phase's seconds are printed (``-s``); the whole is bounded by the test's timeout (15 minutes), not timed.
 
 Run it with ``.venv/bin/pytest -m heavy tests/krishiv/test_production_shaped.py``.
 """
@@ -56,7 +56,7 @@ from tests.services.spark_cluster import SparkCluster
 from tests.spark_jobs.pipeline_helpers import ROOT
 from tests.spark_jobs.test_cluster import executor_python, on_cluster
 
-pytestmark = [pytest.mark.heavy, pytest.mark.postgres]
+pytestmark = [pytest.mark.heavy, pytest.mark.postgres, pytest.mark.timeout(900)]
 
 PG_ADMIN_DSN = os.environ.get("KRISHIV_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 PIPELINE = "orders_per_minute"
@@ -70,7 +70,6 @@ OWN_COMMITS_BEFORE_KILL = 4
 START_TIMEOUT_S = 240.0  # a `krishiv run` on the cluster: Spark's start, the executor's, the first batch
 DAGSTER_TIMEOUT_S = 180.0  # the outbox sensor's tick, a commit run's launch and its commit
 DRAIN_TIMEOUT_S = 240.0
-BUDGET_S = 900.0
 KILLED = -signal.SIGKILL
 
 
@@ -567,4 +566,3 @@ def test_a_production_shaped_deployment_is_exactly_once_through_kills(
         f"({len(by_dagster)} by Dagster runs {sorted(run_ids)}); phases: "
         + ", ".join(f"{name} {s:.1f}s" for name, s in phases.seconds.items())
     )
-    assert phases.total < BUDGET_S, f"{phases.total:.0f}s, over the budget of {BUDGET_S:.0f}s"
