@@ -65,6 +65,15 @@ class LedgerCorrupt(OutboxError):
         self.found = found
 
 
+class LedgerGone(OutboxError):
+    """The ledger's file was removed while this process used it: nothing is written to a new, empty one in its
+    place (a stager would record batches no relay of the old history knows, a relay find nothing pending)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"ledger {path} is gone: it was removed while in use; nothing was written")
+        self.path = path
+
+
 class LedgerMoved(OutboxError):
     """``krishiv ledger-copy`` moved this ledger to another database; it is read and written there now."""
 

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from krishiv_core.errors import StagerLeaseLost
-from outbox.errors import LedgerBusyError, OutboxError
+from outbox.errors import OutboxError
 from outbox.ledger import Ledger
 from outbox.ledger.leases import StagerLease
 
@@ -146,7 +146,7 @@ def stager_lease(
         if not (held.lost or held.left):
             try:
                 ledger.release_lease(held.lease)
-            except LedgerBusyError as exc:
+            except OutboxError as exc:  # busy, away, or gone: the row expires by itself
                 log.warning(
                     "could not release the stager lease of pipeline %s (it expires by itself): %s", pipeline, exc
                 )

@@ -82,7 +82,7 @@ class LedgerConnection:
     @contextmanager
     def _transaction(self) -> Iterator[Connection]:
         self.migrate()
-        with self._backend.transaction() as con:
+        with self._backend.transaction(create=False) as con:  # made by migrate(): a file gone now was removed
             self._refuse_if_moved(con)
             yield con
 

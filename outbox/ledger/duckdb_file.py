@@ -25,7 +25,7 @@ from typing import Any
 
 import duckdb
 
-from outbox.errors import LedgerBusyError, LedgerCorrupt
+from outbox.errors import LedgerBusyError, LedgerCorrupt, LedgerGone
 from outbox.ledger.dialect import Dialect, duckdb_dialect
 from outbox.ledger.schema import MIGRATIONS
 
@@ -107,8 +107,12 @@ class DuckDBFile:
         return LedgerCorrupt(self.path, found, self.dialect.name)
 
     @contextmanager
-    def connect(self, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+    def connect(self, read_only: bool = False, create: bool = True) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A connection; for writes, the file (and its folder) made unless ``create`` is False (the ledger was made
+        already, so a missing file was removed: :class:`LedgerGone`)."""
         if not read_only:
+            if not create and not Path(self.path).exists():
+                raise LedgerGone(self.path)
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + self.lock_timeout_s
         delay = _BACKOFF_START_S
@@ -143,9 +147,10 @@ class DuckDBFile:
                 con.close()
 
     @contextmanager
-    def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """One write transaction; the file's lock makes it the only writer while it runs."""
-        with self.connect() as con:
+    def transaction(self, create: bool = True) -> Iterator[duckdb.DuckDBPyConnection]:
+        """One write transaction; the file's lock makes it the only writer while it runs. ``create``: see
+        :meth:`connect`."""
+        with self.connect(create=create) as con:
             con.execute("BEGIN TRANSACTION")
             try:
                 yield con

@@ -209,8 +209,9 @@ class PostgresLedger:
         return self._seen
 
     @contextmanager
-    def transaction(self) -> Iterator[_Session]:
-        """One write transaction, holding the ledger's advisory lock: the only writer while it runs."""
+    def transaction(self, create: bool = True) -> Iterator[_Session]:
+        """One write transaction, holding the ledger's advisory lock: the only writer while it runs. (``create`` is
+        the DuckDB file's: a schema is made by the migrations' ``CREATE … IF NOT EXISTS``.)"""
         with self.connect() as session:
             try:
                 self._lock(session)

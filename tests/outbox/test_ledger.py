@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import queue
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -34,6 +35,7 @@ from krishiv_core.errors import BatchReplayMismatch
 from outbox.errors import (
     LedgerBusyError,
     LedgerCorrupt,
+    LedgerGone,
     LedgerSchemaError,
     LedgerUnavailable,
     OffsetSkipConflict,
@@ -209,6 +211,17 @@ def test_replay_with_other_offsets_raises_and_writes_nothing(ledger: Ledger) -> 
     assert message.endswith(f"{RUNBOOK} > A checkpoint that does not match its ledger)")
     assert ledger.entries() == before
     assert ledger.get("q1", REJECTS, 0) is None
+
+
+def test_a_ledger_file_removed_while_in_use_is_not_made_again(tmp_path: Path) -> None:
+    """A stager whose state folder was removed under it must not record batches into a new, empty ledger."""
+    path = tmp_path / "state" / "ledger.duckdb"
+    ledger = Ledger(path)
+    ledger.record_batch([_entry("q1", 0)])
+    shutil.rmtree(tmp_path / "state")
+    with pytest.raises(LedgerGone, match=r"is gone: it was removed while in use; nothing was written"):
+        ledger.record_batch([_entry("q1", 1)])
+    assert not (tmp_path / "state").exists()
 
 
 def test_same_batch_id_of_another_query_or_table_is_a_new_entry(ledger: Ledger) -> None:
