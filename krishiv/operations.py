@@ -13,6 +13,7 @@ import re
 import signal
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING
@@ -152,16 +153,23 @@ def _root_cause(exc: BaseException) -> str:
 
 #: The runbook section of a query whose Python worker did not connect back in time.
 WORKER_START_RUNBOOK = runbook("A query that did not start in time")
+#: The runbook section of a query whose Kafka source's Python process died.
+SOURCE_DIED_RUNBOOK = runbook("A query whose source process died")
 
 
 def _query_failed(running: RunningPipeline, failure: BaseException, leases: dict[str, HeldLease]) -> KrishivError:
-    """``query <name> failed: <cause>``; when every start timed out waiting for Spark's Python worker, with the
-    runbook's section. A :class:`LedgerOutage` when the stager stopped because the ledger could not be written, or
-    because its lease expired while renewals could not reach it."""
-    from spark_jobs.job import worker_start_timed_out
+    """``query <name> failed: <cause>``; when every start timed out waiting for Spark's Python worker, or the source's
+    Python process died at every start, with the runbook's section. A :class:`LedgerOutage` when the stager stopped
+    because the ledger could not be written, or because its lease expired while renewals could not reach it."""
+    from spark_jobs.job import source_process_died, worker_start_timed_out
 
     pointer = f" {WORKER_START_RUNBOOK}" if worker_start_timed_out(failure) else ""
     message = f"query {running.query.name} failed: {_root_cause(failure)}{pointer}"
+    if source_process_died(failure):
+        message = (
+            f"query {running.query.name} failed: the Python process of its Kafka source died again (Spark said: no "
+            f"cause message) {SOURCE_DIED_RUNBOOK}"
+        )
     cause, lease = running.stager.failure, leases[running.stager.pipeline.name]
     if isinstance(cause, StagerLeaseLost) and ledger_outage(lease.lost_to):
         cause = lease.lost_to
@@ -219,8 +227,10 @@ def run_pipelines(
     from krishiv_core.catalog import ensure_pipeline_tables, load_catalog
     from outbox.lease import LEASE_TTL_S, stager_lease
     from spark_jobs.job import (
+        SOURCE_RESTART_ATTEMPTS,
         WORKER_START_ATTEMPTS,
         check_checkpoint,
+        source_process_died,
         start_pipeline,
         stop_between_batches,
         worker_start_timed_out,
@@ -257,7 +267,7 @@ def run_pipelines(
                 if not once:  # a shared session's earlier queries would end the wait below at once
                     spark.streams.resetTerminated()
                 by_name = {p.name: p for p in pipelines}
-                restarts = dict.fromkeys(by_name, 0)
+                restarts: Counter[tuple[str, str]] = Counter()  # (query, why) -> starts again so far
 
                 def start(p: PipelineSpec) -> RunningPipeline:
                     return start_pipeline(
@@ -273,20 +283,35 @@ def run_pipelines(
 
                 def restarted(i: int) -> bool:
                     """Start ``running[i]`` again if its query failed only because Spark's Python worker did not
-                    connect back within Spark's fixed limit (a loaded machine): nothing was read or staged."""
+                    connect back within Spark's fixed limit (a loaded machine: nothing was read or staged), or because
+                    the Python process of its Kafka source died (its checkpoint replays what it had not finished)."""
                     name = running[i].query.name
                     failure = running[i].query.exception()
-                    if failure is None or not worker_start_timed_out(failure):
+                    if failure is None:
                         return False
-                    if restarts[name] >= WORKER_START_ATTEMPTS - 1:
+                    if worker_start_timed_out(failure):
+                        why, attempts = "worker start", WORKER_START_ATTEMPTS
+                    elif source_process_died(failure):
+                        why, attempts = "source process", SOURCE_RESTART_ATTEMPTS
+                    else:
                         return False
-                    restarts[name] += 1
-                    say(
-                        f"query {name}: Spark's Python worker did not connect back within Spark's 10 s "
-                        f"(a loaded machine?); starting the query again ({restarts[name] + 1} of "
-                        f"{WORKER_START_ATTEMPTS}) {WORKER_START_RUNBOOK}"
-                    )
+                    if restarts[(name, why)] >= attempts - 1:
+                        return False
+                    restarts[(name, why)] += 1
+                    again = f"starting the query again ({restarts[(name, why)] + 1} of {attempts})"
+                    if why == "worker start":
+                        say(
+                            f"query {name}: Spark's Python worker did not connect back within Spark's 10 s "
+                            f"(a loaded machine?); {again} {WORKER_START_RUNBOOK}"
+                        )
+                    else:
+                        say(
+                            f"query {name}: the Python process of its Kafka source died (Spark said: no cause "
+                            f"message); {again}, from its checkpoint {SOURCE_DIED_RUNBOOK}"
+                        )
+                    before = running[i].stager.history
                     running[i] = start(by_name[name])
+                    running[i].stager.history[:0] = before  # the run's counts go on across the start
                     return True
 
                 for p in pipelines:

@@ -117,6 +117,21 @@ def worker_start_timed_out(failure: BaseException) -> bool:
     return WORKER_START_TIMEOUT in str(failure)
 
 
+#: How many times a query is started when the Python process behind its Kafka source died under it.
+SOURCE_RESTART_ATTEMPTS = 3
+
+
+def source_process_died(failure: BaseException) -> bool:
+    """Whether a query failed because the driver-side Python process of its Kafka source died (Spark's
+    ``python_streaming_source_runner``; killed, or aborted in librdkafka: ``rd_kafka_broker_destroy_final:
+    Assertion `thrd_is_current(rkb->rkb_thread)' failed``, confluentinc/librdkafka#3608). Spark then reads the end of
+    the process's pipe and fails the query with an exception that has no message: ``[STREAM_FAILED] … terminated with
+    exception:  SQLSTATE: XXKST (no cause message)``, over a Python streaming source."""
+    text = str(failure)
+    first = text.splitlines()[0] if text else ""
+    return "[STREAM_FAILED]" in first and first.endswith("(no cause message)") and "PythonMicroBatchStream" in text
+
+
 def stop_between_batches(query: StreamingQuery, timeout_s: float = 30.0) -> None:
     """Stop ``query`` once its running trigger (if any) has finished, waiting at most ``timeout_s``.
 
