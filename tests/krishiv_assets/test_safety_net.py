@@ -47,7 +47,9 @@ def test_a_safety_net_run_racing_the_committer_commits_each_batch_once(tmp_path:
     for b in range(BATCHES):
         stage(catalog, ledger, b, b, pipeline=pipeline, namespace=spec.iceberg.namespace)
     instance = dg.DagsterInstance.ephemeral()
-    commit_run = create_run_for_test(instance, job_name=f"{pipeline.name}_commit_job")
+    commit_run = create_run_for_test(
+        instance, job_name=f"{pipeline.name}_commit_job", status=dg.DagsterRunStatus.SUCCESS
+    )  # a run that has made its commits: a commit run in flight would hold the checks run back
     committers = ("krishiv run", f"dagster run {commit_run.run_id}")
 
     # Two relays, each with its own catalog client and ledger handle, as in two processes, started together.
