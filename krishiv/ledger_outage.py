@@ -38,11 +38,10 @@ T = TypeVar("T")
 
 
 class LedgerOutage(KrishivError):
-    """A run's query stopped because the ledger could not be written: ``cause`` is the ledger's error."""
+    """A run's query stopped because the ledger could not be written (see :func:`outbox.errors.ledger_outage`)."""
 
-    def __init__(self, message: str, cause: BaseException, running: list[RunningPipeline] | None = None) -> None:
+    def __init__(self, message: str, running: list[RunningPipeline] | None = None) -> None:
         super().__init__(message)
-        self.cause = cause
         self.running = running or []  # the queries of the run it stopped, for their counts
 
 

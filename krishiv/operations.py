@@ -174,7 +174,7 @@ def _query_failed(running: RunningPipeline, failure: BaseException, leases: dict
     if isinstance(cause, StagerLeaseLost) and ledger_outage(lease.lost_to):
         cause = lease.lost_to
     if cause is not None and ledger_outage(cause):
-        return LedgerOutage(message, cause)
+        return LedgerOutage(message)
     return KrishivError(message)
 
 

@@ -57,7 +57,7 @@ def test_the_run_starts_again_once_the_killed_server_is_back(ledger_server: Ledg
     def run() -> str:
         calls.append(time.monotonic())
         if len(calls) == 1:
-            raise LedgerOutage(f"query orders failed: LedgerUnavailable: {outage}", outage)
+            raise LedgerOutage(f"query orders failed: LedgerUnavailable: {outage}")
         return "ran"
 
     assert run_through_ledger_outages(uri, run, said.append, bound_s=60) == "ran"
@@ -84,7 +84,7 @@ def test_a_ledger_still_away_while_the_run_starts_again_is_the_same_outage(ledge
             ledger_server.server.kill()
             outage = _outage(uri)
             ledger_server.server.restart()
-            raise LedgerOutage(f"query orders failed: {outage}", outage)
+            raise LedgerOutage(f"query orders failed: {outage}")
         if calls == 2:  # down again as the run takes its lease
             ledger_server.server.kill()
             failed = _outage(uri)
@@ -101,7 +101,7 @@ def test_past_the_bound_the_run_stops_with_one_line(ledger_server: LedgerServer)
     uri = ledger_server.uri
     Ledger(uri).migrate()
     ledger_server.server.kill()
-    outage = LedgerOutage(f"query orders failed: {_outage(uri)}", _outage(uri))
+    outage = LedgerOutage(f"query orders failed: {_outage(uri)}")
     started = time.monotonic()
     with pytest.raises(KrishivError) as stopped:
         wait_for_ledger(uri, outage, bound_s=3.0)
