@@ -24,10 +24,10 @@ its end and reads nothing from it; the next batch reads from there.
 Options: ``bootstrap.servers`` and ``topic`` (required), ``startingOffsets`` (JSON of partition -> offset;
 partitions it leaves out start at their earliest offset), ``maxRecordsPerBatch``, ``recordsPerSplit``,
 ``catchUpRecordsPerBatch`` (0, the default: never more than ``maxRecordsPerBatch``), ``readTimeoutSeconds``,
-``expectedIdentity`` (JSON of :meth:`KafkaAdmin.identity`, checked at the first batch
-planned), ``checkpointPath`` and ``recorded`` (the query's checkpoint, and the batch ends and skips the ledger
-holds for it) and ``kafka.<librdkafka setting>`` for anything else the consumer needs, except the settings in
-:data:`FORCED_CONSUMER_SETTINGS`, which Krishiv sets itself.
+``expectedIdentity`` (JSON of :meth:`KafkaAdmin.identity`, checked at every batch: when the driver plans it and
+by each task before and after it reads), ``checkpointPath`` and ``recorded`` (the query's checkpoint, and the
+batch ends and skips the ledger holds for it) and ``kafka.<librdkafka setting>`` for anything else the consumer
+needs, except the settings in :data:`FORCED_CONSUMER_SETTINGS`, which Krishiv sets itself.
 
 The Kafka clients are made through one seam, :class:`KafkaClients` (confluent-kafka's ``Consumer`` and
 ``AdminClient`` by default), so tests can replay a recorded fetch sequence through a consumer double. Each is built
@@ -593,7 +593,6 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 )
         self.clients = clients
         self.expected_identity = self._identity_option(options.get("expectedIdentity"))
-        self._identity_checked = False
         self.max_records = int(options.get("maxRecordsPerBatch", "0"))
         self.catch_up_records = int(options.get("catchUpRecordsPerBatch", "0"))
         self.records_per_split = max(1, int(options.get("recordsPerSplit", "250000")))
@@ -674,7 +673,6 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 back = f"topic {self.topic!r} is" if self._topic_missing else f"Kafka broker at {self.bootstrap} is"
                 _say(f"{back} back after {time.monotonic() - self._down_since:.0f}s")
                 self._down_since, self._topic_missing = None, False
-                self._identity_checked = False  # the topic is checked again: it may have been re-created meanwhile
             return result
 
     def initialOffset(self) -> dict:
@@ -715,19 +713,22 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _skip(self, partition: int | str, offset: int | str, why: str) -> str:
         return skip_hint(partition, offset, self.pipeline, why)
 
-    def _check_identity(self, start: Offsets | None = None) -> None:
-        """Once per reader, and again after a broker outage: the topic and cluster are the ones the checkpoint began
-        on (a None id is not compared). Checked before a batch is planned and before a planned batch is read (a
-        batch replayed from the offset log after a restart is never planned again), so a batch recorded against a
-        topic is never read from a re-created one."""
-        if self.expected_identity is None or self._identity_checked:
+    def _check_identity(self, start: Offsets | None = None, admin: KafkaAdmin | None = None) -> None:
+        """The topic and cluster are the ones the checkpoint began on (a None id is not compared), else
+        :class:`SourceChanged` with the skips that move on. Checked at every batch: before the driver plans it,
+        before its tasks are handed out (a batch replayed from the offset log after a restart is never planned
+        again), and by each task before and after it reads (:meth:`read`), so no batch is ever read from an
+        incarnation of the topic other than the one its ledger entry records, even when the broker came back empty
+        between two batches and nobody saw it go. A metadata request and a DescribeTopics: milliseconds a batch."""
+        if self.expected_identity is None:
             return
-        actual = self.admin.identity()
+        admin = admin if admin is not None else self.admin
+        actual = admin.identity()
         for key in ("cluster_id", "topic_id"):
             old, new = self.expected_identity.get(key), actual.get(key)
             if old is not None and new is not None and old != new:
                 was, now = json.dumps(self.expected_identity, sort_keys=True), json.dumps(actual, sort_keys=True)
-                lows = self.admin.earliest()
+                lows = admin.earliest()
                 moved = [p for p in sorted(lows, key=int) if start is None or start.get(p) != lows[p]] or sorted(
                     lows, key=int
                 )
@@ -738,7 +739,6 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     f"it is now {now} (deleted and re-created, or another cluster); nothing is read from it "
                     f"silently; to move on from its first offsets: {commands} {RUNBOOK_OFFSETS}"
                 )
-        self._identity_checked = True
 
     def watermarks_moving_forward(self, start: Offsets, end: Offsets | None = None) -> dict[str, tuple[int, int]]:
         """Each partition's ``(low, high)`` watermarks, once no high watermark is below its start in ``start`` (or
@@ -837,9 +837,24 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return pack_ranges(ranges, min(self.records_per_split, TASK_PACK_RECORDS))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """The split's records, read between two checks of the topic's identity: a topic re-created (or a
+        fail-over to another cluster) before the task reads, or while it reads, fails the task, and so the batch,
+        before anything of it is staged."""
         assert isinstance(partition, KafkaSplit)
+        start: Offsets = {}
         for part in partition.ranges:
-            yield from read_range(part, self.clients)
+            start.setdefault(str(part.partition), part.start)
+        with self._task_admin() as admin:
+            self._retrying(lambda: self._check_identity(start, admin))
+            for part in partition.ranges:
+                yield from read_range(part, self.clients)
+            self._retrying(lambda: self._check_identity(start, admin))
+
+    def _task_admin(self) -> contextlib.AbstractContextManager[KafkaAdmin | None]:
+        """A metadata client for a task's identity checks, or none when there is no identity to check."""
+        if self.expected_identity is None:
+            return contextlib.nullcontext()
+        return KafkaAdmin(self.bootstrap, self.topic, self.extra, self.clients)
 
     def commit(self, end: dict) -> None:
         """Nothing to do: Spark's checkpoint and the outbox ledger own the consumed offsets."""

@@ -647,7 +647,7 @@ def test_an_identity_change_stops_the_query_naming_both() -> None:
         )
 
 
-def test_an_unknown_topic_id_is_not_compared_and_the_identity_is_checked_once() -> None:
+def test_an_unknown_topic_id_is_not_compared_and_the_identity_is_checked_at_every_batch() -> None:
     admin = ScriptedAdmin(error=KafkaError._UNSUPPORTED_FEATURE)
     source = reader(
         ScriptedConsumer(), admin, expectedIdentity=json.dumps({"cluster_id": "cluster-a", "topic_id": "x"})
@@ -658,7 +658,51 @@ def test_an_unknown_topic_id_is_not_compared_and_the_identity_is_checked_once() 
     )
     source.latestOffset({"0": 0}, ReadAllAvailable())
     source.latestOffset({"0": 1_000}, ReadAllAvailable())
+    assert admin.described == 3
+
+
+def test_a_topic_re_created_between_two_batches_stops_the_second_with_no_outage_seen() -> None:
+    # The broker came back empty and the topic was re-created between two batches: no call of the source failed,
+    # so only the identity tells the incarnations apart.
+    admin = ScriptedAdmin("topic-1")
+    expected = json.dumps({"cluster_id": "cluster-a", "topic_id": "topic-1"})
+    source = reader(ScriptedConsumer(), admin, expectedIdentity=expected)
+    end = source.latestOffset({"0": 0}, ReadAllAvailable())
+    source.partitions({"0": 0}, end)
+    admin.topic_id = "topic-2"
+    with pytest.raises(SourceChanged, match='"topic_id": "topic-2"'):
+        source.latestOffset(end, ReadAllAvailable())
+    with pytest.raises(SourceChanged):  # a batch planned before the change is not handed out either
+        source.partitions({"0": 0}, end)
+
+
+def test_a_task_checks_the_identity_before_and_after_it_reads() -> None:
+    expected = json.dumps({"cluster_id": "cluster-a", "topic_id": "topic-1"})
+    admin = ScriptedAdmin("topic-1")
+    fetches = [Fetch([0, 1]), Fetch([2, 3])]
+    source = reader(ScriptedConsumer(watermarks={0: [(0, 4)]}, fetches=list(fetches)), admin, expectedIdentity=expected)
+    split = source.partitions({"0": 0}, {"0": 4})[0]
+    admin.described = 0
+    assert [o for b in source.read(split) for o in b.column("offset").to_pylist()] == [0, 1, 2, 3]
     assert admin.described == 2
+
+    # Re-created before the task reads: nothing is read.
+    source = reader(ScriptedConsumer(watermarks={0: [(0, 4)]}, fetches=list(fetches)), admin, expectedIdentity=expected)
+    split = source.partitions({"0": 0}, {"0": 4})[0]
+    admin.topic_id = "topic-2"
+    with pytest.raises(SourceChanged, match="not the one this query began on"):
+        next(iter(source.read(split)))
+
+    # Re-created while it reads (the broker came back empty under the task): the task fails after its last record,
+    # so the batch fails before anything of it is staged.
+    admin.topic_id = "topic-1"
+    source = reader(ScriptedConsumer(watermarks={0: [(0, 4)]}, fetches=list(fetches)), admin, expectedIdentity=expected)
+    split = source.partitions({"0": 0}, {"0": 4})[0]
+    records = iter(source.read(split))
+    next(records)
+    admin.topic_id = "topic-2"
+    with pytest.raises(SourceChanged, match="partition 0 --to 0"):
+        list(records)
 
 
 def test_a_bad_expected_identity_option_is_named() -> None:
