@@ -147,6 +147,20 @@ def _staged_and_committed_query(
     return sql, params
 
 
+#: What a :class:`CommitRecord` is read from, in its fields' order.
+_COMMIT_COLUMNS = (
+    "commit_seq, table_name, pipeline, query_id, batch_id, committed_snapshot_id, record_count, offsets, created_at, "
+    "committed_at, committed_by, commit_ms"
+)
+
+
+def _commit_records(rows: Sequence[tuple[Any, ...]]) -> list[CommitRecord]:
+    return [
+        CommitRecord(int(seq), table, pipeline, query, int(batch), snapshot, int(records), json.loads(offsets), *rest)
+        for seq, table, pipeline, query, batch, snapshot, records, offsets, *rest in rows
+    ]
+
+
 class Queries(LedgerConnection):
     """Aggregates and lookups over the entries and the archive, each one read-only open of the file."""
 
@@ -167,17 +181,28 @@ class Queries(LedgerConnection):
             clause = f" AND table_name IN ({', '.join('?' * len(tables))})"
             params += list(tables)
         rows = self._read(
-            "SELECT commit_seq, table_name, pipeline, query_id, batch_id, committed_snapshot_id, record_count, "
-            "offsets, created_at, committed_at, committed_by, commit_ms FROM outbox "
-            f"WHERE commit_seq > ?{clause} ORDER BY commit_seq LIMIT ?",
+            f"SELECT {_COMMIT_COLUMNS} FROM outbox WHERE commit_seq > ?{clause} ORDER BY commit_seq LIMIT ?",
             [*params, limit],
         )
-        return [
-            CommitRecord(
-                int(seq), table, pipeline, query, int(batch), snapshot, int(records), json.loads(offsets), *rest
-            )
-            for seq, table, pipeline, query, batch, snapshot, records, offsets, *rest in rows
-        ]
+        return _commit_records(rows)
+
+    def newest_commits(self, tables: Sequence[str], per_table: int, through: int) -> list[CommitRecord]:
+        """The newest ``per_table`` commits of each of ``tables`` numbered at most ``through``, oldest first.
+
+        What a reader that starts late shows of the history before it (the Dagster outbox sensor's first tick),
+        bounded per table, then reads on with :meth:`commits_since` from ``through``: no commit is in both. As
+        :meth:`commits_since`, only entries still in the ledger, and only those with a sequence number.
+        """
+        if not tables or per_table <= 0:
+            return []
+        rows = self._read(
+            f"SELECT {_COMMIT_COLUMNS} FROM (SELECT {_COMMIT_COLUMNS}, "
+            "row_number() OVER (PARTITION BY table_name ORDER BY commit_seq DESC) AS newest FROM outbox "
+            f"WHERE commit_seq <= ? AND table_name IN ({', '.join('?' * len(tables))})) AS c "
+            "WHERE newest <= ? ORDER BY commit_seq",
+            [through, *tables, per_table],
+        )
+        return _commit_records(rows)
 
     def last_commit_seq(self) -> int:
         """The highest ``commit_seq`` given so far, 0 if none (a reader starting now reads on from it).

@@ -1143,6 +1143,34 @@ def test_commits_since_lists_each_commit_once_in_the_order_it_reached_the_ledger
     assert [(c.table, c.batch_id) for c in ledger.commits_since(5)] == [(REJECTS, 2)]
 
 
+def test_newest_commits_are_the_last_of_each_table_up_to_a_number_in_commit_order(ledger: Ledger) -> None:
+    """Five batches of the table and of its rejects committed interleaved, a sixth pending: the newest two of each
+    table up to a sequence number, oldest first, and nothing reading on from that number lists them again."""
+    for b in range(6):
+        ledger.record_batch([_entry("q1", b), _entry("q1", b, REJECTS)])
+    order = [(TABLE, 0), (TABLE, 1), (REJECTS, 0), (TABLE, 2), (REJECTS, 1), (REJECTS, 2), (TABLE, 3), (TABLE, 4)]
+    seq = {key: ledger.mark_committed(_entry("q1", key[1], key[0]), None, "krishiv run") for key in order}
+
+    def numbers(per_table: int, through: int, tables: tuple[str, ...] = (TABLE, REJECTS)) -> list[int]:
+        return [c.commit_seq for c in ledger.newest_commits(tables, per_table, through)]
+
+    # Folded separately: per table, the last ``per_table`` of its commits numbered up to ``through``; then all sorted.
+    def expected(per_table: int, through: int, tables: tuple[str, ...] = (TABLE, REJECTS)) -> list[int]:
+        chosen: list[int] = []
+        for table in tables:
+            chosen += sorted(n for (t, _), n in seq.items() if t == table and n <= through)[-per_table:]
+        return sorted(chosen)
+
+    last = ledger.last_commit_seq()
+    assert numbers(2, last) == expected(2, last) == [seq[(REJECTS, 1)], seq[(REJECTS, 2)], seq[(TABLE, 3)], last]
+    assert numbers(2, 5) == expected(2, 5) and numbers(10, last) == expected(10, last) == sorted(seq.values())
+    assert numbers(3, last, (REJECTS,)) == expected(3, last, (REJECTS,))
+    assert numbers(0, last) == numbers(2, last, ()) == numbers(2, 0) == []
+    newest = ledger.newest_commits([TABLE], 1, last)[0]
+    assert (newest.table, newest.batch_id, newest.committed_by) == (TABLE, 4, "krishiv run")
+    assert ledger.commits_since(last) == []  # reading on from ``through`` lists none of them again
+
+
 def _schema_7_ledger(path: Path) -> None:
     """A ledger as the Krishiv before commit sequence numbers wrote it: one batch committed, one pending, a lease."""
     path.parent.mkdir(parents=True, exist_ok=True)
