@@ -6,6 +6,8 @@ It refuses while a process holds a live lease on the source (a stager would reco
 into a target that already holds entries. The same source transaction then marks the source moved
 (``ledger_meta.moved_to``): from then on every read and write of it is refused with :class:`LedgerMoved`, naming
 the target, so no process can go on staging into the ledger that was left behind.
+
+Every refusal is decided before the target's file or schema is made: a refused copy leaves the target as it was.
 """
 
 from __future__ import annotations
@@ -46,16 +48,8 @@ class Copying(LedgerConnection):
             not target.on_server and not self.on_server and Path(target.path).resolve() == Path(self.path).resolve()
         ):
             raise CopyRefused(f"ledger {self.path} cannot be copied onto itself; name another --to")
-        target.migrate()
-        held = (
-            target._read("SELECT count(*) FROM outbox")[0][0]
-            + target._read("SELECT count(*) FROM outbox_archive")[0][0]
-        )
-        if held:
-            raise CopyRefused(
-                f"ledger {target.path} already holds {held} entries; copy only into a new, empty ledger (another "
-                "schema= or file) so no two histories mix"
-            )
+        if target.exists():  # read, not made: a refused copy leaves a target that was not there not there
+            _refuse_entries(target, target._reads(_HELD))
         with self._transaction() as source:  # the source's write lock: nothing is recorded while it copies
             leases = [
                 StagerLease(*row) for row in source.execute(f"SELECT {_LEASE_COLUMNS} FROM stager_lease").fetchall()
@@ -76,7 +70,8 @@ class Copying(LedgerConnection):
             last_seq = source.execute(
                 f"SELECT greatest((SELECT max(commit_seq) FROM outbox), ({self.dialect.last_sequence_value}))"
             ).fetchone()[0]
-            with target._transaction() as into:
+            with target._transaction() as into:  # made here, after every refusal of the source's
+                _refuse_entries(target, [into.execute(sql).fetchall() for sql, _ in _HELD])
                 for name, (columns, rows) in tables.items():
                     target._backend.insert_rows(into, name, columns, rows)
                 for key, value in meta:
@@ -89,6 +84,19 @@ class Copying(LedgerConnection):
             with target._transaction() as into:
                 into.execute("ANALYZE")
         return CopyReport(self.path, target.path, {n: len(r) for n, (_, r) in tables.items()}, int(last_seq or 0))
+
+
+#: What a target must not hold: entries, and archived totals.
+_HELD = [("SELECT count(*) FROM outbox", ()), ("SELECT count(*) FROM outbox_archive", ())]
+
+
+def _refuse_entries(target: LedgerConnection, counts: list[Any]) -> None:
+    held = sum(rows[0][0] for rows in counts)
+    if held:
+        raise CopyRefused(
+            f"ledger {target.path} already holds {held} entries; copy only into a new, empty ledger (another "
+            "schema= or file) so no two histories mix"
+        )
 
 
 def _rows(con: Connection, table: str) -> tuple[list[str], list[tuple[Any, ...]]]:

@@ -94,12 +94,37 @@ def test_a_copy_is_refused_while_a_stager_holds_the_ledger(tmp_path: Path, pg_le
     assert main(["--spec", str(spec_file), "ledger-copy", "--to", pg_ledger]) == 2
     said = _words(capsys.readouterr().err)
     assert "is in use: 'orders_per_minute' is held by krishiv run" in said and "stop it" in said
-    assert not Ledger(pg_ledger).entries() and source.current_lease("orders_per_minute") is not None
+    assert not _schema_made(pg_ledger), "a refused copy leaves the target as it was"
+    assert source.current_lease("orders_per_minute") is not None
 
     source.release_lease(lease)
     assert main(["--spec", str(spec_file), "ledger-copy", "--to", pg_ledger]) == 0
     # The lease's fencing token moved with the ledger: the next holder's is greater, there too.
     assert Ledger(pg_ledger).acquire_lease("orders_per_minute", "krishiv run", ttl_s=60).epoch == lease.epoch + 1
+
+
+def _schema_made(location: str) -> bool:
+    """Whether the PostgreSQL schema a ledger location names exists (made by a write, never by a read)."""
+    import psycopg
+
+    base, schema = location.rsplit("schema=", 1)
+    with psycopg.connect(base.rstrip("?&"), autocommit=True, connect_timeout=10) as con:
+        return con.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", [schema]).fetchone() is not None
+
+
+def test_a_copy_from_a_ledger_moved_already_leaves_the_target_untouched(tmp_path: Path, pg_ledger: str, capsys) -> None:
+    from tests.outbox.test_ledger import _entry
+
+    spec_file = _spec_file(tmp_path)
+    Ledger(tmp_path / "ledger.duckdb").record_batch([_entry("q-source", 0)])
+    assert main(["--spec", str(spec_file), "ledger-copy", "--to", "moved.duckdb"]) == 0
+    capsys.readouterr()
+
+    assert main(["--spec", str(spec_file), "ledger-copy", "--to", pg_ledger]) == 2
+    said = _words(capsys.readouterr().err)
+    assert f"was moved to {tmp_path / 'moved.duckdb'} by krishiv ledger-copy" in said
+    assert not _schema_made(pg_ledger), "a refused copy leaves the target as it was"
+    assert [e.query_id for e in Ledger(tmp_path / "moved.duckdb").entries()] == ["q-source"]
 
 
 def test_a_copy_into_a_ledger_holding_entries_or_onto_itself_is_refused(tmp_path: Path, pg_ledger: str, capsys) -> None:
