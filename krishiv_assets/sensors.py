@@ -17,9 +17,13 @@
   tick), the batch's rejects and late events (the ledger), and the lag behind the topic's end (the broker, asked
   once per tick). A commit whose ``committed_by`` names a Dagster run that materializes the table (the commit job,
   or a run whose asset selection has it) is not reported again; any other is, a run of the commit job included
-  when this instance does not know it. At most ``REPORT_LIMIT`` per tick; the rest on the next one. A cursor
-  without a ``commit_seq`` (a new sensor, or one written by an older Krishiv) starts at the ledger's latest
-  commit: history is not replayed into the UI.
+  when this instance does not know it. At most ``REPORT_LIMIT`` per tick; the rest on the next one.
+  The **first tick** (a new sensor, or a cursor an older Krishiv wrote, which has no ``history`` mark) also shows
+  what was committed before Dagster started, e.g. with the CLI: for each table this Dagster instance has never seen
+  materialized, its newest ``HISTORY_PER_TABLE`` commits up to the ledger's latest, reported in commit order (the
+  newest last: Dagster takes an asset's last stored materialization as its latest, and the checks evaluate that
+  one), then reads on from that commit. A table the instance has materializations of gets no history: they would
+  land after newer ones, or twice. So a table committed before Dagster started is not "Never materialized".
   A materialization the sensor reports has no check evaluation, so the UI would show the table's checks as "Not
   evaluated" until the next commit run: after reporting commits the sensor also requests a run of the pipeline's
   **checks job** (``<pipeline>_checks_job``: every check of the pipeline's tables, no commit), at most one every
@@ -64,6 +68,7 @@ from krishiv_core.env_settings import seconds_from_env
 from krishiv_core.errors import ConfigError
 from krishiv_core.spec import KrishivSpec, PipelineSpec
 from outbox.errors import LedgerBusyError, LedgerCorrupt
+from outbox.ledger import Ledger
 from outbox.ledger.entries import PendingBatch
 from outbox.ledger.leases import StagerLease
 from outbox.ledger.queries import CommitRecord
@@ -78,6 +83,8 @@ SENSOR_LEDGER_TIMEOUT_S = 5.0
 COMMITTER_GRACE_S = 15.0
 #: Commits reported as materializations per tick (the rest on the next tick).
 REPORT_LIMIT = 50
+#: On the first tick, the newest commits of each table never materialized in this instance that it reports.
+HISTORY_PER_TABLE = 10
 #: The shortest time between two checks runs a pipeline's outbox sensor requests (seconds; default 60).
 CHECKS_INTERVAL_ENV = "KRISHIV_CHECKS_INTERVAL_S"
 DEFAULT_CHECKS_INTERVAL_S = 60.0
@@ -90,7 +97,8 @@ IN_FLIGHT = [*WAITING, dg.DagsterRunStatus.STARTED]
 class SensorCursor:
     """What a sensor last requested: per query the highest batch (outbox) or the offsets (Kafka), and when; and
     (outbox) the ``commit_seq`` of the last commit reported, None until the first tick reads it, whether commits
-    were reported since the last checks run was requested (``unchecked``), and when that was."""
+    were reported since the last checks run was requested (``unchecked``), and when that was; and whether the
+    commits before the first tick were looked at (``history``: False in a cursor an older Krishiv wrote)."""
 
     requested: dict[str, int] = field(default_factory=dict)
     requested_at: float = 0.0
@@ -99,6 +107,7 @@ class SensorCursor:
     shown: str | None = None  # what a sensor's check evaluation last showed (a digest), None before the first
     unchecked: bool = False
     checks_requested_at: float = 0.0
+    history: bool = False
 
     @classmethod
     def parse(cls, text: str | None) -> SensorCursor:
@@ -114,6 +123,7 @@ class SensorCursor:
             raw.get("shown"),
             bool(raw.get("unchecked", False)),
             float(raw.get("checks_requested_at", 0.0)),
+            bool(raw.get("history", False)),
         )
 
     def dumps(self) -> str:
@@ -130,6 +140,8 @@ class SensorCursor:
             raw["unchecked"] = True
         if self.checks_requested_at:
             raw["checks_requested_at"] = self.checks_requested_at
+        if self.history:
+            raw["history"] = True
         return json.dumps(raw, sort_keys=True)
 
 
@@ -172,6 +184,21 @@ def reported_commits(
         for c in commits
         if c.table in keys
     ]
+
+
+def first_tick_history(
+    context: SensorEvaluationContext, book: Ledger, keys: Mapping[str, dg.AssetKey], cursor: SensorCursor
+) -> list[CommitRecord]:
+    """The commits made before the sensor's first tick that it reports (``cursor`` then reads on after them): the
+    newest :data:`HISTORY_PER_TABLE` of each table of ``keys`` this instance has never seen materialized, up to the
+    cursor's ``commit_seq`` (a cursor an older Krishiv wrote, which reads on from there in the same tick) or else
+    the ledger's latest, in commit order."""
+    through = book.last_commit_seq() if cursor.commit_seq is None else cursor.commit_seq
+    latest = context.instance.get_latest_materialization_events(keys.values())
+    never = [table for table, key in keys.items() if latest.get(key) is None]
+    history = book.newest_commits(never, HISTORY_PER_TABLE, through)
+    cursor.commit_seq, cursor.history = through, True
+    return history
 
 
 def left_to_committer(
@@ -318,11 +345,13 @@ def outbox_sensor(
             book = ledger.ledger(SENSOR_LEDGER_TIMEOUT_S)
             pending = book.pending_batches(tables, pipeline=pipeline.name)  # a removed route's entries too
             lease = book.live_lease(pipeline.name) if pending else None
-            commits = [] if cursor.commit_seq is None else book.commits_since(cursor.commit_seq, tables, REPORT_LIMIT)
-            if not commits:
-                last = book.last_commit_seq()
-                if cursor.commit_seq is None or last < cursor.commit_seq:  # a first tick; or a new ledger
-                    cursor.commit_seq = last
+            history = first_tick_history(context, book, keys, cursor) if not cursor.history else []
+            since = cursor.commit_seq or 0
+            commits = book.commits_since(since, tables, REPORT_LIMIT)
+            last = commits[-1].commit_seq if commits else book.last_commit_seq()
+            if commits or last < since:  # read on; or a new ledger, numbered from 0 again
+                cursor.commit_seq = last
+            commits = history + commits
         except (LedgerBusyError, LedgerCorrupt) as exc:
             return dg.SkipReason(str(exc))
         runs: dict[str, dg.DagsterRun | None] = {}
@@ -336,8 +365,6 @@ def outbox_sensor(
             warn=context.log.warning,
         )
         events = reported_commits(unreported, keys, pending, facts, first_table=first, topic=pipeline.topic)
-        if commits:
-            cursor.commit_seq = commits[-1].commit_seq
         cursor.unchecked = cursor.unchecked or bool(events)
         reported = f"; reported {len(events)} commits no commit run materialized" if events else ""
         due, left = left_to_committer(pending, lease)

@@ -17,14 +17,14 @@ from krishiv.operations import open_ledger
 from krishiv_assets.assets import PipelineKeys
 from krishiv_assets.definitions import build_definitions
 from krishiv_assets.resources import IcebergCatalogResource, KafkaResource, LedgerResource
-from krishiv_assets.sensors import COMMITTER_GRACE_S, RETRY_AFTER_S, SensorCursor
+from krishiv_assets.sensors import COMMITTER_GRACE_S, HISTORY_PER_TABLE, RETRY_AFTER_S, SensorCursor
 from krishiv_core.catalog import load_catalog, qualified
 from krishiv_core.entries import OutboxEntry
 from krishiv_core.spec import KrishivSpec
 from outbox.relay import CommitRelay
 from tests.krishiv.test_verify import kinds_spec, produce_kinds
 from tests.outbox.test_relay import stage
-from tests.spark_jobs.pipeline_helpers import produce_orders
+from tests.spark_jobs.pipeline_helpers import krishiv_cli, produce_orders
 
 QUERY = "0f0e0d0c-0000-4000-8000-000000000001"
 
@@ -313,14 +313,75 @@ def test_outbox_sensor_leaves_fresh_batches_to_a_process_that_commits_its_own(ma
     assert request.run_key == f"orders_per_minute:commit:{QUERY[:8]}:1-1"
 
 
-def test_an_old_cursor_reads_on_from_the_latest_commit(make_spec, instance):
-    """A cursor written before commits were reported has no commit_seq: reporting starts now, not from history."""
+def test_the_first_tick_reports_the_commits_made_before_dagster_started(tmp_path, make_spec, instance):
+    """Three ``krishiv commit`` runs, one batch each, before the sensor's first tick: that tick reports all three as
+    materializations of the table, in commit order, and asks for their checks; the next reports none of them
+    again, and a commit after it is reported as usual."""
     spec = make_spec()
-    _record(spec, 0, {"0": 10})
+    pipeline, name = spec.pipeline(), "orders_per_minute_outbox_sensor"
+    key = PipelineKeys.of(spec, pipeline).table
+    spec_file = tmp_path / "krishiv.toml"
+    catalog, ledger = load_catalog(spec), open_ledger(spec)
+    for batch in range(3):
+        stage(catalog, ledger, batch, batch, pipeline=pipeline, namespace=spec.iceberg.namespace)
+        done = krishiv_cli(spec_file, "commit")
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    first = _tick(spec, name, None, instance)
+    assert [e.asset_key for e in first.asset_events] == [key] * 3
+    shown = [{k: v.value for k, v in e.metadata.items()} for e in first.asset_events]
+    assert [s["batch_id"] for s in shown] == ["0", "1", "2"]  # the newest last: it is the one Dagster shows
+    assert {s["committed_by"] for s in shown} == {"krishiv commit"} and all(s["rows_added"] == 1 for s in shown)
+    (checks,) = first.run_requests
+    assert checks.job_name == "orders_per_minute_checks_job"
+    cursor = SensorCursor.parse(first.cursor)
+    assert cursor.history and cursor.commit_seq == ledger.last_commit_seq() == 3
+
+    for event in first.asset_events:
+        instance.report_runless_asset_event(event)
+    again = _tick(spec, name, first.cursor, instance)
+    assert not again.asset_events
+
+    stage(catalog, ledger, 3, 3, pipeline=pipeline, namespace=spec.iceberg.namespace)
+    assert krishiv_cli(spec_file, "commit").returncode == 0
+    later = _tick(spec, name, first.cursor, instance)
+    assert [e.metadata["batch_id"].value for e in later.asset_events] == ["3"]
+
+    # A sensor whose cursor was reset (a new sensor name, a wiped cursor) on an instance that shows the table's
+    # materializations reports no history: it would land after the newer materializations, or twice.
+    assert not _tick(spec, name, None, instance).asset_events
+
+
+def test_the_first_tick_reports_at_most_the_newest_commits_of_each_table(make_spec, instance):
+    """More commits than the bound before the first tick: the newest HISTORY_PER_TABLE of each table, and a cursor
+    an older Krishiv wrote (no history mark) counts as a first tick, reading on from its own commit number."""
+    spec = make_spec()
+    pipeline, name = spec.pipeline(), "orders_per_minute_outbox_sensor"
+    _record_and_commit(spec, range(HISTORY_PER_TABLE + 3))
     ledger = open_ledger(spec)
-    for e in ledger.entries():
-        ledger.mark_committed(e, 7, "krishiv run")
+    last = ledger.last_commit_seq()
+
     old = json.dumps({"requested": {QUERY: 0}, "requested_at": time.time(), "retries": 0})
-    tick = _tick(spec, "orders_per_minute_outbox_sensor", old, instance)
-    assert not tick.asset_events and not tick.run_requests
-    assert SensorCursor.parse(tick.cursor) == SensorCursor({QUERY: 0}, json.loads(old)["requested_at"], 0, 2)
+    tick = _tick(spec, name, old, instance)
+    batches = [(e.asset_key.path[-1], int(e.metadata["batch_id"].value)) for e in tick.asset_events]
+    newest = range(3, HISTORY_PER_TABLE + 3)  # folded: each table's last HISTORY_PER_TABLE batches
+    assert sorted(batches) == sorted((t, b) for b in newest for t in (pipeline.table, pipeline.rejects_table))
+    assert [b for _, b in batches] == sorted(b for _, b in batches)  # in commit order, the batches' order here
+    cursor = SensorCursor.parse(tick.cursor)
+    assert (cursor.requested, cursor.commit_seq, cursor.history) == ({QUERY: 0}, last, True)
+
+    # A cursor of the Krishiv that reported commits without history, which had read to commit 4: the history is
+    # what came before (the tables were never materialized here), then it reads on from 4 as before.
+    older = _tick(spec, name, json.dumps({"requested": {}, "commit_seq": 4}), instance)
+    reported = [int(e.metadata["batch_id"].value) for e in older.asset_events]
+    assert reported == sorted([*range(HISTORY_PER_TABLE + 3)] * 2)
+    assert SensorCursor.parse(older.cursor).commit_seq == last
+
+
+def _record_and_commit(spec: KrishivSpec, batches: range) -> None:
+    """Record ``batches`` of both tables and mark each committed by ``krishiv run``, batch by batch."""
+    ledger = open_ledger(spec)
+    for batch in batches:
+        _record(spec, batch, {"0": 10 * (batch + 1)})
+        for e in ledger.entries(status="PENDING"):
+            ledger.mark_committed(e, None, "krishiv run")
