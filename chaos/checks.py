@@ -1,7 +1,8 @@
 """The contract, checked after every scenario; each breach is a named violation, never an exception.
 
 - the table equals the oracle's windows (no loss, no duplicate, closed windows only);
-- the rejects table holds each malformed event once, and late events are counted per batch as expected;
+- the rejects table holds each malformed and each late event once (a late one with its value and the reason
+  naming its window and the watermark), and late events are counted per batch as expected;
 - every produced offset is staged exactly once (ranges chain from the pinned start to the topic's end, moving
   only where an operator's recorded skip moved them: a re-created topic's records are checked against a copy
   of the old topic's);
@@ -31,12 +32,13 @@ from urllib.parse import urlparse
 
 from chaos.kinds_oracle import (
     expected_events,
+    expected_grouped_late,
     expected_grouped_windows,
     expected_rejects,
     expected_upsert,
     order,
 )
-from chaos.oracle import Expected, Records, expected_output, read_topic
+from chaos.oracle import Expected, LateEvent, Records, expected_output, read_topic
 from krishiv.lineage import lineage
 from krishiv.operations import open_ledger, verify_pipelines
 from krishiv_core.catalog import load_catalog, qualified
@@ -239,12 +241,14 @@ def _compare_tables(spec: KrishivSpec, catalog, entries: list, expected: Expecte
         )
     )
     if len(coords) != len(set(coords)):
-        v.append(f"{len(coords) - len(set(coords))} malformed events are in the rejects table more than once")
-    if set(coords) != expected.rejects:
+        v.append(f"{len(coords) - len(set(coords))} events are in the rejects table more than once")
+    want = expected.rejects | set(expected.late)
+    if set(coords) != want:
         v.append(
-            f"rejects differ: missing {sorted(expected.rejects - set(coords))[:10]}, "
-            f"extra {sorted(set(coords) - expected.rejects)[:10]}"
+            f"rejects (malformed and late) differ: missing {sorted(want - set(coords))[:10]}, "
+            f"extra {sorted(set(coords) - want)[:10]}"
         )
+    v += late_rows_differ(rejects, expected.late, "rejects table")
     late = {e.batch_id: e.metrics.get("late_events") for e in entries}
     if late != expected.late_by_batch:
         v.append(f"late events per batch {late} != expected {expected.late_by_batch}")
@@ -254,6 +258,20 @@ def _compare_tables(spec: KrishivSpec, catalog, entries: list, expected: Expecte
     ledger = open_ledger(spec)
     for name in (pipeline.table, pipeline.rejects_table):
         v += _batches_once(spec, catalog, ledger, name)
+
+
+def late_rows_differ(rejects, late: dict[tuple[int, int, int], LateEvent], name: str) -> list[str]:
+    """Each late event's row of the rejects table carries its reason and its Kafka value; a malformed record's
+    reason is never a late one."""
+    got = {}
+    for row in rejects.select(["batch_id", "partition", "offset", "reason", "value"]).to_pylist():
+        coords = (row["batch_id"], row["partition"], row["offset"])
+        if coords in late or str(row["reason"]).startswith("late:"):
+            got[coords] = LateEvent(row["reason"], row["value"])
+    wrong = sorted(k for k, row in got.items() if late.get(k) != row)
+    if not wrong:
+        return []
+    return [f"{name}: {len(wrong)} late rows differ, e.g. (row, expected) {[(got[k], late.get(k)) for k in wrong[:3]]}"]
 
 
 # ------------------------------------------------------------------------------------------- the newer kinds
@@ -367,7 +385,8 @@ def _rejects_rows(spec: KrishivSpec, catalog, p: PipelineSpec, records: Records,
             f"{p.rejects_table}: rejects (batch, partition, offset) differ: "
             f"missing {sorted(want - set(coords))[:NAMED]}, extra {sorted(set(coords) - want)[:NAMED]}"
         )
-    return v
+    late = expected_grouped_late(records, entries, p) if p.kind == WINDOWED else {}
+    return v + late_rows_differ(rows, late, p.rejects_table)
 
 
 def _batches_once(spec: KrishivSpec, catalog, ledger: Ledger, name: str) -> list[str]:

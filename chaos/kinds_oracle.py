@@ -10,9 +10,10 @@ plain Python, from the semantics docs/spec.md states, not from Krishiv's code:
   removes it and forgets the version. The demo's upsert is key ``customer_id``, version ``event_time``;
 - ``windowed`` with ``group_by`` and hopping windows in update mode: the table holds, per (window, group), the
   aggregate of every event of a batch whose window had not ended at or before the watermark the batch before
-  left; an event falls in every window of the slide grid that holds it;
+  left; an event falls in every window of the slide grid that holds it, and is late (kept in the rejects table,
+  the reason naming its last window and the watermark) when its last window had ended at or before it;
 - rejects: every record that is no valid order, by the batch that read it, except an upsert's tombstones (and an
-  events pipeline's events routed to ``rejects``).
+  events pipeline's events routed to ``rejects``, and a windowed pipeline's late events).
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from chaos.oracle import Records, parse
+from chaos.oracle import LateEvent, Records, late_reason, parse
 from krishiv_core.entries import OutboxEntry
-from krishiv_core.spec import EVENTS, UPSERT, PipelineSpec
+from krishiv_core.spec import EVENTS, UPSERT, WINDOWED, PipelineSpec
 
 
 @dataclass(frozen=True)
@@ -138,14 +139,17 @@ def _pos(coordinates: tuple[int, int]) -> tuple[int, int]:
     return (offset, partition)
 
 
-def expected_grouped_windows(
+def _grouped_windows_and_late(
     records: Records, entries: list[OutboxEntry], pipeline: PipelineSpec
-) -> dict[tuple[int, int, str], tuple[int, Decimal]]:
-    """(window start ms, window end ms, customer id) -> (order count, amount total), update mode."""
+) -> tuple[dict[tuple[int, int, str], list], dict[tuple[int, int, int], LateEvent]]:
+    """The batches replayed: per (window start, end, customer) the running (count, total), and the late events,
+    by (batch, partition, offset): those whose last window (the latest of the grid holding them) had ended at or
+    before the watermark the batch before left."""
     size, slide = pipeline.window_ms, pipeline.window_slide_ms
     state: dict[tuple[int, int, str], list] = {}
+    late: dict[tuple[int, int, int], LateEvent] = {}
     watermark = 0
-    for _batch, offsets in _batches(entries, pipeline.topic):
+    for batch, offsets in _batches(entries, pipeline.topic):
         latest = None
         for p, o in offsets:
             found = order(records, p, o)
@@ -154,6 +158,8 @@ def expected_grouped_windows(
             t = found.event_time
             latest = t if latest is None else max(latest, t)
             start = t - t % slide
+            if watermark > 0 and start + size <= watermark:
+                late[(batch, p, o)] = LateEvent(late_reason(start, start + size, watermark), records[(p, o)])
             while start > t - size:
                 if not (watermark > 0 and start + size <= watermark):
                     agg = state.setdefault((start, start + size, found.customer_id), [0, Decimal(0)])
@@ -162,7 +168,22 @@ def expected_grouped_windows(
                 start -= slide
         if latest is not None:
             watermark = max(watermark, latest - pipeline.watermark_delay_ms)
+    return state, late
+
+
+def expected_grouped_windows(
+    records: Records, entries: list[OutboxEntry], pipeline: PipelineSpec
+) -> dict[tuple[int, int, str], tuple[int, Decimal]]:
+    """(window start ms, window end ms, customer id) -> (order count, amount total), update mode."""
+    state, _late = _grouped_windows_and_late(records, entries, pipeline)
     return {k: (v[0], v[1]) for k, v in state.items()}
+
+
+def expected_grouped_late(
+    records: Records, entries: list[OutboxEntry], pipeline: PipelineSpec
+) -> dict[tuple[int, int, int], LateEvent]:
+    """The grouped windowed pipeline's late events, each kept once in its rejects table by the batch that read it."""
+    return _grouped_windows_and_late(records, entries, pipeline)[1]
 
 
 def expected_rejects(
@@ -172,7 +193,7 @@ def expected_rejects(
     is no valid order (a tombstone too, except in an upsert, where one with a key deletes it), and an events
     pipeline's events without a route when its default is ``rejects``."""
     routed_away = expected_events(records, pipeline).rejects if pipeline.kind == EVENTS else set()
-    out = set()
+    out = set(expected_grouped_late(records, entries, pipeline)) if pipeline.kind == WINDOWED else set()
     for batch, offsets in _batches(entries, pipeline.topic):
         for p, o in offsets:
             if pipeline.kind == UPSERT and records[(p, o)] is None and keys.get((p, o)):

@@ -3,9 +3,11 @@
 It reads every record back from the broker, validates it in plain Python, and replays Krishiv's
 append-mode semantics over the batch ranges the ledger recorded: after batch N the watermark is
 W(N) = max(W(N-1), max event time of batch N - delay) (W(-1) = 0); an event of batch N whose window ended
-at or before W(N-1), the watermark the batch before left, is dropped as late (its window was written
-already); a window is written by the batch whose W(N) first reaches its end, so after the last batch
-every window ending at or before the final watermark is in the table and no other.
+at or before W(N-1), the watermark the batch before left, is late: left out of its window (written already)
+and kept once in the rejects table, by batch N, with its payload and the reason docs/spec.md states
+(``late: window [start, end) closed at watermark W``, instants in UTC to the millisecond); a window is written
+by the batch whose W(N) first reaches its end, so after the last batch every window ending at or before the
+final watermark is in the table and no other.
 
 A topic deleted and re-created starts its offsets at 0 again: the batches before the operator's skip onto the
 new topic read the old one, so their records come from a copy taken before the deletion (``earlier``).
@@ -18,6 +20,7 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from decimal import ROUND_HALF_UP, Decimal
 
 from confluent_kafka import Consumer, TopicPartition
@@ -34,10 +37,28 @@ READ_TIMEOUT_S = 30.0  # without a record, for one partition
 Records = dict[tuple[int, int], bytes | None]
 
 
+@dataclass(frozen=True)
+class LateEvent:
+    """A late event's row of the rejects table, as the oracle expects it: its reason and its Kafka value."""
+
+    reason: str
+    value: bytes | None
+
+
+def _utc(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def late_reason(window_start_ms: int, window_end_ms: int, watermark_ms: int) -> str:
+    """The reason docs/spec.md gives a late event: the window it missed and the watermark that had closed it."""
+    return f"late: window [{_utc(window_start_ms)}, {_utc(window_end_ms)}) closed at watermark {_utc(watermark_ms)}"
+
+
 @dataclass
 class Expected:
     windows: dict[int, dict[str, object]] = field(default_factory=dict)  # window start ms -> aggregates
     rejects: set[tuple[int, int, int]] = field(default_factory=set)  # (batch id, partition, offset)
+    late: dict[tuple[int, int, int], LateEvent] = field(default_factory=dict)  # by (batch id, partition, offset)
     late_by_batch: dict[int, int] = field(default_factory=dict)
     watermark_by_batch: dict[int, int] = field(default_factory=dict)  # the watermark each batch starts from
     final_watermark: int = 0
@@ -133,6 +154,8 @@ def expected_output(
                 window_start = event_time - event_time % window_ms
                 if watermark > 0 and window_start + window_ms <= watermark:
                     late += 1
+                    reason = late_reason(window_start, window_start + window_ms, watermark)
+                    exp.late[(entry.batch_id, int(p), offset)] = LateEvent(reason, source[(int(p), offset)])
                     continue
                 agg = state.setdefault(window_start, [0, Decimal(0), amount, amount])
                 agg[0] += 1

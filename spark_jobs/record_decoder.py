@@ -19,7 +19,8 @@ given twice counts once, the last.
 Two readings, one rule. :func:`read_token` states it for one JSON token and decides every record that is not
 plainly valid; the fast path (msgspec's typed decoder, then Arrow kernels for decimals) takes only what is certainly
 valid under it, and sends everything else to :func:`read_token`, so a value's reading never depends on which path
-took it. Spark receives typed columns and the reason; a valid row's raw value is not carried (rejects keep theirs).
+took it. Spark receives typed columns and the reason; a valid row's raw value is not carried (rejects keep theirs),
+except in a windowed pipeline, whose late events keep theirs (``Decoding.keep_values``).
 """
 
 from __future__ import annotations
@@ -122,12 +123,15 @@ class Decoding:
     registry_outage_s: float = 60.0
     #: The Avro reader schema (fields taken from the registry), else each record is read by its writer schema.
     reader_schema: str | None = None
+    #: Carry every record's raw value, not only a reject's: a windowed pipeline keeps its late events' payloads
+    #: (which events are late is known only in the sink, from the watermark the batch before left).
+    keep_values: bool = False
 
     @classmethod
     def of(
         cls, pipeline: PipelineSpec, registry: Mapping[str, str] | None = None, registry_outage_s: float = 60.0
     ) -> Decoding:
-        from krishiv_core.spec import EVENTS, UPSERT
+        from krishiv_core.spec import EVENTS, UPSERT, WINDOWED
 
         required = {f.name for f in pipeline.fields if f.required or f.name == pipeline.event_time_field}
         if pipeline.kind in (EVENTS, UPSERT):
@@ -151,6 +155,7 @@ class Decoding:
             dict(registry) if fmt.uses_registry and registry is not None else None,
             registry_outage_s,
             fmt.reader_schema,
+            pipeline.kind == WINDOWED,
         )
 
     def to_option(self) -> str:
@@ -164,6 +169,7 @@ class Decoding:
                 "registry": None if self.registry is None else dict(self.registry),
                 "registry_outage_s": self.registry_outage_s,
                 "reader_schema": self.reader_schema,
+                "keep_values": self.keep_values,
             }
         )
 
@@ -188,6 +194,7 @@ class Decoding:
             doc.get("registry"),
             float(doc.get("registry_outage_s", 60.0)),
             doc.get("reader_schema"),
+            bool(doc.get("keep_values", False)),
         )
 
     @property
@@ -516,9 +523,13 @@ class RecordDecoder:
                     column = pc.if_else(mask, pa.array(patch, column.type), column)
                 arrays.append(column)
         stamps = pa.array(timestamps_ms, pa.int64()).cast(pa.timestamp("ms")).cast(pa.timestamp("us", tz="UTC"))
+        if self.decoding.keep_values:
+            raw = pa.array(values, pa.binary())
+        else:  # a reject's only
+            raw = pa.array(kept, pa.binary()) if slow else pa.nulls(n, pa.binary())
         head = [
             pa.array(keys, pa.binary()),
-            pa.array(kept, pa.binary()) if slow else pa.nulls(n, pa.binary()),
+            raw,
             pa.repeat(pa.scalar(topic, pa.string()), n),
             pa.repeat(pa.scalar(partition, pa.int32()), n),
             pa.array(offsets, pa.int64()),

@@ -80,16 +80,21 @@ class BatchResult:
 
     ``rows`` are small enough for the driver to stage (window aggregates); ``files`` were written by the Spark
     tasks (raw events, upserts, and the raw events' rejects). ``rejects``: the reject rows
-    (:data:`QUERY_REJECT_COLUMNS`) the driver stages, unless the tasks wrote them. ``metrics`` go to the entry of
-    the pipeline's first table.
+    (:data:`QUERY_REJECT_COLUMNS`) the driver stages, unless the tasks wrote them. ``late``: a windowed batch's late
+    events, in the same columns, staged into the rejects table beside the rejects (their reason starts ``late:``) and
+    counted apart. ``metrics`` go to the entry of the pipeline's first table.
     """
 
-    records: int  # valid events read
+    records: int  # valid events read, late ones included
     rows: dict[str, pa.Table] = field(default_factory=dict)
     rejects: pa.Table | None = None
     files: dict[str, tuple[StagedFile, ...]] = field(default_factory=dict)
-    late_events: int = 0
+    late: pa.Table | None = None
     metrics: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def late_events(self) -> int:
+        return 0 if self.late is None else self.late.num_rows
 
     def row_count(self, table: str) -> int:
         if table in self.rows:
@@ -222,9 +227,14 @@ class BatchStager:
                 return
 
         result = self.shape.compute(batch, offsets, lambda t: staging_folder(t.table, self.query_id, batch_id))
+        rejects_name = self.rejects_target.output.name
         if result.rejects is not None:
-            result.rows[self.rejects_target.output.name] = self._reject_rows(result.rejects, batch_id)
-        rejects = result.row_count(self.rejects_target.output.name)
+            result.rows[rejects_name] = self._reject_rows(result.rejects, batch_id)
+        rejects = result.row_count(rejects_name)  # malformed: the late events join their table below
+        if result.late_events:
+            assert result.late is not None and rejects_name not in result.files  # the driver stages a windowed batch
+            kept = [result.rows[rejects_name]] if rejects_name in result.rows else []
+            result.rows[rejects_name] = pa.concat_tables([*kept, self._reject_rows(result.late, batch_id)])
         fault_point("stage.after_compute", batch_id)
         staged = StagedBatch(
             batch_id,

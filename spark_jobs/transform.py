@@ -5,10 +5,10 @@ for a valid event) and, for a reject, the raw value. The query is stateless: one
 coordinates, the reason and, for a reject, the raw key and value. What else a row carries depends on the
 pipeline's kind (:func:`build_output`):
 
-- ``windowed``: the fields the aggregations and the group-by read, and the event time (null for a reject, so a
-  reject never moves the watermark). The staging sink aggregates windows and carries the event-time watermark
-  itself (``spark_jobs.window_state``), so each batch reads Kafka once and closes every window its own events
-  move the watermark past.
+- ``windowed``: the fields the aggregations and the group-by read, the event time (null for a reject, so a
+  reject never moves the watermark), and every record's Kafka key and value (a late event keeps them). The
+  staging sink aggregates windows and carries the event-time watermark itself (``spark_jobs.window_state``), so
+  each batch reads Kafka once and closes every window its own events move the watermark past.
 - ``events``: every field and the Kafka metadata columns asked for, and :data:`TARGET`, the table the row goes to
   (a route's, the default table, or none: an event without a route is a reject when the spec says so).
 - ``upsert``: as ``events``, plus :data:`DELETE` (a tombstone: a null value, whose key fields come from the Kafka
@@ -59,15 +59,20 @@ def window_aggregates(events: DataFrame, pipeline: PipelineSpec) -> DataFrame:
     )
 
 
-def _reject_columns(reason: Column) -> list[Column]:
-    is_reject = reason.isNotNull()
+def _reject_columns(reason: Column, payload_of_all: bool = False) -> list[Column]:
+    """A rejects table's columns of the row; the Kafka key and value of a reject only, or of every row when
+    ``payload_of_all`` (a windowed pipeline's late events keep theirs)."""
+
+    def payload(name: str) -> Column:
+        return (F.col(name) if payload_of_all else F.when(reason.isNotNull(), F.col(name))).alias(name)
+
     return [
         F.col("topic"),
         F.col("partition"),
         F.col("offset"),
         F.col("timestamp").alias("kafka_timestamp"),
-        F.when(is_reject, F.col("key")).alias("key"),
-        F.when(is_reject, F.col("value")).alias("value"),
+        payload("key"),
+        payload("value"),
         reason.alias("reason"),
     ]
 
@@ -123,5 +128,7 @@ def build_output(events: DataFrame, pipeline: PipelineSpec) -> DataFrame:
     is_reject = F.col("reason").isNotNull()
     read = sorted({a.field for a in pipeline.aggregations if a.field} | set(pipeline.group_by))
     return events.select(
-        F.when(~is_reject, F.col(pipeline.event_time_field)).alias(EVENT_TIME), *read, *_reject_columns(F.col("reason"))
+        F.when(~is_reject, F.col(pipeline.event_time_field)).alias(EVENT_TIME),
+        *read,
+        *_reject_columns(F.col("reason"), payload_of_all=True),
     )

@@ -5,8 +5,9 @@ and late events need a second, per-event branch: their union scanned the source 
 Structured Streaming does not reuse exchanges within a micro-batch. So the query is stateless (it still
 tracks the event-time watermark in its offset log) and the sink aggregates each batch itself:
 
-1. the batch's valid events whose window ended at or before the watermark the batch before left behind
-   are late: dropped and counted (those windows were written already);
+1. the batch's valid events whose (last) window ended at or before the watermark the batch before left behind
+   are late: left out of the windows (those were written already), counted, and kept as rows of the rejects
+   table with the reason :func:`late_reason` gives (``spark_jobs.windowed``);
 2. the other valid events become partial aggregates per window and group-by key (``partial_columns``; with
    hopping windows an event belongs to several) and are merged with the open windows left by the batch before
    (``merge``);
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import decimal
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -51,6 +53,8 @@ STATE_DIR = "krishiv/window-state"
 WATERMARK_KEY = b"krishiv.watermark_ms"
 MODE_KEY = b"krishiv.output_mode"  # the output mode the open windows were written in (update: already written)
 _SUM, _COUNT = "__sum", "__count"
+#: How a late event's reason in the rejects table starts (a malformed record's never does).
+LATE_PREFIX = "late: "
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,20 @@ def check_output_mode(pipeline: PipelineSpec, checkpoint: Checkpoint) -> None:
     refused = mode_switch_refused(pipeline, store.load_before(start + 1), str(checkpoint.path))
     if refused is not None:
         raise refused
+
+
+def _instant(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def late_reason(window_start_ms: int, window_end_ms: int, watermark_ms: int) -> str:
+    """A late event's reason in the rejects table: its (last) window and the watermark that had closed it, in UTC,
+    e.g. ``late: window [2026-01-01T00:01:00.000Z, 2026-01-01T00:02:00.000Z) closed at watermark
+    2026-01-01T00:02:05.000Z``."""
+    return (
+        f"{LATE_PREFIX}window [{_instant(window_start_ms)}, {_instant(window_end_ms)}) closed at watermark "
+        f"{_instant(watermark_ms)}"
+    )
 
 
 def advance(watermark_ms: int, max_event_time_ms: int | None, delay_ms: int) -> int:

@@ -3,10 +3,13 @@
 One Spark aggregation over the batch gives, per window (tumbling, or hopping: an event belongs
 to every window of ``window`` length starting at a multiple of ``slide`` that holds it) and group-by key, the
 partial aggregates, the rows, the latest event time, whether the window was closed by the watermark the batch
-before left (its events are late: dropped) and whether it is the event's last window (so each event is counted
+before left (its events are late: left out) and whether it is the event's last window (so each event is counted
 once, whatever the number of windows it falls in: an event is late when its last window is closed). The same
-job carries the batch's rejects: each is a group of its own (keyed by its partition and offset, which no valid
-event's group has) holding its reject columns, so Kafka is read once and nothing is cached.
+job carries the batch's rejects and late events: each is a group of its own (keyed by its partition and offset,
+which no other group has; a late event's in its last window) holding its rejects-table columns (a late event's
+payload too), so Kafka is read once and nothing is cached. A late event becomes a row of the rejects table whose
+reason names its last window and the watermark that closed it (``window_state.late_reason``): the watermark comes
+from the state of the batch before, in the checkpoint, so a replay keeps the same late events.
 :mod:`spark_jobs.window_state` merges the partials into the open windows and moves the watermark.
 
 Output mode ``append`` writes a window once, when the watermark passes it. ``update`` writes, in each batch,
@@ -34,6 +37,7 @@ from spark_jobs.window_state import (
     advance,
     close,
     final_values,
+    late_reason,
     merge,
     mode_switch_refused,
     partial_columns,
@@ -42,6 +46,7 @@ from spark_jobs.window_state import (
 
 _LATE, _LAST, _ROWS, _LATEST = "__late", "__last", "__rows", "__latest"
 _REJECT, _REJECT_PARTITION, _REJECT_OFFSET = "__reject", "__reject_partition", "__reject_offset"
+_IS_REJECT = "__is_reject"
 
 
 def event_windows(pipeline: PipelineSpec):
@@ -81,6 +86,7 @@ class WindowedShape:
             late = F.col("__window.end") <= F.timestamp_millis(F.lit(before.watermark_ms))
         is_last = F.unix_millis(F.col("__window.end")) == last_window_end_ms(self.pipeline)
         is_reject = F.col("reason").isNotNull()
+        own = is_reject | (late & is_last)  # a reject, or a late event in its last window: a group of its own
         groups = (
             # Spark's window drops a row without a time: a reject is given the epoch, and its own group.
             batch.withColumn(EVENT_TIME, F.when(is_reject, F.timestamp_millis(F.lit(0))).otherwise(F.col(EVENT_TIME)))
@@ -91,23 +97,25 @@ class WindowedShape:
                 *self.pipeline.group_by,
                 late.alias(_LATE),
                 is_last.alias(_LAST),
-                F.when(is_reject, F.col("partition")).alias(_REJECT_PARTITION),
-                F.when(is_reject, F.col("offset")).alias(_REJECT_OFFSET),
+                is_reject.alias(_IS_REJECT),
+                F.when(own, F.col("partition")).alias(_REJECT_PARTITION),
+                F.when(own, F.col("offset")).alias(_REJECT_OFFSET),
             )
             .agg(
                 *partial_columns(self.pipeline),
                 F.count(F.lit(1)).alias(_ROWS),
                 F.max(F.unix_millis(F.col(EVENT_TIME))).alias(_LATEST),
-                F.first(F.when(is_reject, F.struct(*QUERY_REJECT_COLUMNS)), ignorenulls=True).alias(_REJECT),
+                F.first(F.when(own, F.struct(*QUERY_REJECT_COLUMNS)), ignorenulls=True).alias(_REJECT),
             )
             .toArrow()
         )
-        rejected = pc.is_valid(groups.column(_REJECT_PARTITION))
+        rejected = groups.column(_IS_REJECT)
         # A reject falls in every window of its (epoch) time when hopping: it is taken from its last one.
         rejects = groups.filter(pc.and_(rejected, groups.column(_LAST))).column(_REJECT)
-        groups = groups.filter(pc.invert(rejected)).drop_columns([_REJECT_PARTITION, _REJECT_OFFSET, _REJECT])
+        groups = groups.filter(pc.invert(rejected))
+        late_rows = _late_rows(groups.filter(pc.is_valid(groups.column(_REJECT_PARTITION))), before.watermark_ms)
+        groups = groups.drop_columns([_IS_REJECT, _REJECT_PARTITION, _REJECT_OFFSET, _REJECT])
         lasts = groups.filter(groups.column(_LAST))
-        late_events = pc.sum(lasts.filter(lasts.column(_LATE)).column(_ROWS)).as_py() or 0
         valid_events = pc.sum(lasts.column(_ROWS)).as_py() or 0
         latest_ms = pc.max(groups.column(_LATEST)).as_py()
         watermark = advance(before.watermark_ms, latest_ms, self.pipeline.watermark_delay_ms)
@@ -123,9 +131,19 @@ class WindowedShape:
             valid_events,
             rows={self.target.output.name: rows},
             rejects=pa.Table.from_struct_array(rejects.combine_chunks()),
-            late_events=late_events,
+            late=late_rows,
             metrics={"watermark_ms": watermark, "late_watermark_ms": before.watermark_ms},
         )
+
+
+def _late_rows(groups: pa.Table, watermark_ms: int) -> pa.Table:
+    """The rejects-table rows (:data:`QUERY_REJECT_COLUMNS`) of the late events, one per group of its own (the
+    event's last window), with the reason naming that window and the watermark that closed it."""
+    rows = pa.Table.from_struct_array(groups.column(_REJECT).combine_chunks())
+    starts = pc.cast(pc.cast(groups.column(WINDOW_START), pa.timestamp("ms", tz="UTC")), pa.int64()).to_pylist()
+    ends = pc.cast(pc.cast(groups.column(WINDOW_END), pa.timestamp("ms", tz="UTC")), pa.int64()).to_pylist()
+    reasons = [late_reason(start, end, watermark_ms) for start, end in zip(starts, ends, strict=True)]
+    return rows.set_column(rows.schema.get_field_index("reason"), "reason", pa.array(reasons, pa.string()))
 
 
 def _touched(merged: pa.Table, partials: pa.Table, pipeline: PipelineSpec) -> pa.Table:
