@@ -18,6 +18,13 @@ from typing import Any
 
 from krishiv_core.client_settings import parse_properties, resolve
 from krishiv_core.errors import ConfigError
+from krishiv_core.postgres_location import (
+    CATALOG_FORM,
+    LEDGER_FORM,
+    libpq_uri_problem,
+    location_refused,
+    sqlalchemy_uri_problem,
+)
 from krishiv_core.spec_values import (
     did_you_mean,
     expect,
@@ -223,6 +230,12 @@ def parse_iceberg(doc: Mapping[str, Any], env: Mapping[str, str]) -> IcebergSett
             # The scheme only: the rest of a URI may carry a password.
             f"expected sqlite:///PATH, postgresql+psycopg://… or http(s)://… (REST), got a {scheme!r} URI",
         )
+    if scheme.startswith("postgresql"):  # read by SQLAlchemy's psycopg dialect, as the catalog will be
+        uri = "postgresql+psycopg://" + iceberg.catalog_uri.split("://", 1)[-1]
+        if problem := sqlalchemy_uri_problem(uri):
+            raise ConfigError(
+                "iceberg.catalog_uri", location_refused(problem, "it (or $KRISHIV_ICEBERG_CATALOG_URI)", CATALOG_FORM)
+            )
     return iceberg
 
 
@@ -269,7 +282,11 @@ def parse_storage(doc: Mapping[str, Any]) -> StorageSettings:
         ),
         ("storage.ledger_path", storage.ledger_path, "a path, duckdb:///path or postgresql://…", _LEDGER_NEEDS),
     ):
-        if name == "storage.ledger_path" and value.startswith((*SERVER_LEDGER_SCHEMES, DUCKDB_LEDGER_SCHEME)):
+        if name == "storage.ledger_path" and value.startswith(SERVER_LEDGER_SCHEMES):
+            if problem := libpq_uri_problem(value, own=("schema",)):
+                raise ConfigError(name, location_refused(problem, "it (or $KRISHIV_LEDGER_PATH)", LEDGER_FORM))
+            continue
+        if name == "storage.ledger_path" and value.startswith(DUCKDB_LEDGER_SCHEME):
             continue
         if m := _URI_SCHEME.match(value):
             if m.group(1).lower() == "file":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from krishiv_core.errors import KrishivError
+from krishiv_core.postgres_location import LEDGER_FORM, location_refused
 from krishiv_core.runbook import runbook
 
 
@@ -63,6 +64,15 @@ class LedgerCorrupt(OutboxError):
         )
         self.path = path
         self.found = found
+
+
+class LedgerLocationWrong(OutboxError):
+    """A PostgreSQL ledger location that cannot be right (it does not parse, names a parameter libpq does not know, a
+    port that is not a number): refused before any connection, since no retry makes it right."""
+
+    def __init__(self, shown: str, problem: str) -> None:
+        super().__init__(f"ledger {shown}: {location_refused(problem, 'the location', LEDGER_FORM)}")
+        self.path = shown
 
 
 class LedgerGone(OutboxError):

@@ -35,8 +35,9 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 import psycopg
 
 from krishiv_core.catalog import redact
+from krishiv_core.postgres_location import libpq_uri_problem
 from krishiv_core.spec_sections import SERVER_LEDGER_SCHEMES
-from outbox.errors import LedgerBusyError, LedgerCorrupt, LedgerUnavailable
+from outbox.errors import LedgerBusyError, LedgerCorrupt, LedgerLocationWrong, LedgerUnavailable
 from outbox.ledger.dialect import Dialect, postgres_dialect
 from outbox.ledger.schema import POSTGRES_MIGRATIONS
 
@@ -69,6 +70,10 @@ _SESSION_LOST: tuple[type[Exception], ...] = (
     psycopg.errors.IdleInTransactionSessionTimeout,
 )
 DIALECT = postgres_dialect(POSTGRES_MIGRATIONS)
+#: How psycopg says libpq refused a connection before trying it; followed by ``invalid``, a setting's value was
+#: wrong (``invalid sslmode value: "requir"``), which no retry makes right.
+_BAD_CONNECTION = "connection is bad: "
+_SETTING_REFUSED = _BAD_CONNECTION + "invalid "
 
 
 def is_postgres_location(location: str) -> bool:
@@ -117,8 +122,11 @@ def _reason(exc: BaseException) -> str:
 
 def _refusal(exc: psycopg.OperationalError) -> str | None:
     """What the server said when it refused the connection itself (authentication, a missing database, a bad
-    setting), or None if it did not answer (down, starting up, shutting down: worth waiting for)."""
+    setting), or what libpq said of a setting's value before connecting (``invalid sslmode value``), or None if it
+    did not answer (down, starting up, shutting down: worth waiting for)."""
     text = str(exc)
+    if text.startswith(_SETTING_REFUSED):
+        return _reason(exc).removeprefix(_BAD_CONNECTION)
     if "FATAL:" not in text or "the database system is" in text:
         return None
     return " ".join(text.split("FATAL:", 1)[1].split())
@@ -135,6 +143,8 @@ class PostgresLedger:
     dialect: Dialect = DIALECT
 
     def __init__(self, uri: str, lock_timeout_s: float) -> None:
+        if problem := libpq_uri_problem(uri, own=("schema",)):
+            raise LedgerLocationWrong(redact(uri), problem)
         parts = urlsplit(uri)
         query = parse_qsl(parts.query, keep_blank_values=True)
         schemas = [value for key, value in query if key == "schema"]

@@ -136,7 +136,7 @@ def test_status_lineage_and_verify_show_every_route_of_a_fan_out(tmp_path, broke
     assert main(["--spec", str(spec_file), "status"]) == 0
     out = capsys.readouterr().out
     assert f"orders_routed (events) reads {topic} into 4 tables" in out
-    assert "events: 1000 read, 7 rejected, 0 dropped as late" in out  # the counts of the first route's entries
+    assert "events: 1000 read, 7 rejected, 0 late" in out  # the counts of the first route's entries
     for name in names:
         assert f"  {name}: 3 pending, 0 committed, 0 rows appended\n    no commit yet\n" in out
     assert max(len(line) for line in out.splitlines()) <= 80
@@ -202,6 +202,46 @@ def test_bad_config_is_reported_with_the_field(tmp_path: Path, capsys) -> None:
     )
     assert main(["--spec", str(spec), "status"]) == 2
     assert "pipelines[0].watermark_delay" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("one_line_errors")
+@pytest.mark.parametrize(
+    ("setting", "location", "said"),
+    [
+        ("KRISHIV_LEDGER_PATH", "postgresql://k:pw-s3cret@127.0.0.1/test?sslmod=require", "unknown parameter 'sslmod'"),
+        ("KRISHIV_LEDGER_PATH", "postgresql://k:pw-s3cret@[oops/test", "does not parse"),
+        ("KRISHIV_LEDGER_PATH", "postgresql://k:pw-s3cret@127.0.0.1:54x/test", "port '54x' is not a number"),
+        (
+            "KRISHIV_ICEBERG_CATALOG_URI",
+            "postgresql://k:pw-s3cret@127.0.0.1/test?sslmod=1",
+            "unknown parameter 'sslmod'",
+        ),
+        ("KRISHIV_ICEBERG_CATALOG_URI", "postgresql://k:pw-s3cret@[oops/test", "host '[oops' is not a host name"),
+        ("KRISHIV_ICEBERG_CATALOG_URI", "postgresql://k:pw-s3cret@127.0.0.1:54x/test", "port '54x' is not a number"),
+        ("--to", "postgresql://k:pw-s3cret@127.0.0.1:54x/test", "port '54x' is not a number"),
+    ],
+)
+def test_a_location_that_cannot_be_right_is_one_line_with_no_retry(
+    tmp_path: Path, capsys, monkeypatch, setting: str, location: str, said: str
+) -> None:
+    """The issue's typos, with the ledger or the catalog on PostgreSQL: one line naming the part that is wrong and
+    the way out, exit 2; not a driver's traceback, nor a server that "did not answer" after the retry budget."""
+    spec = _spec_file(tmp_path)
+    monkeypatch.setenv("KRISHIV_LEDGER_LOCK_TIMEOUT_S", "2")  # were it retried, the line would say so soon
+    if setting == "--to":
+        from outbox.ledger import Ledger
+
+        Ledger(load_spec(str(spec)).ledger_location()).migrate()  # a ledger to copy
+        commands = [["ledger-copy", "--to", location]]
+    else:
+        monkeypatch.setenv(setting, location)
+        commands = [["status"], ["commit"], ["run", "--once"]]
+    for command in commands:
+        assert main(["--spec", str(spec), *command]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1, err
+        assert said in err and "did not answer" not in err and "pw-s3cret" not in err
+        assert err.strip().endswith("Recovery runbook > A location that cannot be right)")
 
 
 # ------------------------------------------------------------------ destructive commands and their folders

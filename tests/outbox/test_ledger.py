@@ -36,9 +36,11 @@ from outbox.errors import (
     LedgerBusyError,
     LedgerCorrupt,
     LedgerGone,
+    LedgerLocationWrong,
     LedgerSchemaError,
     LedgerUnavailable,
     OffsetSkipConflict,
+    ledger_outage,
 )
 from outbox.ledger import Ledger
 from outbox.ledger.connection import is_server_location, open_backend
@@ -828,6 +830,33 @@ def test_a_wrong_postgresql_database_is_refused_at_once() -> None:
         assert f"ledger {ledger.path} refused the connection: " in message
         assert f'database "{missing}" does not exist' in message  # the server's own words
         assert info.value.written is False
+
+
+@pytest.mark.parametrize(
+    ("location", "said"),
+    [
+        ("postgresql://krishiv:s3cret-pw@127.0.0.1/ledgers?sslmod=require", "unknown parameter 'sslmod'"),
+        ("postgresql://krishiv:s3cret-pw@[127.0.0.1/ledgers", "it does not parse"),
+        ("postgresql://krishiv:s3cret-pw@127.0.0.1:54x/ledgers", "port '54x' is not a number"),
+    ],
+)
+def test_a_postgresql_location_that_cannot_be_right_is_refused_before_connecting(location: str, said: str) -> None:
+    """No server is asked (none would make it right), and no retry is made: the ledger is not even opened."""
+    with pytest.raises(LedgerLocationWrong) as info:
+        Ledger(location, lock_timeout_s=30.0)
+    message = str(info.value)
+    assert said in message and "s3cret-pw" not in message
+    assert message.endswith(f"{RUNBOOK} > A location that cannot be right)")
+
+
+@pytest.mark.postgres
+def test_a_setting_libpq_refuses_when_it_connects_is_refused_without_a_retry() -> None:
+    """libpq checks an enumerated value (``sslmode``) only when it connects, before reaching the server: a refusal."""
+    ledger = Ledger(f"{PG_ADMIN_DSN}{'&' if '?' in PG_ADMIN_DSN else '?'}sslmode=requir", lock_timeout_s=30.0)
+    with pytest.raises(LedgerUnavailable) as info:
+        ledger.entries()
+    assert info.value.refused and not ledger_outage(info.value), "no waiting makes the setting right"
+    assert 'refused the connection: invalid sslmode value: "requir"' in str(info.value)
 
 
 # ------------------------------------------------------------------------------------------- not a ledger
