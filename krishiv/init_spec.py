@@ -1,13 +1,12 @@
 """``krishiv init``: a commented spec for a topic, its fields inferred from a sample of the topic's records.
 
-The sample is the first records of each partition (up to ``--sample`` in all). Each JSON object's top-level keys
-become fields, typed so that the rule of docs/spec.md "Field types" reads every sampled value: a string that is always
-an ISO date is a ``date``, an ISO time a ``timestamp``, a number in plain digits (``"12.50"``) a decimal wide
-enough for it; an integer is a ``long`` (a ``timestamp_ms`` when the name says time and the values are epoch
-milliseconds of 2001 to 2286); a number with a fraction a decimal; ``true``/``false`` a ``boolean``. A key missing
-from a record or null in one is optional. Objects, arrays and keys of mixed types are left out, each with a comment.
-Records in the Confluent wire format or Debezium's envelope are recognised and the spec says what to set instead.
-The user reads the fields it prints and the file it writes, and confirms with ``krishiv check``.
+The sample is the first records of each partition, or the first lines of a file (``--sample``, 500 unless told;
+``all`` reads every one), and init says how many it read of how many. Each JSON object's top-level keys become
+fields, each typed by what most of its sampled values fit (``krishiv/init_types.py``: the rule, and the comment
+naming the values that will be rejects). A key missing from a record or null in one is optional. A sampled record
+that is not a JSON object is named in the spec's header: it will be a reject. Records in the Confluent wire format
+or Debezium's envelope are recognised and the spec says what to set instead. The user reads the fields it prints
+and the file it writes, and confirms with ``krishiv check``.
 """
 
 from __future__ import annotations
@@ -16,93 +15,59 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import date
-from decimal import Decimal
 from pathlib import Path
-from typing import Any
 
+import msgspec
+
+from krishiv.init_types import FieldGuess, json_kind
 from krishiv_core.errors import ConfigError
 from spark_jobs.record_decoder import iso_time
 
 KINDS = ("events", "upsert", "windowed")
-_PLAIN_DECIMAL = re.compile(r"-?\d+(\.\d+)?")
-_TIME_NAME = re.compile(r"(time|_ts$|^ts$|_at$|_ms$|date)", re.IGNORECASE)
-_EPOCH_MS = (978_307_200_000, 9_999_999_999_999)  # 2001-01-01 .. 2286-11-20
-SAMPLE_TIMEOUT_S = 10.0
+SAMPLE_TIMEOUT_S = 10.0  # a topic's sample ends once nothing more arrived for this long
+_RAW_OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_TEXT = msgspec.json.Decoder(str)
 
 
 @dataclass
-class FieldGuess:
-    name: str
-    kinds: set[str] = field(default_factory=set)  # JSON kinds seen: string, integer, number, boolean, object, array
-    values: list[Any] = field(default_factory=list)
-    missing_or_null: bool = False
+class Sampled:
+    """The records init read: each value and key, where it was, and how many there were to read."""
 
-    def spec_type(self) -> tuple[str | None, str]:
-        """(the field's type, a comment): None when the sample does not settle one."""
-        kinds = self.kinds
-        if kinds & {"object", "array"}:
-            return None, f"left out: {self.name} holds JSON {' and '.join(sorted(kinds & {'object', 'array'}))}s"
-        if kinds == {"boolean"}:
-            return "boolean", ""
-        if kinds <= {"integer", "number"} and kinds:
-            if kinds == {"integer"}:
-                low, high = _EPOCH_MS
-                if _TIME_NAME.search(self.name) and all(low <= v <= high for v in self.values):
-                    return "timestamp_ms", "epoch milliseconds"
-                return "long", ""
-            if any("E" in str(v) for v in self.values if isinstance(v, Decimal)):
-                return "double", "exponent notation in the sample"
-            return _decimal([format(v, "f") for v in self.values]), "or double"
-        if kinds == {"string"}:
-            texts = self.values
-            if all(_is_date(t) for t in texts):
-                return "date", ""
-            if all(_is_time(t) for t in texts):
-                return "timestamp", "ISO 8601"
-            if all(_PLAIN_DECIMAL.fullmatch(t) for t in texts) and any("." in t for t in texts):
-                return _decimal(texts), "numbers sent as strings"
-            return "string", ""
-        if "string" in kinds and kinds <= {"string", "integer", "number"}:
-            texts = [v if isinstance(v, str | int) else format(v, "f") for v in self.values]
-            texts = [str(v) for v in texts]
-            # A decimal reads a JSON number and a string of one; whole numbers alone may be ids: left out, as before.
-            if all(_PLAIN_DECIMAL.fullmatch(v) for v in texts) and any("." in v for v in texts):
-                return _decimal(texts), "numbers, some sent as strings"
-        if not kinds:
-            return None, f"left out: {self.name} was null in every sampled record"
-        return None, f"left out: {self.name} holds mixed types ({', '.join(sorted(kinds))})"
+    noun: str  # what was read: "line", "record"
+    of: str  # where: the file, "topic T"
+    total: int  # the file's lines, or the topic's offsets (about its records: markers and gaps count)
+    values: list[bytes | None] = field(default_factory=list)
+    keys: list[bytes | None] = field(default_factory=list)
+    where: list[str] = field(default_factory=list)  # each record's place: "line 17", "partition 0 offset 9"
+    complete: bool = False  # every one was read
+
+    @property
+    def described(self) -> str:
+        """``all 40 lines of F``, or ``the first 500 of 5,000 lines of F`` and how to read more."""
+        n = len(self.values)
+        if self.complete:
+            return f"{'all ' if n > 1 else ''}{n:,} {self.noun}{'' if n == 1 else 's'} of {self.of}"
+        about = "about " if self.noun == "record" else ""
+        return (
+            f"the first {n:,} of {about}{self.total:,} {self.noun}s of {self.of} "
+            "(--sample N reads more, --sample all every one)"
+        )
 
 
-def _is_date(text: str) -> bool:
+def sample_file(path: str, limit: int | None) -> Sampled:
+    """The first ``limit`` non-blank lines of a JSON lines file (``None``: all), each named by its line number."""
     try:
-        date.fromisoformat(text)
-        return len(text) == 10
-    except ValueError:
-        return False
-
-
-def _is_time(text: str) -> bool:
-    """A time by the field rule's reading of a ``timestamp`` (a date alone is a ``date`` here)."""
-    return iso_time(text) is not None and not _is_date(text)
-
-
-def _decimal(texts: Sequence[str]) -> str:
-    """A decimal that holds every sampled value, with room for four more integer digits."""
-    whole = max(len(t.lstrip("-").split(".")[0].lstrip("0")) for t in texts)
-    scale = max(len(t.split(".")[1]) if "." in t else 0 for t in texts)
-    precision = min(38, whole + scale + 4)
-    return f"decimal({precision},{min(scale, precision)})"
-
-
-def _kind(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, Decimal | float):
-        return "number"
-    return {str: "string", dict: "object", list: "array"}[type(value)]
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError("--file", f"cannot read {path}: {exc}") from None
+    lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    read = lines[:limit]
+    sampled = Sampled("line", path, len(lines), complete=len(read) == len(lines))
+    for n, line in read:
+        sampled.values.append(line.encode())
+        sampled.keys.append(None)
+        sampled.where.append(f"line {n}")
+    return sampled
 
 
 @dataclass
@@ -113,54 +78,69 @@ class Sample:
     debezium: int = 0
     fields: dict[str, FieldGuess] = field(default_factory=dict)
     key_fields: list[str] = field(default_factory=list)  # the Kafka key's JSON object keys, when it is one
+    not_objects: list[str] = field(default_factory=list)  # where the records that are no JSON object were: rejects
 
 
-def analyse(values: Sequence[bytes | None], keys: Sequence[bytes | None]) -> Sample:
-    """What the sampled records say about the topic's format and fields."""
+def _object(raw: bytes | msgspec.Raw | None) -> dict[str, bytes] | None:
+    """A JSON object's members as their tokens, or None for anything else (a string that is not UTF-8 included,
+    which makes the whole record malformed JSON to the field rule)."""
+    if raw is None:
+        return None
+    try:
+        members = _RAW_OBJECT.decode(raw)
+        msgspec.json.decode(raw)  # every string in it valid
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        return None
+    return {name: bytes(token) for name, token in members.items()}
+
+
+def analyse(values: Sequence[bytes | None], keys: Sequence[bytes | None], where: Sequence[str] = ()) -> Sample:
+    """What the sampled records say about the topic's format and fields (``where``: each record's place)."""
     sample = Sample(records=len(values))
-    docs = []
-    for value in values:
+    places = list(where) or [f"record {n}" for n in range(1, len(values) + 1)]
+    docs: list[tuple[dict[str, bytes], str]] = []
+    for value, place in zip(values, places, strict=True):
         if value is None:
             continue
         if value[:1] == b"\x00":
             sample.wire_format += 1
             continue
-        try:
-            doc = json.loads(value, parse_float=Decimal)  # a fraction's digits as sent
-        except (ValueError, UnicodeDecodeError):
+        doc = _object(value)
+        if doc is None:
+            sample.not_objects.append(place)
             continue
-        if isinstance(doc, dict):
-            if {"op", "after"} <= set(doc) or {"op", "after"} <= set(doc.get("payload") or {}):
-                sample.debezium += 1
-                payload = doc.get("payload", doc)
-                doc = payload.get("after") or payload.get("before") or {}
-            docs.append(doc)
+        payload = _object(doc.get("payload"))
+        envelope = doc if {"op", "after"} <= set(doc) else payload if {"op", "after"} <= set(payload or {}) else None
+        if envelope is not None:
+            sample.debezium += 1
+            doc = _object(envelope.get("after")) or _object(envelope.get("before")) or {}
+        docs.append((doc, place))
     sample.json_objects = len(docs)
-    for doc in docs:
-        for name, value in doc.items():
+    for doc, place in docs:
+        for name, token in doc.items():
             guess = sample.fields.setdefault(name, FieldGuess(name))
-            if value is None:
+            if token == b"null":
                 guess.missing_or_null = True
-                continue
-            guess.kinds.add(_kind(value))
-            guess.values.append(value)
+            else:
+                guess.seen.append((token, place))
     for guess in sample.fields.values():
-        if any(guess.name not in doc for doc in docs):
+        if any(guess.name not in doc for doc, _ in docs):
             guess.missing_or_null = True
     for key in keys:
         try:
-            doc = json.loads(key) if key else None
+            key_doc = json.loads(key) if key else None
         except (ValueError, UnicodeDecodeError):
-            doc = None
-        if isinstance(doc, dict):
-            doc = doc.get("payload", doc) if set(doc) == {"schema", "payload"} else doc
-            sample.key_fields = list(doc)
+            key_doc = None
+        if isinstance(key_doc, dict):
+            key_doc = key_doc.get("payload", key_doc) if set(key_doc) == {"schema", "payload"} else key_doc
+            sample.key_fields = list(key_doc)
             break
     return sample
 
 
-def sample_topic(bootstrap: str, topic: str, settings: dict[str, str], limit: int) -> tuple[list, list]:
-    """Up to ``limit`` records from the start of the topic's partitions: (values, keys)."""
+def sample_topic(bootstrap: str, topic: str, settings: dict[str, str], limit: int | None) -> Sampled:
+    """Up to ``limit`` records (``None``: all) from the start of the topic's partitions, read until each
+    partition's high watermark when sampling began, or until nothing more arrives for ``SAMPLE_TIMEOUT_S``."""
     import time
 
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
@@ -183,21 +163,27 @@ def sample_topic(bootstrap: str, topic: str, settings: dict[str, str], limit: in
         if not partitions or metadata.topics[topic].error is not None:
             raise ConfigError("--topic", f"no topic {topic!r} on {bootstrap}: produce to it first (krishiv produce)")
         ends: dict[int, int] = {}  # the partitions still being read, to their high watermark
+        total = 0
         for p in partitions:
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=SAMPLE_TIMEOUT_S)
             if high > low:
                 ends[p] = high
+                total += high - low
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
-        values, keys = [], []
+        sampled = Sampled("record", f"topic {topic}", total)
+        wanted = total if limit is None else limit
         deadline = time.monotonic() + SAMPLE_TIMEOUT_S
-        while ends and len(values) < limit and time.monotonic() < deadline:
-            for msg in consumer.consume(min(500, limit - len(values)), 0.5):
+        while ends and len(sampled.values) < wanted and time.monotonic() < deadline:
+            for msg in consumer.consume(min(500, wanted - len(sampled.values)), 0.5):
+                deadline = time.monotonic() + SAMPLE_TIMEOUT_S
                 if msg.error() is None:
-                    values.append(msg.value())
-                    keys.append(msg.key())
+                    sampled.values.append(msg.value())
+                    sampled.keys.append(msg.key())
+                    sampled.where.append(f"partition {msg.partition()} offset {msg.offset()}")
                     if msg.offset() + 1 >= ends.get(msg.partition(), 0):
                         ends.pop(msg.partition(), None)
-        return values[:limit], keys[:limit]
+        sampled.complete = not ends
+        return sampled
     finally:
         consumer.close()
 
@@ -211,7 +197,8 @@ def spec_text(
     name: str | None = None,
     source: str | None = None,
 ) -> str:
-    """The commented spec for ``topic``, inferred from ``source`` (``lines of F``; by default the topic's records)."""
+    """The commented spec for ``topic``, inferred from ``source`` (what was sampled, as ``Sampled.described`` says
+    it; by default the sample's records of the topic)."""
     pipeline = name or re.sub(r"[^A-Za-z0-9_]", "_", topic)
     if not re.match(r"^[A-Za-z_]", pipeline):
         pipeline = f"p_{pipeline}"
@@ -219,7 +206,8 @@ def spec_text(
     kept = [(g, t, note) for g, t, note in typed if t is not None]
     left = [note for _g, t, note in typed if t is None]
     lines = [
-        f"# Written by krishiv init from {sample.records} {source or f'sampled records of topic {topic}'}.",
+        f"# Written by krishiv init from {source or f'{sample.records} sampled records of topic {topic}'}.",
+        *([f"# {not_objects(sample)}"] if sample.not_objects else []),
         "# Read the fields below and correct what the sample could not know; then: krishiv check",
         "",
         "[kafka]",
@@ -255,6 +243,14 @@ def spec_text(
     return "\n".join(lines) + "\n"
 
 
+def not_objects(sample: Sample) -> str:
+    """The sampled records that are not JSON objects, which the pipeline will make rejects."""
+    n = len(sample.not_objects)
+    shown = ", ".join(sample.not_objects[:3]) + (f" and {n - 3:,} more" if n > 3 else "")
+    said = "is not a JSON object and will be a reject" if n == 1 else "are not JSON objects and will be rejects"
+    return f"{n:,} of {sample.records:,} sampled records {said}: {shown}"
+
+
 def check_kind(sample: Sample, kind: str, key: Sequence[str]) -> None:
     """One line for a sample the kind cannot be written for."""
     if sample.wire_format:
@@ -288,10 +284,10 @@ def _near_times(sample: Sample) -> str:
     """The way out when no field is a time in every record: the fields that are one in most of them."""
     near = []
     for g in sample.fields.values():
-        texts = [v for v in g.values if isinstance(v, str)]
-        times = sum(_is_time(v) for v in texts)
-        if texts and times >= 0.9 * len(g.values):
-            near.append(f"{g.name} is one in {times} of {len(g.values)} sampled values")
+        texts = [_TEXT.decode(token) for token, _ in g.seen if json_kind(token) == "string"]
+        times = sum(iso_time(t) is not None and len(t) != 10 for t in texts)  # a date alone is no event time
+        if texts and times >= 0.9 * len(g.seen):
+            near.append(f"{g.name} is one in {times} of {len(g.seen)} sampled values")
     if not near:
         return (
             " in every sampled record: name one with --file of lines that hold it, or write the spec's fields by hand"

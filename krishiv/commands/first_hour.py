@@ -85,30 +85,26 @@ def cmd_init(args: argparse.Namespace) -> int:
     import os
     import tomllib
 
-    from krishiv.init_spec import analyse, check_kind, sample_topic, spec_text, write_spec
+    from krishiv.init_spec import analyse, check_kind, not_objects, sample_file, sample_topic, spec_text, write_spec
     from krishiv_core.spec import KafkaSettings, parse_spec
 
     output = Path(args.output)
     write_spec(output, "", check_only=True)  # an existing file is refused before the sample is read
     bootstrap = args.bootstrap or os.environ.get("KRISHIV_KAFKA_BOOTSTRAP") or KafkaSettings.bootstrap_servers
     key = [k.strip() for k in args.key.split(",")] if args.key else []
-    if args.file:  # your own JSON lines, before they are on the broker
-        try:
-            lines = [line for line in Path(args.file).read_text().splitlines() if line.strip()][: args.sample]
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError("--file", f"cannot read {args.file}: {exc}") from None
-        values, keys = [line.encode() for line in lines], [None] * len(lines)
-    else:
-        values, keys = sample_topic(bootstrap, args.topic, {}, args.sample)
-    sample = analyse(values, keys)
+    # --file: your own JSON lines, before they are on the broker
+    sampled = sample_file(args.file, args.sample) if args.file else sample_topic(bootstrap, args.topic, {}, args.sample)
+    source = sampled.described
+    sample = analyse(sampled.values, sampled.keys, sampled.where)
     if args.kind == "upsert" and not key and sample.key_fields:
         key = sample.key_fields  # the Kafka key's fields (Debezium's key is the primary key)
     check_kind(sample, args.kind, key)
-    source = f"lines of {args.file}" if args.file else f"sampled records of {args.topic}"
-    text = spec_text(sample, args.topic, args.kind, bootstrap, key, source=source if args.file else None)
+    text = spec_text(sample, args.topic, args.kind, bootstrap, key, source=source)
     parse_spec(tomllib.loads(text), env={})  # what init writes, the spec reader takes
     write_spec(output, text)
-    console.print(f"wrote {output} from {len(values)} {source}; its fields:")
+    console.print(f"wrote {output} from {escape(source)}; its fields:")
+    if sample.not_objects:
+        console.print(escape(not_objects(sample)))
     for line in text.split("[pipelines.fields]\n", 1)[1].splitlines():
         console.print(f"  {escape(line)}")
     console.print(f"correct what the sample could not know, then: krishiv --spec {output} check")

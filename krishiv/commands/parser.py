@@ -37,6 +37,16 @@ def _positive(text: str) -> int:
     return count
 
 
+def _sample_size(text: str) -> int | None:
+    """``init --sample``: a whole number of at least 1, or ``all`` (None: every record)."""
+    if text.strip().lower() == "all":
+        return None
+    try:
+        return _positive(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, or all, got {text!r}") from None
+
+
 def _min_files(text: str) -> int:
     count = _count(text)
     if count < 2:
@@ -211,7 +221,12 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--kind", choices=("events", "upsert", "windowed"), default="events", help="what the table holds")
     i.add_argument("--key", help="upsert: the key field(s), comma-separated (default: the Kafka key's fields)")
     i.add_argument("--bootstrap", help="host:port (default: $KRISHIV_KAFKA_BOOTSTRAP, else 127.0.0.1:9092)")
-    i.add_argument("--sample", type=_positive, default=500, help="how many records to infer the fields from")
+    i.add_argument(
+        "--sample",
+        type=_sample_size,
+        default=500,
+        help="how many records to infer the fields from, the first of each partition or of --file (all: every one)",
+    )
     i.add_argument("--file", help="infer from your own JSON lines file instead of the topic's records")
     i.add_argument("--output", default="krishiv.toml", help="the spec file to write (never overwritten)")
 
