@@ -56,6 +56,19 @@ def status_pipeline(s: PipelineStatus, kind: str, topic: str, merged: set[str]) 
             for p in s.partitions
         ],
         "broker_error": s.broker_error,
+        "leases": [
+            {
+                "name": lease.pipeline,
+                "holder": lease.holder,
+                "host": lease.host,
+                "pid": lease.pid,
+                "acquired_at": _time(lease.acquired_at),
+                "expires_at": _time(lease.expires_at),
+                "epoch": lease.epoch,
+                "alive": lease.alive(),
+            }
+            for lease in s.leases
+        ],
     }
 
 

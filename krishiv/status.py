@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from krishiv.maintenance import maintenance_lease_name
 from krishiv_core.entries import OutboxEntry
 from krishiv_core.spec import KrishivSpec
 from outbox.ledger import Ledger
@@ -59,6 +60,8 @@ class PipelineStatus:
     partitions: list[PartitionLag] = field(default_factory=list)
     broker_error: str | None = None
     tables: list[TableStatus] = field(default_factory=list)  # the first table, then ``other_tables``
+    #: The leases held on it, live or expired: its stager lease, then each table's maintenance lease.
+    leases: list[StagerLease] = field(default_factory=list)
 
 
 def end_offsets(entries: list[OutboxEntry], topic: str) -> dict[str, int]:
@@ -94,11 +97,15 @@ def pipeline_status(
         last_snapshot_id=summary.last_snapshot_id,
         broker_error=broker_error,
     )
-    for name in (table, *other_tables):
+    status_tables = (table, *other_tables)
+    for name in status_tables:
         t = summary if name == table else ledger.table_summary(name, pipeline=pipeline)
         status.tables.append(
             TableStatus(name, t.pending, t.committed, t.committed_records, t.last_commit_at, t.last_snapshot_id)
         )
+    names = [pipeline, *map(maintenance_lease_name, status_tables)]
+    held = {lease.pipeline: lease for lease in ledger.leases(names)}
+    status.leases = [held[name] for name in names if name in held]  # the stager's first
     staged, done = summary.staged_offsets, summary.committed_offsets
     for p in sorted(set(staged) | set(latest or {}), key=int):
         status.partitions.append(PartitionLag(p, (latest or {}).get(p), staged.get(p, 0), done.get(p, 0)))

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from krishiv.lineage import LineageRow
     from krishiv.status import PipelineStatus
     from krishiv_core.spec import KrishivSpec
+    from outbox.ledger.leases import StagerLease
     from outbox.relay import TableCommitReport
 
 #: Digits of an id shown by default (a snapshot id has 19).
@@ -41,6 +42,20 @@ def table_name(spec: KrishivSpec, qualified_name: str, wide: bool = False) -> st
 def when(moment: datetime, wide: bool = False) -> str:
     """``11-22 17:44:40`` (UTC); the ISO timestamp when ``wide``."""
     return moment.isoformat(timespec="seconds") if wide else moment.strftime("%m-%d %H:%M:%S")
+
+
+def lease_text(lease: StagerLease, spec: KrishivSpec, wide: bool = False) -> str:
+    """``stager lease: krishiv run (pid 4242 on host-a), epoch 3, until 11-22 17:44:40 UTC``; ``expired`` past it."""
+    from krishiv.maintenance import LEASE_PREFIX
+
+    what = "stager lease"
+    if lease.pipeline.startswith(LEASE_PREFIX):
+        what = f"maintenance lease of {table_name(spec, lease.pipeline.removeprefix(LEASE_PREFIX), wide)}"
+    state = "until" if lease.alive() else "expired"
+    epoch = f"epoch {lease.epoch}" if lease.epoch is not None else "no epoch"
+    return (
+        f"{what}: {lease.holder} (pid {lease.pid} on {lease.host}), {epoch}, {state} {when(lease.expires_at, wide)} UTC"
+    )
 
 
 def offsets_text(offsets: Mapping[str, Mapping[str, list[int]]] | None, wide: bool = False) -> str:

@@ -27,7 +27,7 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
         read_broker_side,
         status_warnings,
     )
-    from krishiv.views import lag_table, short_id, table_name, when
+    from krishiv.views import lag_table, lease_text, short_id, table_name, when
     from krishiv_core.catalog import qualified
     from krishiv_core.entries import MERGE
     from krishiv_core.env_settings import seconds_from_env
@@ -83,6 +83,8 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
                     f" (snapshot {short_id(t.last_snapshot_id, args.wide)})" if t.last_snapshot_id is not None else ""
                 )
                 console.print(f"    last commit {when(t.last_commit_at, args.wide)} UTC{snapshot}")
+        for lease in s.leases:  # who runs it, or maintains its tables, and the fencing token
+            console.print(f"  {escape(lease_text(lease, spec, args.wide))}")
         if broker_error and broker_error != broker_down:
             err_console.print(f"  [red]broker: {escape(broker_error)}[/]")
         show(lag_table(s), args.wide)

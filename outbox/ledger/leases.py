@@ -13,6 +13,7 @@ import functools
 import os
 import socket
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -229,6 +230,14 @@ class Leases(LedgerConnection):
         """The pipeline's lease row as it stands, live or not."""
         rows = self._read(f"SELECT {_LEASE_COLUMNS} FROM stager_lease WHERE pipeline = ?", [pipeline])
         return StagerLease(*rows[0]) if rows else None
+
+    def leases(self, names: Sequence[str]) -> list[StagerLease]:
+        """The lease rows of ``names`` (pipelines, ``maintenance:<table>``) as they stand, live or not, by name."""
+        if not names:
+            return []
+        marks = ", ".join("?" for _ in names)
+        rows = self._read(f"SELECT {_LEASE_COLUMNS} FROM stager_lease WHERE pipeline IN ({marks}) ORDER BY 1", names)
+        return [StagerLease(*row) for row in rows]
 
     def live_lease(self, pipeline: str) -> StagerLease | None:
         lease = self.current_lease(pipeline)
