@@ -306,8 +306,8 @@ def run_demo(
                     console.print(f"  tombstoned and gone: {', '.join(sorted(gone)) or 'none'}")
                 console.print(sample_table(console, f"  {name}, first rows", _sorted(p, rows)))
             if p is pipelines[0] and p.kind == WINDOWED:
-                late_dropped = sum(b.late_events for b in history)
-                console.print(f"  late events dropped and counted: {late_dropped}")
+                late = sum(b.late_events for b in history)
+                console.print(f"  late events left out of the windows, kept in {p.rejects_table}: {late}")
                 lin = _table(f"  {p.table} lineage (newest last)")
                 for col in ("snapshot", "parent", "batch", "rows added"):
                     lin.add_column(col)

@@ -33,6 +33,7 @@ def status_pipeline(s: PipelineStatus, kind: str, topic: str, merged: set[str]) 
         "kind": kind,
         "topic": topic,
         "events": {"read": s.records_read, "rejected": s.rejects, "late": s.late_events},
+        "late_batches": [{"batch_id": b, "late_events": n} for b, n in s.late_batches],
         "tables": [
             {
                 "table": t.table,

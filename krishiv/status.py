@@ -16,6 +16,7 @@ from krishiv_core.spec import KrishivSpec
 from outbox.ledger import Ledger
 from outbox.ledger.entries import PendingBatch
 from outbox.ledger.leases import StagerLease
+from outbox.ledger.queries import BatchCounts
 
 #: ``krishiv status`` warns of batches pending longer than this many seconds (``KRISHIV_STATUS_PENDING_S``).
 PENDING_AGE_ENV = "KRISHIV_STATUS_PENDING_S"
@@ -55,6 +56,9 @@ class PipelineStatus:
     records_read: int = 0
     rejects: int = 0
     late_events: int = 0
+    #: (batch id, late events) of the recent batches that had late events, newest first (:func:`late_batches`);
+    #: the events are rows of the pipeline's rejects table.
+    late_batches: list[tuple[int, int]] = field(default_factory=list)
     last_commit_at: datetime | None = None
     last_snapshot_id: int | None = None
     partitions: list[PartitionLag] = field(default_factory=list)
@@ -71,6 +75,11 @@ def end_offsets(entries: list[OutboxEntry], topic: str) -> dict[str, int]:
         for p, (_start, end) in e.offsets.get(topic, {}).items():
             ends[p] = max(ends.get(p, 0), end)
     return ends
+
+
+def late_batches(recent: Sequence[BatchCounts]) -> list[tuple[int, int]]:
+    """(batch id, late events) of the ``recent`` batches that had late events, in their order."""
+    return [(b.batch_id, b.late_events) for b in recent if b.late_events]
 
 
 def pipeline_status(
@@ -93,6 +102,7 @@ def pipeline_status(
         records_read=summary.records_read,
         rejects=summary.rejects,
         late_events=summary.late_events,
+        late_batches=late_batches(ledger.recent_batches(table, pipeline=pipeline)) if summary.late_events else [],
         last_commit_at=summary.last_commit_at,
         last_snapshot_id=summary.last_snapshot_id,
         broker_error=broker_error,

@@ -23,7 +23,10 @@ agree with the ledger, and a duplicate found in a compacted file names the snaps
 
 And on the pipeline's first table, whose entries carry each batch's counts:
 
-- ``rejects_rate``: malformed events stay under a share of the events read (a warning, not an error).
+- ``rejects_rate``: malformed events stay under a share of the events read (a warning, not an error);
+- ``late_events`` (windowed): late events stay under a share of the events read by the last batches, each batch's
+  count listed (``late_by_batch``), as ``krishiv status`` shows them; the events are rows of the rejects table
+  (reason ``late: …``), a warning, not an error.
 """
 
 from __future__ import annotations
@@ -33,12 +36,14 @@ from datetime import UTC, datetime
 
 import dagster as dg
 
+from krishiv.status import late_batches
 from krishiv_assets.assets import PipelineKeys
 from krishiv_assets.resources import IcebergCatalogResource, LedgerResource
 from krishiv_core.catalog import qualified
 from krishiv_core.entries import MERGE
 from krishiv_core.spec import EVENTS, UPSERT, WINDOWED, KrishivSpec, PipelineSpec
 from krishiv_core.tables import OutputTable, output_tables
+from outbox.ledger.queries import RECENT_LATE_BATCHES
 
 #: At most this many offending rows are listed in a check's metadata.
 LISTED = 100
@@ -48,6 +53,7 @@ LISTED = 100
 class CheckThresholds:
     pending_max_age_s: float = 600.0
     rejects_rate_max: float = 0.01
+    late_rate_max: float = 0.01
 
 
 DEFAULT_THRESHOLDS = CheckThresholds()
@@ -307,6 +313,43 @@ def _rejects_rate_check(asset: dg.AssetKey, table_name: str, thresholds: CheckTh
     return rejects_rate
 
 
+def _late_events_check(
+    asset: dg.AssetKey, table_name: str, pipeline: str, rejects_table: str, thresholds: CheckThresholds
+) -> dg.AssetChecksDefinition:
+    @dg.asset_check(
+        asset=asset,
+        name="late_events",
+        description=(
+            f"Late events stay under {thresholds.late_rate_max:.1%} of the events read by the pipeline's last "
+            f"{RECENT_LATE_BATCHES} batches; each batch's late events are listed (rows of {rejects_table})."
+        ),
+    )
+    def late_events(ledger: LedgerResource) -> dg.AssetCheckResult:
+        recent = ledger.ledger().recent_batches(table_name, pipeline=pipeline)
+        read, late = sum(b.records_read for b in recent), sum(b.late_events for b in recent)
+        rate = late / read if read else 0.0
+        by_batch = late_batches(recent)
+        shown = ", ".join(f"batch {b}: {n}" for b, n in by_batch[:10])
+        return dg.AssetCheckResult(
+            passed=rate <= thresholds.late_rate_max,
+            severity=dg.AssetCheckSeverity.WARN,
+            description=(
+                f"{late} of {read} events late in the last {len(recent)} batches"
+                + (f" ({shown}), kept in {rejects_table} with reason 'late: …'" if by_batch else "")
+            ),
+            metadata={
+                "late_events": late,
+                "records_read": read,
+                "batches": len(recent),
+                "late_rate": float(rate),
+                "threshold": float(thresholds.late_rate_max),
+                "late_by_batch": dg.MetadataValue.json({str(b): n for b, n in by_batch}),
+            },
+        )
+
+    return late_events
+
+
 def pipeline_checks(
     spec: KrishivSpec, pipeline: PipelineSpec, thresholds: CheckThresholds = DEFAULT_THRESHOLDS
 ) -> list[dg.AssetChecksDefinition]:
@@ -327,4 +370,7 @@ def pipeline_checks(
         unkeyed = not merge and not _key(pipeline, output)  # another writer's rows only show against the ledger
         checks.append(_ledger_check(asset, table_name, merge, thresholds, rows_by_ledger=unkeyed))
     checks.append(_rejects_rate_check(keys.table, qualified(spec, pipeline.tables[0]), thresholds))
+    if pipeline.kind == WINDOWED:
+        first, rejects = qualified(spec, pipeline.table), qualified(spec, pipeline.rejects_table)
+        checks.append(_late_events_check(keys.table, first, pipeline.name, rejects, thresholds))
     return checks

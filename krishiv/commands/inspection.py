@@ -70,7 +70,11 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
         for line in warnings:
             err_console.print(f"[yellow]warning: {escape(p.name)}: {escape(line)}[/]")
         console.print(f"[bold]{escape(p.name)}[/] ({p.kind}) reads {escape(p.topic)} into {len(names)} tables")
-        console.print(f"  events: {s.records_read} read, {s.rejects} rejected, {s.late_events} dropped as late")
+        console.print(f"  events: {s.records_read} read, {s.rejects} rejected, {s.late_events} late")
+        if s.late_batches:  # the recent batches' late events, kept beside the rejects
+            rejects_table = escape(table_name(spec, qualified(spec, p.rejects_table), args.wide))
+            counts = ", ".join(f"batch {b}: {n}" for b, n in s.late_batches)
+            console.print(f"  late events by batch, kept in {rejects_table} (reason late: …): {counts}")
         for t in s.tables:
             console.print(
                 f"  {escape(table_name(spec, t.table, args.wide))}: {t.pending} pending, {t.committed} committed, "

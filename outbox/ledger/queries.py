@@ -49,6 +49,19 @@ class CommitRecord:
         return (self.committed_at - self.created_at).total_seconds()
 
 
+#: How many of a table's newest entries ``krishiv status`` and the Dagster ``late_events`` check look at.
+RECENT_LATE_BATCHES = 20
+
+
+@dataclass(frozen=True)
+class BatchCounts:
+    """One batch's counts, as its first table's entry records them."""
+
+    batch_id: int
+    records_read: int
+    late_events: int
+
+
 @dataclass(frozen=True)
 class TableSummary:
     """What a table's entries add up to, the archive included (counts are entries, one per batch)."""
@@ -282,6 +295,23 @@ class Queries(LedgerConnection):
             staged_offsets={p: int(e) for p, e, _ in results[2]} if topic is not None else {},
             committed_offsets={p: int(c) for p, _, c in results[2] if c is not None} if topic is not None else {},
         )
+
+    def recent_batches(
+        self, table: str, pipeline: str | None = None, batches: int = RECENT_LATE_BATCHES
+    ) -> list[BatchCounts]:
+        """The counts of the newest ``batches`` entries of ``table`` (a pipeline's first table, whose entries carry
+        each batch's counts), newest first; with ``pipeline``, only its own. A windowed batch's late events are rows
+        of the pipeline's rejects table."""
+        where, params = "table_name = ?", [table]
+        if pipeline is not None:
+            where += " AND pipeline = ?"
+            params.append(pipeline)
+        rows = self._read(
+            f"SELECT batch_id, records_read, late_events FROM outbox WHERE {where} "
+            "ORDER BY created_at DESC, batch_id DESC LIMIT ?",
+            [*params, batches],
+        )
+        return [BatchCounts(int(b), int(read), int(late)) for b, read, late in rows]
 
     def incarnations_reading(
         self, pipeline: str, topic: str, offsets: Sequence[tuple[int, int]]

@@ -54,6 +54,7 @@ def test_every_pipeline_gets_its_assets_checks_jobs_and_sensors():
             "lineage_linear",
             "ledger_agreement",
             "rejects_rate",
+            "late_events",
         }
         assert {k.name for k in graph.get_check_keys_for_assets({rejects_key})} == {
             "lineage_linear",
@@ -141,7 +142,7 @@ def test_every_kind_gets_its_row_check_and_a_fan_out_its_routes_as_assets():
         return {k.name for k in graph.get_check_keys_for_assets({key(table)})}
 
     common = {"lineage_linear", "ledger_agreement"}
-    assert checks("customer_minutes") == {"no_duplicate_windows", "rejects_rate", *common}
+    assert checks("customer_minutes") == {"no_duplicate_windows", "rejects_rate", "late_events", *common}
     assert checks("latest_order") == {"no_duplicate_keys", "rejects_rate", *common}
     assert checks("raw") == {"offsets_at_most_once", "rejects_rate", *common}
     # The fan-out's routes and its default table are assets of the pipeline, each with its checks; the counts of

@@ -12,6 +12,7 @@ from krishiv.operations import open_ledger
 from krishiv_assets.assets import PipelineKeys
 from krishiv_assets.definitions import build_definitions, build_resources, pipeline_definitions
 from krishiv_core.catalog import ensure_pipeline_tables, load_catalog, qualified
+from krishiv_core.spec import WINDOWED
 from tests.krishiv.test_verify import append, first_row, kinds_spec, load, produce_kinds
 from tests.spark_jobs.pipeline_helpers import assert_exactly_once, produce_orders
 
@@ -58,12 +59,15 @@ def test_materialize_stages_commits_and_checks_pass(make_spec, broker, spark):
     assert table["staged_to_committed_s"] >= 0
     assert table["committed_by"] == f"dagster run {result.run_id}"
     rejects = _metadata(result, keys.rejects)
-    assert rejects["rows_added"] == 6 and "rejects" not in rejects  # the batch counts go on the first table only
+    # The rejects table holds the malformed and the late events; the batch counts go on the first table only.
+    assert rejects["rows_added"] == 6 + staged["late_events"] and "rejects" not in rejects
 
     checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
-    assert set(checks) == {"no_duplicate_windows", "lineage_linear", "ledger_agreement", "rejects_rate"}
+    assert set(checks) == {"no_duplicate_windows", "lineage_linear", "ledger_agreement", "rejects_rate", "late_events"}
     assert all(e.passed for e in checks.values()), {n: e.description for n, e in checks.items()}
     assert checks["rejects_rate"].metadata["rejects"].value == 6
+    late_by_batch = checks["late_events"].metadata["late_by_batch"].value
+    assert sum(late_by_batch.values()) == staged["late_events"] == checks["late_events"].metadata["late_events"].value
 
     assert_exactly_once(spec)
 
@@ -135,9 +139,11 @@ def test_every_kind_materializes_and_its_checks_pass_then_fail_naming_a_second_w
     expected = {(t, c) for t in tables for c in ("lineage_linear", "ledger_agreement")}
     expected |= set(rows.items())
     expected |= {(p.tables[0], "rejects_rate") for p in spec.pipelines}
+    expected |= {(p.table, "late_events") for p in spec.pipelines if p.kind == WINDOWED}
     expected.add(("removed_pipelines", "nothing_pending"))  # the fixed asset of pipelines no longer in the spec
     assert set(checks) == expected
-    failed = {k: e.description for k, e in checks.items() if not e.passed and k[1] != "rejects_rate"}
+    warnings = ("rejects_rate", "late_events")  # shares of what the stream holds, not faults
+    failed = {k: e.description for k, e in checks.items() if not e.passed and k[1] not in warnings}
     assert failed == {}
     for p in spec.pipelines:
         staged = _metadata(result, dg.AssetKey([p.name, "staged_batches"]))

@@ -12,6 +12,7 @@ from chaos.kinds_oracle import expected_grouped_late
 from chaos.oracle import LateEvent, parse, read_topic
 from krishiv.operations import commit_pipelines, open_ledger, run_pipelines
 from krishiv.produce import OrderEvent, ensure_topic, produce
+from krishiv.status import pipeline_status
 from krishiv_core.catalog import load_catalog, qualified
 from krishiv_core.entries import COMMITTED
 from spark_jobs.checkpoint import Checkpoint
@@ -169,6 +170,9 @@ def test_late_events_are_kept_once_with_their_window_and_watermark(make_spec, br
     at = _coordinates(records)
     assert sorted(late) == [(batches[1], *at["o-3"]), (batches[2], *at["o-4"])], "the events placed late, each once"
     assert {b: n for b, n in expected.late_by_batch.items() if n} == {batches[1]: 1, batches[2]: 1}
+    p = spec.pipeline()
+    status = pipeline_status(open_ledger(spec), p.name, qualified(spec, p.table), p.topic, None)
+    assert status.late_batches == sorted(((b, n) for b, n in expected.late_by_batch.items() if n), reverse=True)
     entries = open_ledger(spec).entries(table=qualified(spec, spec.pipeline().rejects_table))
     alone = next(e for e in entries if e.batch_id == batches[1])
     assert sum(f.records for f in alone.files) == 1, "a batch of one late event stages its row"
