@@ -43,6 +43,7 @@ from krishiv_assets.staging_run import (
     IdleStop,
     run_spec,
     staging_plan,
+    staging_run_waiting,
     unstaged_records,
 )
 from krishiv_core.catalog import qualified
@@ -195,7 +196,9 @@ def pipeline_assets(
                 max_run_s=given.get("max_run_s"),
             )
             catalog, book = iceberg.catalog(), ledger.ledger()  # a catalog that is down fails before Spark starts
-            stop = IdleStop(plan, unstaged_records(spec, pipeline, book, kafka))
+            stop = IdleStop(
+                plan, unstaged_records(spec, pipeline, book, kafka), waiting=staging_run_waiting(context.instance)
+            )
             context.log.info(f"staging {pipeline.name} {plan.describe()}")
             this_run = dagster_committer(context.run.run_id)
             running = run_pipelines(

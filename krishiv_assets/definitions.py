@@ -39,6 +39,7 @@ from krishiv_assets.resources import (
     shown_spark_conf,
 )
 from krishiv_assets.sensors import kafka_sensor, outbox_sensor
+from krishiv_assets.staging_run import STAGE_STEP, STEP_TAG
 from krishiv_core.spec import DEFAULT_SPEC_FILE, SPEC_FILE_ENV, KrishivSpec, PipelineSpec, load_spec
 
 
@@ -76,7 +77,7 @@ def pipeline_definitions(
     stage = dg.define_asset_job(
         stage_job_name(pipeline),
         selection=dg.AssetSelection.assets(keys.staged),
-        tags={**tags, "krishiv/step": "stage"},
+        tags={**tags, STEP_TAG: STAGE_STEP},  # dagster.yaml's queue runs one such run at a time
         executor_def=dg.in_process_executor,
         description=f"Phase 1 of {pipeline.name}: stage what the topic holds (the Kafka sensor starts it).",
     )

@@ -13,6 +13,12 @@ visible in the UI; the next records start a new run.
 A run started any other way (**Materialize all** in the UI, a test's ``materialize``) stages once and ends, as
 before: the commit step of the same run waits for it.
 
+One machine runs one Spark driver: ``dagster.yaml``'s run queue starts one run of a stage job (tagged
+``krishiv/step=stage``) at a time, whichever pipeline, and the others wait. So that a lingering run does not keep a
+busy pipeline's queue waiting for up to its maximum run time, it gives way: while a staging run waits in the queue,
+it stops between batches once it has run for its linger (:func:`staging_run_waiting`); the Kafka sensor requests
+it again for what it left, behind the one that waited.
+
 Settings, until the spec holds them (``[dagster] staging_linger``, ``staging_max_run``): the staging asset's run
 config (``linger_s``, ``max_run_s``), else ``KRISHIV_STAGING_LINGER_S`` and ``KRISHIV_STAGING_MAX_RUN_S``, else
 :data:`DEFAULT_LINGER_S` and :data:`DEFAULT_MAX_RUN_S`. A linger of 0 is the one-shot run.
@@ -46,6 +52,10 @@ DEFAULT_MAX_RUN_S = 3600.0
 
 #: The tag Dagster puts on a run a sensor requested.
 SENSOR_TAG = "dagster/sensor_name"
+#: The run tag naming a pipeline's step; a stage job's runs carry ``stage``, which dagster.yaml's queue limits.
+STEP_TAG, STAGE_STEP = "krishiv/step", "stage"
+#: How often a lingering run asks the instance whether a staging run waits in the queue (seconds).
+WAITING_POLL_S = 5.0
 
 
 #: The staging asset's run config (a schema, not a ``dg.Config`` class: the asset module's annotations are strings,
@@ -118,7 +128,8 @@ class IdleStop:
     True once no batch has read a record for ``plan.linger_s`` (counted from the first question, asked once the
     queries have started) and ``unstaged`` then says the topic holds nothing the ledger has not staged (a first
     batch still planning on a loaded machine is not idleness: the clock starts again), or ``plan.max_run_s`` after it
-    was made (the run's start). :attr:`reason` then says which.
+    was made (the run's start), or ``plan.linger_s`` after it was made while ``waiting`` says another staging run
+    waits for the one run the queue allows. :attr:`reason` then says which.
     """
 
     def __init__(
@@ -126,9 +137,11 @@ class IdleStop:
         plan: StagingPlan,
         unstaged: Callable[[], bool] = lambda: False,
         clock: Callable[[], float] = time.monotonic,
+        waiting: Callable[[], bool] = lambda: False,
     ) -> None:
         self.plan = plan
         self._unstaged = unstaged
+        self._waiting = waiting
         self._clock = clock
         self.started = clock()
         self._quiet_since: float | None = None
@@ -148,6 +161,8 @@ class IdleStop:
             quiet = now - self._quiet_since
         if now - self.started >= self.plan.max_run_s:
             self.reason = f"ran for its maximum of {self.plan.max_run_s:g}s"
+        elif now - self.started >= self.plan.linger_s and self._waiting():
+            self.reason = f"gave way after {now - self.started:.0f}s to a staging run waiting in the queue"
         elif quiet >= self.plan.linger_s:
             if self._unstaged():
                 with self._lock:
@@ -155,6 +170,31 @@ class IdleStop:
             else:
                 self.reason = f"no new records for {self.plan.linger_s:g}s"
         return self.reason is not None
+
+
+def staging_run_waiting(
+    instance: dg.DagsterInstance, poll_s: float = WAITING_POLL_S, clock: Callable[[], float] = time.monotonic
+) -> Callable[[], bool]:
+    """Whether a run of a stage job (any pipeline's) waits in ``instance``'s queue, asked at most every ``poll_s``
+    (the answer kept meanwhile); an instance that does not answer has none waiting (the run lingers on)."""
+    asked_at, answer = -poll_s, False
+
+    def ask() -> bool:
+        nonlocal asked_at, answer
+        if clock() - asked_at >= poll_s:
+            asked_at = clock()
+            try:
+                answer = bool(
+                    instance.get_run_records(
+                        filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.QUEUED], tags={STEP_TAG: STAGE_STEP}),
+                        limit=1,
+                    )
+                )
+            except Exception:  # the instance's storage is busy or away: linger on, ask again later
+                answer = False
+        return answer
+
+    return ask
 
 
 def unstaged_records(

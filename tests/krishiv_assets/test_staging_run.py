@@ -6,12 +6,22 @@ shared broker and SparkSession, with a producer thread that sends a second wave 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
 
 import dagster as dg
 import pytest
+import yaml
+from dagster._core.events import DagsterEventType
+from dagster._core.remote_origin import InProcessCodeLocationOrigin
+from dagster._core.test_utils import instance_for_test
+from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+from dagster._core.workspace.context import WorkspaceProcessContext
+from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
+from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
+from dagster._daemon.sensor import execute_sensor_iteration
 
 from krishiv.operations import open_ledger
 from krishiv.produce import DEFAULT_SPACING_MS, DEFAULT_START_MS
@@ -24,17 +34,22 @@ from krishiv_assets.staging_run import (
     DEFAULT_MAX_RUN_S,
     LINGER_ENV,
     MAX_RUN_ENV,
+    STAGE_STEP,
+    STEP_TAG,
     IdleStop,
     StagingPlan,
     staging_plan,
+    staging_run_waiting,
 )
 from krishiv_core.catalog import load_catalog, qualified
 from krishiv_core.entries import COMMITTED
 from krishiv_core.errors import ConfigError
+from krishiv_core.spec import SPEC_FILE_ENV
 from spark_jobs.kafka_source import latest_offsets
 from spark_jobs.staging import StagedBatch
+from tests.krishiv.test_verify import kinds_spec, produce_kinds
 from tests.krishiv_assets.test_sensors import _tick
-from tests.spark_jobs.pipeline_helpers import assert_exactly_once, produce_orders
+from tests.spark_jobs.pipeline_helpers import ROOT, assert_exactly_once, produce_orders
 
 WAVE_TIMEOUT_S = 180.0  # a bound for a loaded machine, not a speed target
 
@@ -101,6 +116,23 @@ def test_idle_stop_counts_from_the_last_batch_with_records_and_caps_the_run():
         if capped():
             break
     assert capped.reason == "ran for its maximum of 60s"
+
+
+def test_a_lingering_run_gives_way_to_a_waiting_one_once_it_has_run_for_its_linger():
+    clock = _Clock()
+    waiting = [True]  # a staging run waits in the queue from the start
+    stop = IdleStop(StagingPlan(10, 60), clock=clock, waiting=lambda: waiting[0])
+    for _ in range(3):  # records all along: busy, but it has not yet run for its linger
+        clock.now += 3
+        stop.on_batch(_batch(1))
+        assert not stop()
+    clock.now += 1
+    assert stop() and stop.reason == "gave way after 10s to a staging run waiting in the queue"
+
+    alone = IdleStop(StagingPlan(10, 60), clock=clock, waiting=lambda: False)
+    clock.now += 30
+    alone.on_batch(_batch(1))
+    assert not alone()  # nobody waits: it lingers on while records arrive
 
 
 def _wait_until(condition: Callable[[], bool], what: str) -> None:
@@ -182,3 +214,53 @@ def test_a_lingering_run_commits_what_arrives_while_it_runs_then_stops_when_idle
     assert sum(m["rows_added"] for m in first) == rows  # appended windows, each once
     assert sum(m["rejects"] for m in first) == 7 and first[-1]["lag_records"] == 0  # all of the topic is in
     assert [r.job_name for r in tick.run_requests] == [f"{pipeline.name}_checks_job"]
+
+
+def _finish(instance: dg.DagsterInstance, run: dg.DagsterRun) -> None:
+    """The run ends as a staging run does, successfully."""
+    event = dg.DagsterEvent(DagsterEventType.RUN_SUCCESS.value, job_name=run.job_name, message="staged")
+    instance.report_dagster_event(event, run_id=run.run_id)
+
+
+def test_one_burst_for_four_pipelines_runs_one_staging_run_at_a_time(tmp_path, broker, topic, monkeypatch):
+    """Four pipelines read one topic and one burst of events arrives: Dagster's sensor daemon (in process, on the
+    code location of workspace.yaml) requests one staging run per pipeline and no more while they wait, and the run
+    queue as the repository's dagster.yaml sets it up starts one of them, the next only once it has ended. A
+    lingering run asks the same queue whether another waits."""
+    spec = kinds_spec(tmp_path, broker.bootstrap, topic)
+    produce_kinds(spec, 300)
+    monkeypatch.setenv(SPEC_FILE_ENV, str(tmp_path / "krishiv.toml"))
+    shipped = yaml.safe_load((ROOT / "dagster.yaml").read_text())
+    overrides = {
+        "concurrency": shipped["concurrency"],
+        "run_coordinator": shipped["run_coordinator"],
+        # What the queue starts is under test, not a launch: Dagster's launcher that records the runs it is handed.
+        "run_launcher": {"module": "dagster._core.test_utils", "class": "MockedRunLauncher"},
+    }
+    origin = InProcessCodeLocationOrigin(
+        LoadableTargetOrigin(module_name="krishiv_assets.definitions", working_directory=str(ROOT)),
+        location_name="krishiv",
+    )
+    with (
+        instance_for_test(overrides=overrides) as instance,
+        WorkspaceProcessContext(instance, InProcessWorkspaceLoadTarget(origin)) as workspace,
+    ):
+        list(execute_sensor_iteration(workspace, logging.getLogger("sensor-daemon"), None, None))
+        staging = instance.get_runs(filters=dg.RunsFilter(tags={STEP_TAG: STAGE_STEP}))
+        assert sorted(r.tags["krishiv/pipeline"] for r in staging) == sorted(p.name for p in spec.pipelines)
+        for p in spec.pipelines:  # the same burst asks for nothing more while they wait
+            tick = _tick(spec, f"{p.name}_kafka_sensor", None, instance)
+            assert not tick.run_requests and "in flight" in tick.skip_message
+        assert staging_run_waiting(instance)()
+
+        queue = QueuedRunCoordinatorDaemon(interval_seconds=1)
+        started: list[str] = []
+        for _ in spec.pipelines:
+            list(queue.run_iteration(workspace))
+            list(queue.run_iteration(workspace))  # a second look starts nothing more while one is in progress
+            launched = sorted({r.run_id for r in instance.run_launcher.queue()} - set(started))
+            assert len(launched) == 1, f"{len(launched)} staging runs started at once"
+            started += launched
+            _finish(instance, instance.get_run_by_id(launched[0]))
+        assert sorted(started) == sorted(r.run_id for r in staging)
+        assert not staging_run_waiting(instance)()
