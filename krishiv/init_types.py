@@ -4,9 +4,10 @@ Each candidate type is judged by the field rule itself (``read_token``, docs/spe
 reads a sampled value when the rule would store it. The field gets the candidate that reads the most of its non-null
 sampled values, provided that is more than half of them; of candidates that read as many, the narrower, in the order
 of ``_ORDER``. So a wider number type takes in a narrower one's values (a decimal reads integers as well as
-fractions), a ``string`` that reads every value keeps a field of strings (a time string among names is no reason for
-a reject), and one ``"N/A"`` among numbers no longer leaves the field out: it stays a number, and the values its type
-does not read are named in the comment beside it, since their records will be rejects. The candidates:
+fractions), a ``string`` that reads every value keeps a field of strings (a name among times is no reason for a
+reject: the comment says which type most values are and what declaring it would reject), and one ``"N/A"`` among
+numbers no longer leaves the field out: it stays a number, and the values its type does not read are named in the
+comment beside it, since their records will be rejects. The candidates:
 
 - ``boolean``, ``long`` and ``string``; ``date`` for ISO dates of 10 characters; ``timestamp`` for ISO times;
   ``timestamp_ms`` when the name says time, for integers of 2001 to 2286 in epoch milliseconds;
@@ -30,14 +31,13 @@ from functools import cached_property
 import msgspec
 
 from krishiv_core.spec_types import FieldType
-from spark_jobs.record_decoder import read_token
+from spark_jobs.record_decoder import INTEGER_RANGES, read_token
 
 #: The candidates, narrowest first: of two that read as many values, the earlier is the field's type.
 _ORDER = ("boolean", "timestamp_ms", "long", "decimal", "double", "date", "timestamp", "string")
-TIME_NAME = re.compile(r"(time|_ts$|^ts$|_at$|_ms$|date)", re.IGNORECASE)
+_TIME_NAME = re.compile(r"(time|_ts$|^ts$|_at$|_ms$|date)", re.IGNORECASE)
 _EPOCH_MS = (978_307_200_000, 9_999_999_999_999)  # 2001-01-01 .. 2286-11-20
 _PLAIN = re.compile(r"-?[0-9]+(\.[0-9]+)?")
-_LONG = (-(2**63), 2**63 - 1)
 #: Iceberg's widest decimal.
 DECIMAL_DIGITS = 38
 #: A comment shows this many distinct values the type does not read, each with this many places.
@@ -74,7 +74,8 @@ class _Value:
 
     @property
     def beyond_long(self) -> bool:
-        return self.kind == "integer" and not _LONG[0] <= int(self.token) <= _LONG[1]
+        low, high = INTEGER_RANGES["long"]
+        return self.kind == "integer" and not low <= int(self.token) <= high
 
     @property
     def too_long(self) -> bool:
@@ -106,7 +107,7 @@ def _candidates(name: str, values: Sequence[_Value]) -> list[Candidate]:
         return Candidate(t, note, reads)
 
     out = [judged(FieldType("boolean"))]
-    if TIME_NAME.search(name):
+    if _TIME_NAME.search(name):
         in_epoch = lambda v: v.kind == "integer" and _EPOCH_MS[0] <= int(v.token) <= _EPOCH_MS[1]  # noqa: E731
         out.append(judged(FieldType("timestamp_ms"), "epoch milliseconds", in_epoch))
     out.append(judged(FieldType("long")))
@@ -143,10 +144,10 @@ class FieldGuess:
 
     def spec_type(self) -> tuple[str | None, str]:
         """(the field's type, a comment): None when the sample does not settle one."""
-        return self.typed
+        return self._typed
 
     @cached_property
-    def typed(self) -> tuple[str | None, str]:
+    def _typed(self) -> tuple[str | None, str]:
         n = len(self.seen)
         if not n:
             return None, f"left out: {self.name} was null in every sampled record"
@@ -178,7 +179,7 @@ class FieldGuess:
         missed = n - chosen.count
         said = f"{missed:,} of {n:,} sampled values will be {'a reject' if missed == 1 else 'rejects'}: "
         said += self._outliers(chosen)
-        if any(t and not r for t, r in zip(too_long, chosen.reads, strict=True)):
+        if chosen.type.is_numeric and any(t and not r for t, r in zip(too_long, chosen.reads, strict=True)):
             said += f'; a number of more than {DECIMAL_DIGITS} digits fits no decimal: "double" reads it approximately'
         return said
 

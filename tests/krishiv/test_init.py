@@ -104,6 +104,9 @@ def test_init_infers_fields_that_read_every_sampled_record(tmp_path, broker, spa
 
     assert main(["init", "--topic", topic, "--bootstrap", broker.bootstrap, "--output", str(path)]) == 2
     assert f"--output: {path} exists: choose another --output" in capsys.readouterr().err
+    part = ["init", "--topic", topic, "--bootstrap", broker.bootstrap, "--sample", "150"]
+    assert main([*part, "--output", str(tmp_path / "part.toml")]) == 0
+    assert f"from the first 150 of about 200 records of topic {topic} (--sample N reads more" in capsys.readouterr().out
 
 
 def test_each_kind_says_what_it_needs(tmp_path, broker, topic, capsys):
