@@ -20,7 +20,7 @@ krishiv_freshness_seconds              pipeline, table             now − newes
 krishiv_batches_staged_total           pipeline                    batches this process recorded in the ledger
 krishiv_records_read_total             pipeline                    Kafka records those batches read
 krishiv_rejects_total                  pipeline                    of them, rejected (to ``<table>_rejects``)
-krishiv_late_events_total              pipeline                    of them, dropped as late (windowed)
+krishiv_late_events_total              pipeline                    of them, late (windowed; kept in ``<table>_rejects``)
 krishiv_batches_committed_total        pipeline, table             snapshots this process committed
 krishiv_commit_latency_seconds         pipeline, table             histogram: one catalog commit
 =====================================  ==========================  =============================================
@@ -121,7 +121,7 @@ class Metrics:
             "krishiv_rejects", unit="{record}", description="records rejected into the rejects table"
         )
         self._late = meter.create_counter(
-            "krishiv_late_events", unit="{record}", description="events dropped as late (windowed pipelines)"
+            "krishiv_late_events", unit="{record}", description="late events, kept as rejects (windowed pipelines)"
         )
         self._committed = meter.create_counter(
             "krishiv_batches_committed", unit="{batch}", description="snapshots this process committed"
