@@ -23,6 +23,7 @@ pytest_plugins: list[str] = [
     "tests.services.private_postgres",
     "tests.services.ledger_postgres",
     "tests.services.schema_registry",
+    "tests.services.other_engines",
 ]
 
 PG_ADMIN_DSN = os.environ.get("KRISHIV_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
