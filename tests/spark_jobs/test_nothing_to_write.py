@@ -5,11 +5,12 @@ Through the real broker, Spark and a SQLite catalog, each kind reads a 4-partiti
 1. valid events in partitions 0-2 and one malformed record alone in partition 3 (that partition's task has no
    valid event);
 2. only malformed records (the whole batch is rejects);
-3. the kind's own nothing-to-write batch: only tombstones (upsert), only late events (windowed), only malformed
+3. the kind's own nothing-to-write batch: only tombstones (upsert), only late events (windowed: nothing for its
+   table, the events kept in the rejects table), only malformed
    records in one partition (events).
 
 After each run the tables equal an oracle folded from the produced records by the rules of docs/spec.md, and
-nothing is left pending.
+nothing is left pending; a batch that is only malformed records names their reason (``krishiv run`` warns of it).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from krishiv.operations import commit_pipelines, open_ledger, run_pipelines
 from krishiv.produce import OrderEvent, ensure_topic, produce
 from krishiv_core.catalog import load_catalog, qualified
 from krishiv_core.entries import PENDING
+from krishiv_core.reject_rate import CommonReason
 from krishiv_core.spec import EVENTS, UPSERT, WINDOWED, KrishivSpec, load_spec
 
 START_MS = 1_767_225_600_000
@@ -147,15 +149,18 @@ def _expected(kind: str, batches: list[list[Sent]]) -> tuple[set, set]:
                 elif d["customer_id"] not in latest or d["event_time"] >= latest[d["customer_id"]][0]:
                     latest[d["customer_id"]] = (d["event_time"], d["order_id"])
         return {(k, order) for k, (_, order) in latest.items()}, rejects
-    # windowed, append: an event is late when its window ended at or before the watermark the batch before left
+    # windowed, append: an event is late when its window ended at or before the watermark the batch before left,
+    # and then kept in the rejects table
     watermark, windows = 0, {}
     for b in valid:
         times = [d["event_time"] for _, d in b]
-        for _, d in b:
+        for s, d in b:
             start = d["event_time"] // WINDOW_MS * WINDOW_MS
             if start + WINDOW_MS > watermark:
                 count, total = windows.get((start, d["customer_id"]), (0, Decimal(0)))
                 windows[(start, d["customer_id"])] = (count + 1, total + Decimal(d["amount"]))
+            else:
+                rejects.add((s.partition, s.offset))
         if times:
             watermark = max(watermark, max(times) - DELAY_MS)
     closed = {(start, c, n, total) for (start, c), (n, total) in windows.items() if start + WINDOW_MS <= watermark}
@@ -189,7 +194,12 @@ def test_batches_with_nothing_to_write_stage_and_commit(kind, tmp_path, broker, 
     for records in _rounds(kind):
         batches.append(_send(spec, records, offsets))
         running = run_pipelines(spec, list(spec.pipelines), once=True)
-        assert [b.records_read for b in running[0].stager.history if b.recorded] == [len(records)]
+        [staged] = [b for b in running[0].stager.history if b.recorded]
+        assert staged.records_read == len(records)
+        # A batch whose every record is malformed names that reason, for `krishiv run`'s warning; any other, none.
+        malformed = sum(1 for _, _, v in records if v is not None and _value(Sent(0, 0, b"", v)) is None)
+        named = CommonReason("malformed JSON", malformed) if malformed == len(records) else None
+        assert staged.common_reason == named
         commit_pipelines(spec, list(spec.pipelines))
         assert _got(spec, kind) == _expected(kind, batches)
         assert not open_ledger(spec).entries(status=PENDING)
