@@ -18,6 +18,7 @@ from krishiv_core.spec import EVENTS, KINDS, UPSERT, WINDOWED, load_spec
 REPO_SPEC = Path(__file__).resolve().parents[2] / "krishiv.toml"
 RECORDS = 4_000
 MALFORMED = 12
+LATE = 5
 
 
 @pytest.mark.timeout(540)
@@ -25,7 +26,7 @@ def test_the_demo_writes_every_kind_and_verifies(tmp_path, spark, capsys, monkey
     monkeypatch.setenv("COLUMNS", str(WIDTH))  # what rich prints to when the output is not a terminal
     state = tmp_path / "demo"
     args = ["--spec", str(REPO_SPEC), "demo", "--state", str(state), "--records", str(RECORDS)]
-    code = main([*args, "--late", "5", "--malformed", str(MALFORMED)])
+    code = main([*args, "--late", str(LATE), "--malformed", str(MALFORMED)])
     out = capsys.readouterr().out
     assert code == 0, out
 
@@ -49,13 +50,17 @@ def test_the_demo_writes_every_kind_and_verifies(tmp_path, spark, capsys, monkey
                 customers = rows.column("customer_id").to_pylist()
                 assert len(customers) == len(set(customers)), "one row per key"
                 assert not set(TOMBSTONED) & set(customers), "tombstoned keys are deleted"
-        # the malformed orders, and for all but the upsert the tombstones (a null value is no event)
-        rejects = catalog.load_table(qualified(spec, p.rejects_table)).scan().to_arrow()
-        assert rejects.num_rows == MALFORMED + (0 if p.kind == UPSERT else len(TOMBSTONED)), p.rejects_table
+        # the malformed orders, and for all but the upsert the tombstones (a null value is no event); a windowed
+        # pipeline's late events too: the 5 late orders are in a batch after the first, whose watermark closed them
+        reasons = catalog.load_table(qualified(spec, p.rejects_table)).scan().to_arrow().column("reason").to_pylist()
+        late = [r for r in reasons if r.startswith("late: window [")]
+        assert len(reasons) - len(late) == MALFORMED + (0 if p.kind == UPSERT else len(TOMBSTONED)), p.rejects_table
+        assert len(late) == (LATE if p.kind == WINDOWED else 0), p.rejects_table
 
     raw = next(p for p in spec.pipelines if p.kind == EVENTS and not p.routes)
     assert catalog.load_table(qualified(spec, raw.table)).scan().to_arrow().num_rows == RECORDS - MALFORMED
     assert "5/5 verify: ok" in out
+    assert f"late events left out of the windows, kept in {first.rejects_table}: {LATE}" in out
     for p in spec.pipelines:
         assert any(line.split()[:2] == [p.kind, p.name] for line in out.splitlines() if line.strip()), p.name
     too_wide = [line for line in out.splitlines() if len(line) > WIDTH]
