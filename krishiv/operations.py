@@ -22,7 +22,7 @@ from krishiv.ledger_outage import LedgerOutage
 from krishiv_core.env_settings import seconds_from_env
 from krishiv_core.errors import KrishivError, StagerLeaseLost
 from krishiv_core.runbook import before_pointer, runbook
-from krishiv_core.spec import KrishivSpec, PipelineSpec
+from krishiv_core.spec import KrishivSpec, PipelineSpec, with_latest_fields
 from outbox.errors import ledger_outage
 from outbox.ledger import Ledger
 from outbox.ledger.connection import DEFAULT_LOCK_TIMEOUT_S
@@ -156,6 +156,8 @@ WORKER_START_RUNBOOK = runbook("A query that did not start in time")
 #: The runbook section of a query whose Kafka source's Python process died.
 SOURCE_DIED_RUNBOOK = runbook("A query whose source process died")
 
+#: The runbook section of a batch whose records have fields of a newer schema version.
+NEW_FIELDS_RUNBOOK = runbook("A schema version with new fields")
 
 def _query_failed(running: RunningPipeline, failure: BaseException, leases: dict[str, HeldLease]) -> KrishivError:
     """``query <name> failed: <cause>``; when every start timed out waiting for Spark's Python worker, or the source's
@@ -237,6 +239,7 @@ def run_pipelines(
     )
     from spark_jobs.session import build_session
     from spark_jobs.window_state import check_output_mode
+        new_writer_schema,
 
     committing = commit and not once
     with ExitStack() as stack:
@@ -297,6 +300,8 @@ def run_pipelines(
                         return False
                     if restarts[(name, why)] >= attempts - 1:
                         return False
+                    if new_writer_schema(failure):
+                        return started_with_latest_fields(i)
                     restarts[(name, why)] += 1
                     again = f"starting the query again ({restarts[(name, why)] + 1} of {attempts})"
                     if why == "worker start":
@@ -322,6 +327,26 @@ def run_pipelines(
                     if len(pipelines) > 1:
                         _wait_for_source(running[-1])
                 if once:
+                def started_with_latest_fields(i: int) -> bool:
+                    """Start ``running[i]`` again with its fields read again from the registry, when a batch stopped
+                    on records of a newer schema version: that batch is replayed from the checkpoint with them, and
+                    its commit adds their columns. Not when the fields read are the same (the failure stands)."""
+                    old = by_name[running[i].query.name]
+                    newer = with_latest_fields(spec, old, os.environ)
+                    if newer.fields == old.fields:
+                        return False
+                    by_name[old.name] = newer
+                    added = ", ".join(f.name for f in newer.fields if f.name not in {g.name for g in old.fields})
+                    say(
+                        f"query {old.name}: a batch holds records of a newer schema version; starting the query "
+                        f"again with the fields of its subject's latest version (new: {added or 'none'}), from its "
+                        f"checkpoint {NEW_FIELDS_RUNBOOK}"
+                    )
+                    before = running[i].stager.history
+                    running[i] = start(newer)
+                    running[i].stager.history[:0] = before  # the run's counts go on across the start
+                    return True
+
                     # Every query is looked at in turn, so one that failed to start is started again at once, not
                     # after the queries before it have read their topics.
                     left = list(range(len(running)))

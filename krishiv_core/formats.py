@@ -91,6 +91,8 @@ class RecordFormat:
     cdc: CdcOptions | None = None
     #: The Avro schema the fields were taken from (the deserializer's reader schema); None when the spec lists them.
     reader_schema: str | None = None
+    #: The registry's id of the schema the fields were taken from; None when the spec lists them.
+    fields_schema_id: int | None = None
 
     @property
     def uses_registry(self) -> bool:

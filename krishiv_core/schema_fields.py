@@ -1,9 +1,11 @@
 """A pipeline's fields from its subject's latest schema in the Schema Registry, when the spec lists none.
 
-Read once, when the spec is loaded (``krishiv run`` and every other command). The schema it was read from becomes
-the reader schema of the Avro deserializer, so a record written with a newer compatible version is read as this
-one (its new fields wait for the next start, when the latest schema adds them as new optional columns, by the
-spec's evolution rules), and a record that cannot be read as this one is a reject naming its schema id and why.
+Read when the spec is loaded (``krishiv run`` and every other command). The schema it was read from becomes the
+reader schema of the Avro deserializer; a record written with a version registered after it (a higher schema id)
+that has fields it lacks stops its batch before anything is staged, and a run reads the fields again
+(:func:`krishiv_core.spec.with_latest_fields`) and starts its query again from its checkpoint, so the new fields
+become new optional columns (by the spec's evolution rules) with the batch that first carries them. A record that
+cannot be read as this one is a reject naming its schema id and why.
 
 Avro: ``string``, ``enum`` and ``uuid`` are ``string``; ``int`` ``int``; ``long`` ``long``; ``float`` and
 ``double`` ``double``; ``boolean``; ``decimal`` (bytes or fixed) ``decimal(p,s)``; ``timestamp-millis``,
@@ -177,7 +179,9 @@ def latest_schema(client: Any, registry: RegistrySettings, subject: str, fmt: st
         ) from None
 
 
-def _fields_of(client: Any, schema: Any, schema_id: int, fmt: str, debezium: bool) -> tuple[EventField, ...]:
+def fields_of(client: Any, schema: Any, schema_id: int, fmt: str, debezium: bool) -> tuple[EventField, ...]:
+    """The fields of a registry schema (a ``Schema``; Protobuf's in serialized format) in format ``fmt``; a
+    :class:`ConfigError` naming a field whose type a table cannot hold."""
     text = schema.schema_str
     if fmt == AVRO:
         return avro_fields(text, debezium)
@@ -195,8 +199,8 @@ def registry_fields(
     debezium: bool,
     env: Mapping[str, str],
     remembered: Path | None = None,
-) -> tuple[tuple[EventField, ...], str]:
-    """(the fields, the schema's text) of ``subject``'s latest schema.
+) -> tuple[tuple[EventField, ...], str, int]:
+    """(the fields, the schema's text, its id) of ``subject``'s latest schema.
 
     ``remembered``: a file keeping the last schema read, so that commands that decode nothing (``commit``,
     ``status``, ``verify``…) still load the spec while the registry does not answer; a run then waits for the
@@ -222,7 +226,7 @@ def registry_fields(
                 remembered.parent.mkdir(parents=True, exist_ok=True)
                 remembered.write_text(text)
     try:
-        return _fields_of(client, schema, schema_id, fmt, debezium), schema.schema_str
+        return fields_of(client, schema, schema_id, fmt, debezium), schema.schema_str, schema_id
     except ConfigError as exc:
         raise ConfigError(
             f"subject {subject} (schema id {schema_id}) field {exc.field}",

@@ -160,6 +160,9 @@ class PipelineSpec:
     delete_field: str | None = None
     #: How the topic's records are encoded (JSON by default; Schema Registry formats; a Debezium envelope).
     record_format: RecordFormat = field(default_factory=RecordFormat)
+    #: The pipeline's table as the spec file holds it, to read its fields from the registry again
+    #: (:func:`with_latest_fields`).
+    source: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
 
     @property
     def remembers_deletes(self) -> bool:
@@ -315,8 +318,11 @@ def _fields(
     the reader schema, so records of newer versions are read as the fields were taken)."""
     if "fields" in raw or fmt.value not in REGISTRY_FORMATS or registry is None or fmt.subject is None:
         return parse_fields(raw.get("fields"), f"{where}.fields"), fmt
-    fields, schema = registry_fields(registry, fmt.subject, fmt.value, fmt.envelope is not None, env, remembered)
-    return fields, replace(fmt, reader_schema=schema if fmt.value == AVRO and fmt.envelope is None else None)
+    fields, schema, schema_id = registry_fields(
+        registry, fmt.subject, fmt.value, fmt.envelope is not None, env, remembered
+    )
+    reader = schema if fmt.value == AVRO and fmt.envelope is None else None
+    return fields, replace(fmt, reader_schema=reader, fields_schema_id=schema_id)
 
 
 def _parse_pipeline(
@@ -327,6 +333,7 @@ def _parse_pipeline(
     checkpoints: Path | None = None,
 ) -> PipelineSpec:
     expect(raw, dict, where, "a table")
+    source = raw
     kind = raw.get("kind", WINDOWED)
     if kind not in KINDS:
         raise ConfigError(f"{where}.kind", f"expected one of {list(KINDS)}, got {kind!r}")
@@ -382,6 +389,7 @@ def _parse_pipeline(
         catch_up_records_per_batch=_catch_up_records(raw.get("catch_up_records_per_batch", 0), where, max_records),
         partition_by=partition_by,
         record_format=record_format,
+        source=source,
         **extra,
     )
 
@@ -441,6 +449,18 @@ def parse_spec(
         )
     maintenance = parse_maintenance(doc)
     return KrishivSpec(kafka, iceberg, storage, spark, pipelines, base_dir or Path.cwd(), maintenance, registry)
+
+
+def with_latest_fields(spec: KrishivSpec, pipeline: PipelineSpec, env: Mapping[str, str]) -> PipelineSpec:
+    """``pipeline`` parsed again from its table in the spec file, its fields read again from its subject's latest
+    schema (a running query met records of a newer version): the same pipeline when the spec lists its fields. A
+    version the pipeline cannot take (a field a table cannot hold) is the :class:`ConfigError` a load would give."""
+    if pipeline.source is None or pipeline.record_format.fields_schema_id is None:
+        return pipeline
+    names = [p.name for p in spec.pipelines]
+    where = f"pipelines[{names.index(pipeline.name) if pipeline.name in names else pipeline.name}]"
+    checkpoints = spec.resolve(spec.storage.checkpoint_location)
+    return _parse_pipeline(pipeline.source, where, spec.schema_registry, env, checkpoints)
 
 
 def load_spec(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> KrishivSpec:

@@ -37,3 +37,9 @@ class WindowStateMissing(CheckpointMismatch):
 
 class DeleteMemoryMissing(CheckpointMismatch):
     """The deletes an upsert batch must remember are not in the checkpoint (a partial copy, or older than kept)."""
+
+
+class NewWriterSchema(KafkaSourceError):
+    """A batch holds records of a schema version registered after the one the pipeline's fields were taken from, with
+    fields the query does not read: the batch stops before anything is staged, and ``krishiv run`` starts the query
+    again with the subject's latest fields (``krishiv_core.spec.with_latest_fields``), from its checkpoint."""

@@ -22,7 +22,7 @@ from krishiv_core.table_purpose import purpose_properties
 from krishiv_core.tables import OutputTable, output_tables
 from spark_jobs.checkpoint import Checkpoint
 from spark_jobs.delete_memory import DeleteMemoryStore
-from spark_jobs.errors import CheckpointMismatch
+from spark_jobs.errors import CheckpointMismatch, NewWriterSchema
 from spark_jobs.events import EventsShape
 from spark_jobs.kafka_source import SOURCE_NAME, KafkaAdmin
 from spark_jobs.ports import RecordedBatches, StagerLeaseHandle, StagingLedger
@@ -133,6 +133,12 @@ def source_process_died(failure: BaseException) -> bool:
 
 
 def stop_between_batches(query: StreamingQuery, timeout_s: float = 30.0) -> None:
+def new_writer_schema(failure: BaseException) -> bool:
+    """Whether a query failed because a batch holds records of a newer schema version with fields the query does not
+    read (:class:`spark_jobs.errors.NewWriterSchema`, raised in a source task): nothing of the batch was staged."""
+    return f"{NewWriterSchema.__module__}.{NewWriterSchema.__name__}: " in str(failure)
+
+
     """Stop ``query`` once its running trigger (if any) has finished, waiting at most ``timeout_s``.
 
     Stopping mid-batch is safe (the batch is replayed from the checkpoint and the ledger), but it interrupts

@@ -126,6 +126,9 @@ class Decoding:
     #: Carry every record's raw value, not only a reject's: a windowed pipeline keeps its late events' payloads
     #: (which events are late is known only in the sink, from the watermark the batch before left).
     keep_values: bool = False
+    #: The registry's id of the schema the fields were taken from, when every field is a column (events, upsert): a
+    #: record of a schema registered after it with a field not among them stops its batch (``NewWriterSchema``).
+    fields_schema_id: int | None = None
 
     @classmethod
     def of(
@@ -156,6 +159,7 @@ class Decoding:
             registry_outage_s,
             fmt.reader_schema,
             pipeline.kind == WINDOWED,
+            fmt.fields_schema_id if pipeline.kind in (EVENTS, UPSERT) else None,
         )
 
     def to_option(self) -> str:
@@ -170,6 +174,7 @@ class Decoding:
                 "registry_outage_s": self.registry_outage_s,
                 "reader_schema": self.reader_schema,
                 "keep_values": self.keep_values,
+                "fields_schema_id": self.fields_schema_id,
             }
         )
 
@@ -195,6 +200,7 @@ class Decoding:
             float(doc.get("registry_outage_s", 60.0)),
             doc.get("reader_schema"),
             bool(doc.get("keep_values", False)),
+            doc.get("fields_schema_id"),
         )
 
     @property

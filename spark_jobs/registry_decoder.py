@@ -8,7 +8,10 @@ Each record is read in three steps, each a reject with its reason when it fails,
 2. the writer schema, fetched by id through confluent-kafka's ``SchemaRegistryClient`` (which caches it): an id
    the registry does not know is ``schema id N is not in the registry``. A registry that does not answer (refused
    connection, timeout, 5xx) is retried with back-off for ``registry_outage_s``, then the task fails naming it; a
-   401/403 fails it at once: records are never skipped, the batch fails whole and is read again when restarted;
+   401/403 fails it at once: records are never skipped, the batch fails whole and is read again when restarted.
+   A writer schema registered after the one the pipeline's fields were taken from (a higher id) with a field they
+   lack fails the batch too (:class:`NewWriterSchema`): read by the old fields, that field's values would be lost,
+   so the run starts the query again with the subject's latest fields and the batch is read again with them;
 3. the payload, by confluent-kafka's deserializer for the format (``AvroDeserializer``: read by the writer schema,
    or resolved to the reader schema Krishiv took the fields from; ``JSONDeserializer``: validated by the schema;
    ``ProtobufDeserializer``): a payload it cannot read is ``undecodable avro payload (schema id N): why``.
@@ -21,6 +24,7 @@ by the JSON rule, so its decimals stay exact), after the Debezium envelope, when
 from __future__ import annotations
 
 import io
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import date, datetime
@@ -33,7 +37,7 @@ from krishiv_core.formats import AVRO, DEBEZIUM, JSON, JSON_SCHEMA, PROTOBUF, ST
 from krishiv_core.runbook import runbook
 from krishiv_core.schema_fields import SEPARATOR
 from spark_jobs.debezium import Decoded, Unreadable, avro_hints, change_event, decode_columns, unwrap_json
-from spark_jobs.errors import KafkaSourceError
+from spark_jobs.errors import KafkaSourceError, NewWriterSchema
 from spark_jobs.record_decoder import (
     CDC_DELETE,
     SHOWN,
@@ -48,6 +52,7 @@ from spark_jobs.value_reading import read_value
 
 _HEADER = 5
 _RUNBOOK = runbook("A Schema Registry that does not answer")
+_NEW_FIELDS_RUNBOOK = runbook("A schema version with new fields")
 #: The change-event columns a Debezium pipeline's table may carry (``krishiv_core.formats.CDC_COLUMNS``).
 CDC_PREFIX = "_cdc_"
 
@@ -88,11 +93,16 @@ def fetch_writer_schema(client: Any, schema_id: int, url: str, outage_s: float, 
     :class:`RegistryUnavailable` when it does not answer within ``outage_s`` or refuses the credentials."""
     from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-    deadline = time.monotonic() + outage_s
+    began = time.monotonic()
+    deadline = began + outage_s
     pause = 0.5
+    waiting = False
     while True:
         try:
-            return client.get_schema(schema_id, fmt=fmt)  # cached by id, whatever the format: always ask the same
+            schema = client.get_schema(schema_id, fmt=fmt)  # cached by id, whatever the format: always ask the same
+            if waiting:
+                _say(f"the Schema Registry at {url} is back after {time.monotonic() - began:.0f}s")
+            return schema
         except SchemaRegistryError as exc:
             status = _status(exc)
             if status == 404:
@@ -115,8 +125,16 @@ def fetch_writer_schema(client: Any, schema_id: int, url: str, outage_s: float, 
                 "were not read: start again once it answers (KRISHIV_REGISTRY_OUTAGE_S sets how long to wait) "
                 + _RUNBOOK
             )
+        if not waiting:
+            waiting = True
+            _say(f"the Schema Registry at {url} did not answer ({problem}); retrying for up to {outage_s:g}s")
         time.sleep(pause)
         pause = min(pause * 2, 5.0)
+
+
+def _say(line: str) -> None:
+    """One line on the task's stderr, which is the run's (as the Kafka source's own lines)."""
+    print(f"krishiv-kafka: {line}", file=sys.stderr, flush=True)
 
 
 class _FormatReader:
@@ -134,6 +152,10 @@ class _FormatReader:
         #: deserializer reads it).
         self._known: dict[bytes, tuple[int, dict[str, Any], Callable[[bytes], Any] | None]] = {}
         self.reader_schema = decoding.reader_schema if field == "value" else None
+        #: The schema id the fields were taken from (values only): a later writer schema's fields are checked.
+        self.fields_schema_id = decoding.fields_schema_id if field == "value" else None
+        self.field_names = frozenset(f.name for f in decoding.fields)
+        self.debezium = decoding.envelope is not None
         if fmt in (AVRO, PROTOBUF, JSON_SCHEMA):
             assert decoding.registry is not None, "a registry format needs [schema_registry]"
             self.url = decoding.registry.get("url", "")
@@ -169,6 +191,29 @@ class _FormatReader:
             raise _Reject(f"schema id {schema_id} is not in the Schema Registry at {self.url}")
         return schema_id, schema
 
+    def _check_new_fields(self, schema_id: int, schema: Any, topic: str) -> None:
+        """Raise :class:`NewWriterSchema` when ``schema`` (registered after the fields' schema) has a field the query
+        does not read: read by the old fields its value would be lost for good. Checked once per schema id."""
+        from krishiv_core.errors import ConfigError
+        from krishiv_core.schema_fields import fields_of
+
+        try:
+            fields = fields_of(self.client, schema, schema_id, self.fmt, self.debezium)
+        except ConfigError as exc:
+            new = f"a field Krishiv's tables do not hold ({exc})"
+        else:
+            names = [f.name for f in fields if f.name not in self.field_names]
+            if not names:
+                return
+            new = f"fields the query does not read ({', '.join(names)})"
+        raise NewWriterSchema(
+            f"topic {topic}: records of schema id {schema_id} have {new}; the query's fields are schema id "
+            f"{self.fields_schema_id}'s: the batch was stopped before anything was staged, so no value is lost, and "
+            "krishiv run starts the query again with the fields of the subject's latest version; if that version "
+            "lacks them too, register the records' version under the pipeline's subject or list the fields under "
+            f"[pipelines.fields] {_NEW_FIELDS_RUNBOOK}"
+        )
+
     def read(self, data: bytes, topic: str) -> Decoded:
         """The decoded value (a dict for a record, a message, a JSON object) with its Debezium column hints."""
         from confluent_kafka.serialization import SerializationContext
@@ -177,6 +222,8 @@ class _FormatReader:
         known = self._known.get(data[1:_HEADER]) if len(data) > _HEADER and data[0] == 0 else None
         if known is None:
             schema_id, schema = self.frame(data)
+            if self.fields_schema_id is not None and schema_id > self.fields_schema_id:
+                self._check_new_fields(schema_id, schema, topic)
             hints = avro_hints(schema.schema_str) if self.fmt == AVRO else {}
             plain = self.fmt == AVRO and not (schema.rule_set and schema.rule_set.domain_rules)
             reader = avro_reader(self._deserialize, schema) if plain else None

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from krishiv_core.schema_fields import avro_fields, json_schema_fields
 from krishiv_core.spec_types import EventField, FieldType
+from spark_jobs.errors import NewWriterSchema
 from spark_jobs.record_decoder import Decoding
 from spark_jobs.registry_decoder import decoder_for, registry_client
 
@@ -140,6 +141,43 @@ def test_a_newer_compatible_schema_is_read_by_the_reader_schema_and_an_incompati
     rows = _decode(decoding, values)
     assert [r["order_id"] for r in rows[:2]] == ["o-1", "o-1"] and "note" not in rows[1]
     assert rows[2]["reason"] == "undecodable avro payload (schema id 3): Schema mismatch: long is not string"
+
+
+def test_a_later_schema_with_a_field_the_fields_lack_stops_the_batch_and_nothing_else_does() -> None:
+    """With fields taken from schema id 2: a record of a later id with a field they lack (or one a table cannot
+    hold) raises NewWriterSchema, so its value is never read away; a later id with fewer fields, an earlier id with
+    more (a field the subject's versions since removed), and any id when the spec lists the fields, read as before."""
+    registry = _registry()
+    quantity = ORDER["fields"][-1]
+    v1 = {"type": "record", "name": "Order", "fields": [*ORDER["fields"][:2], quantity]}
+    older = {**v1, "fields": [*v1["fields"], {"name": "legacy", "type": ["null", "string"], "default": None}]}
+    fewer = {**v1, "fields": v1["fields"][:2]}
+    v2 = {**v1, "fields": [*v1["fields"], {"name": "note", "type": ["null", "string"], "default": None}]}
+    tags = {**v1, "fields": [*v1["fields"], {"name": "tags", "type": {"type": "array", "items": "string"}}]}
+    values = {
+        "older": _avro(registry, older, _order(legacy="x")),  # id 1
+        "v1": _avro(registry, v1, _order()),  # id 2: the fields' schema
+        "fewer": _avro(registry, fewer, _order()),  # id 3
+        "v2": _avro(registry, v2, _order(note="gift")),  # id 4
+        "tags": _avro(registry, tags, _order(tags=["a"])),  # id 5
+    }
+    assert [int.from_bytes(v[1:5], "big") for v in values.values()] == [1, 2, 3, 4, 5]
+
+    def decoding(fields_schema_id: int | None) -> Decoding:
+        fields = avro_fields(json.dumps(v1), False)
+        return _decoding(
+            fields, registry, value_format="avro", reader_schema=json.dumps(v1), fields_schema_id=fields_schema_id
+        )
+
+    rows = _decode(decoding(2), [values["older"], values["v1"], values["fewer"]])
+    read = [(r["reason"], r["order_id"], r["quantity"]) for r in rows]
+    assert read == [(None, "o-1", 3), (None, "o-1", 3), (None, "o-1", None)]
+    with pytest.raises(NewWriterSchema, match=r"records of schema id 4 have fields the query does not read \(note\)"):
+        _decode(decoding(2), [values["v1"], values["v2"]])
+    with pytest.raises(NewWriterSchema, match=r"schema id 5 have a field Krishiv's tables do not hold \(tags: is an"):
+        _decode(decoding(2), [values["tags"]])
+    rows = _decode(decoding(None), [values["v2"], values["tags"]])
+    assert [(r["reason"], r["order_id"]) for r in rows] == [(None, "o-1"), (None, "o-1")]
 
 
 JSON_ORDER = {

@@ -2,8 +2,8 @@
 
 The registry is ``tests.services.schema_registry``: every schema Krishiv reads travels over the client's real HTTP
 path. The producers are confluent-kafka's serializers. The oracle is the records as produced: a record a
-serializer wrote is a row with the values it was given (the first schema's fields; after a restart on a newer
-version, its new field too), any other bytes a reject with the reason docs/formats.md gives.
+serializer wrote is a row with the values it was given (the first schema's fields; from the batch that first
+carries a newer version, its new fields too), any other bytes a reject with the reason docs/formats.md gives.
 """
 
 from __future__ import annotations
@@ -28,9 +28,11 @@ from krishiv.produce import OrderEvent, ensure_topic, produce
 from krishiv_core.catalog import load_catalog, qualified
 from krishiv_core.errors import KrishivError
 from krishiv_core.spec import KrishivSpec, load_spec
+from tests.services.processes import stop
 from tests.services.schema_registry import SchemaRegistryServer
-from tests.spark_jobs.pipeline_helpers import krishiv_cli
+from tests.spark_jobs.pipeline_helpers import all_committed, krishiv_cli, start_krishiv, wait_for
 
+TIMEOUT_S = 240.0  # a bound, not a target: Spark starts in a process of its own on a loaded 2-core machine
 PIPELINE = """
 [schema_registry]
 url = "{registry}"
@@ -136,23 +138,17 @@ def test_an_avro_topic_lands_with_fields_from_the_registry_and_evolves_with_a_ne
     assert rejects == {offset: reason for offset, (_, reason) in broken.items()}
     assert {o: _columns(r, V1) for o, r in rows.items()} == {n: _flat(order, V1) for n, order in enumerate(orders)}
 
-    # A newer compatible version: read by the first until the next start, which adds its new field as a column.
+    # A newer compatible version with a new field, with the spec loaded before it was registered: the run starts its
+    # query again with the subject's latest fields, so the batch that first carries it adds its column.
     v2 = AvroSerializer(client, json.dumps(AVRO_V2))
     newer = [_avro_order(rng, n, v2=True) for n in range(44, 60)]
-    _send(broker, topic, [v2(o, ctx) for o in newer[:8]])
-    rows, _ = _run(spec)
-    assert all("note" not in r for r in rows.values())
-    assert {o: _columns(r, V1) for o, r in rows.items() if o >= 44} == {
-        n: _flat(order, V1) for n, order in enumerate(newer[:8], start=44)
-    }
-    _send(broker, topic, [v2(o, ctx) for o in newer[8:]])
-    spec = load_spec(path, env={})
-    assert spec.pipeline().fields[-1].name == "note"
+    _send(broker, topic, [v2(o, ctx) for o in newer])
     rows, rejects = _run(spec)
-    assert {o: _columns(r, V2) for o, r in rows.items() if o >= 52} == {
-        n: _flat(order, V2) for n, order in enumerate(newer[8:], start=52)
+    assert load_spec(path, env={}).pipeline().fields[-1].name == "note"
+    assert {o: _columns(r, V2) for o, r in rows.items() if o >= 44} == {
+        n: _flat(order, V2) for n, order in enumerate(newer, start=44)
     }
-    assert all(r["note"] is None for o, r in rows.items() if o < 52), "rows staged before the column came keep it null"
+    assert all(r["note"] is None for o, r in rows.items() if o < 44), "rows staged before the column came keep it null"
     assert len(rows) == 56 and len(rejects) == 4
     assert schema_registry.unknown_requests == []
 
@@ -319,6 +315,8 @@ def test_the_cli_says_a_registry_outage_in_one_line_without_a_traceback(
     result = krishiv_cli(path, "run", "--once", env={"KRISHIV_REGISTRY_OUTAGE_S": "2"})
     said = [line for line in result.stderr.splitlines() if not line.startswith("WARNING: Using incubator modules")]
     assert result.returncode == 2, result.stderr
+    # the line that the task waits, when the client's own retries of its first call end within the 2 s
+    said = [x for x in said if not x.startswith(f"krishiv-kafka: the Schema Registry at {schema_registry.url} did")]
     assert len(said) == 1, result.stderr
     assert said[0].startswith("krishiv run: query orders failed: RegistryUnavailable: the Schema Registry at ")
     assert said[0].endswith("(see docs/operations.md: Recovery runbook > A Schema Registry that does not answer)")
@@ -377,3 +375,76 @@ def test_a_json_schema_topic_lands_with_fields_from_the_registry_and_exact_decim
         n: (o["order_id"], o["qty"], o.get("note")) for n, o in enumerate(orders)
     }
     assert list(rejects) == [10] and rejects[10].startswith("undecodable json_schema payload (schema id ")
+
+
+AVRO_V3 = {**AVRO_V2, "fields": [*AVRO_V2["fields"], {"name": "channel", "type": ["null", "string"], "default": None}]}
+V3 = (*V2, "channel")
+#: A version the table cannot take: a new field, and the customer's id a string in a column of longs.
+AVRO_RETYPED = {
+    **AVRO_V3,
+    "fields": [
+        *[f for f in AVRO_V3["fields"] if f["name"] != "customer"],
+        {"name": "customer", "type": {**AVRO_V1["fields"][3]["type"], "fields": [{"name": "id", "type": "string"}]}},
+        {"name": "gift", "type": ["null", "string"], "default": None},
+    ],
+}
+
+
+def test_a_continuous_run_takes_a_new_versions_fields_with_the_batch_that_first_carries_them(
+    tmp_path, broker, topic, schema_registry: SchemaRegistryServer
+):
+    """A continuous ``krishiv run`` (the real process) on an Avro topic with its fields from the registry: the producer
+    moves to a version with a new field (registry up), then to another while the registry is down; each time the run
+    starts its query again with the latest fields, with no restart by hand, and every value is in the table, rows
+    before the column null there, each record once. Then a version the table cannot take stops the run in one line,
+    its record unstaged."""
+    rng = random.Random(35)
+    client = SchemaRegistryClient({"url": schema_registry.url})
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    serializers = {v: AvroSerializer(client, json.dumps(s)) for v, s in ((1, AVRO_V1), (2, AVRO_V2), (3, AVRO_V3))}
+    sent: list[dict[str, Any]] = []  # the orders by offset
+
+    def encoded(versions: list[int]) -> list[bytes]:
+        values = []
+        for v in versions:
+            order = _avro_order(rng, len(sent), v2=v >= 2) | ({"channel": rng.choice([None, "web"])} if v >= 3 else {})
+            sent.append(order)
+            values.append(serializers[v](order, ctx))
+        return values
+
+    _send(broker, topic, encoded([1] * 10))
+    path = _spec(tmp_path, broker, topic, schema_registry, "avro")
+    spec = load_spec(path, env={})
+    output = tmp_path / "run.log"
+    run = start_krishiv(path, "run", output=output, env={"KRISHIV_REGISTRY_OUTAGE_S": "120"})
+    waiting = f"krishiv-kafka: the Schema Registry at {schema_registry.url} did not answer"
+    try:
+        wait_for(lambda: all_committed(spec), "the first wave was not committed", output, TIMEOUT_S)
+        _send(broker, topic, encoded([2, 1] * 6))  # the new version registered with the registry up
+        wait_for(lambda: all_committed(spec), "the second version's wave was not committed", output, TIMEOUT_S)
+        values = encoded([3, 2, 1] * 4)  # registered; then the registry goes down before the records are sent
+        schema_registry.down()
+        _send(broker, topic, values)
+        wait_for(lambda: waiting in output.read_text(), "the run did not wait for the registry", output, TIMEOUT_S)
+        schema_registry.up()
+        wait_for(lambda: all_committed(spec), "the third version's wave was not committed", output, TIMEOUT_S)
+        retyped = AvroSerializer(client, json.dumps(AVRO_RETYPED))
+        order = _avro_order(rng, len(sent), v2=True) | {"channel": None, "gift": "bow"}
+        _send(broker, topic, [retyped(order | {"customer": {"id": "c-1"}}, ctx)])
+        code = run.wait(TIMEOUT_S)
+    finally:
+        stop(run)
+    said = output.read_text()
+    lines = [x for x in said.splitlines() if not x.startswith("WARNING: Using incubator modules")]
+    restarts = [x for x in lines if "a batch holds records of a newer schema version" in x]
+    assert [x.split("(new: ")[1].split(")")[0] for x in restarts] == ["note", "channel", "gift"], said
+    assert "Traceback" not in said and any(x.startswith(waiting) for x in lines), said
+    assert code != 0 and lines[-1].startswith("krishiv run: ") and "customer_id" in lines[-1], said
+
+    catalog = load_catalog(spec)
+    rows = catalog.load_table(qualified(spec, "orders")).scan().to_arrow().to_pylist()
+    assert sorted(r["_kafka_offset"] for r in rows) == list(range(len(sent))), "each record once, the last unstaged"
+    assert {r["_kafka_offset"]: _columns(r, V3) for r in rows} == {
+        n: {k: {**o, "customer_id": o["customer"]["id"]}.get(k) for k in V3} for n, o in enumerate(sent)
+    }
+    assert len(catalog.load_table(qualified(spec, "orders_rejects")).scan().to_arrow()) == 0
