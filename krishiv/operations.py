@@ -155,9 +155,9 @@ def _root_cause(exc: BaseException) -> str:
 WORKER_START_RUNBOOK = runbook("A query that did not start in time")
 #: The runbook section of a query whose Kafka source's Python process died.
 SOURCE_DIED_RUNBOOK = runbook("A query whose source process died")
-
 #: The runbook section of a batch whose records have fields of a newer schema version.
 NEW_FIELDS_RUNBOOK = runbook("A schema version with new fields")
+
 
 def _query_failed(running: RunningPipeline, failure: BaseException, leases: dict[str, HeldLease]) -> KrishivError:
     """``query <name> failed: <cause>``; when every start timed out waiting for Spark's Python worker, or the source's
@@ -232,6 +232,7 @@ def run_pipelines(
         SOURCE_RESTART_ATTEMPTS,
         WORKER_START_ATTEMPTS,
         check_checkpoint,
+        new_writer_schema,
         source_process_died,
         start_pipeline,
         stop_between_batches,
@@ -239,7 +240,6 @@ def run_pipelines(
     )
     from spark_jobs.session import build_session
     from spark_jobs.window_state import check_output_mode
-        new_writer_schema,
 
     committing = commit and not once
     with ExitStack() as stack:
@@ -292,6 +292,8 @@ def run_pipelines(
                     failure = running[i].query.exception()
                     if failure is None:
                         return False
+                    if new_writer_schema(failure):
+                        return started_with_latest_fields(i)
                     if worker_start_timed_out(failure):
                         why, attempts = "worker start", WORKER_START_ATTEMPTS
                     elif source_process_died(failure):
@@ -300,8 +302,6 @@ def run_pipelines(
                         return False
                     if restarts[(name, why)] >= attempts - 1:
                         return False
-                    if new_writer_schema(failure):
-                        return started_with_latest_fields(i)
                     restarts[(name, why)] += 1
                     again = f"starting the query again ({restarts[(name, why)] + 1} of {attempts})"
                     if why == "worker start":
@@ -319,14 +319,6 @@ def run_pipelines(
                     running[i].stager.history[:0] = before  # the run's counts go on across the start
                     return True
 
-                for p in pipelines:
-                    if requested.is_set():
-                        break
-                    running.append(start(p))
-                    say(f"query {p.name} started; waiting for its first batch")
-                    if len(pipelines) > 1:
-                        _wait_for_source(running[-1])
-                if once:
                 def started_with_latest_fields(i: int) -> bool:
                     """Start ``running[i]`` again with its fields read again from the registry, when a batch stopped
                     on records of a newer schema version: that batch is replayed from the checkpoint with them, and
@@ -347,6 +339,14 @@ def run_pipelines(
                     running[i].stager.history[:0] = before  # the run's counts go on across the start
                     return True
 
+                for p in pipelines:
+                    if requested.is_set():
+                        break
+                    running.append(start(p))
+                    say(f"query {p.name} started; waiting for its first batch")
+                    if len(pipelines) > 1:
+                        _wait_for_source(running[-1])
+                if once:
                     # Every query is looked at in turn, so one that failed to start is started again at once, not
                     # after the queries before it have read their topics.
                     left = list(range(len(running)))

@@ -132,13 +132,13 @@ def source_process_died(failure: BaseException) -> bool:
     return "[STREAM_FAILED]" in first and first.endswith("(no cause message)") and "PythonMicroBatchStream" in text
 
 
-def stop_between_batches(query: StreamingQuery, timeout_s: float = 30.0) -> None:
 def new_writer_schema(failure: BaseException) -> bool:
     """Whether a query failed because a batch holds records of a newer schema version with fields the query does not
     read (:class:`spark_jobs.errors.NewWriterSchema`, raised in a source task): nothing of the batch was staged."""
     return f"{NewWriterSchema.__module__}.{NewWriterSchema.__name__}: " in str(failure)
 
 
+def stop_between_batches(query: StreamingQuery, timeout_s: float = 30.0) -> None:
     """Stop ``query`` once its running trigger (if any) has finished, waiting at most ``timeout_s``.
 
     Stopping mid-batch is safe (the batch is replayed from the checkpoint and the ledger), but it interrupts
