@@ -315,7 +315,7 @@ def _fields(
     remembered: Path | None,
 ) -> tuple[tuple[EventField, ...], RecordFormat]:
     """The pipeline's fields: listed in the spec, or a registry format's subject's latest schema's (which then is
-    the reader schema, so records of newer versions are read as the fields were taken)."""
+    the reader schema, its id the one a record of a later version with more fields is told by)."""
     if "fields" in raw or fmt.value not in REGISTRY_FORMATS or registry is None or fmt.subject is None:
         return parse_fields(raw.get("fields"), f"{where}.fields"), fmt
     fields, schema, schema_id = registry_fields(
