@@ -4,8 +4,9 @@ For each pipeline: the broker answers and has the topic, the topic is the one th
 offsets the next batch starts from; the catalog answers; each table the pipeline writes is
 new (created at the first run) or takes the spec (its purpose, its schema: the columns a run would add, widen or
 relax, or the refusal a run would stop with; its partitioning); the ledger, the checkpoint and the tables tell one
-history. Nothing is created, evolved or leased: a table is compared with the spec in a transaction never
-committed. Each finding is one line; the command exits 1 if any check fails.
+history; and the pipeline's recent batches are not mostly rejects (``krishiv_core.reject_rate``: a spec that reads
+nothing of what the topic holds fails here). Nothing is created, evolved or leased: a table is compared with the
+spec in a transaction never committed. Each finding is one line; the command exits 1 if any check fails.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from krishiv_core.tables import OutputTable
 @dataclass(frozen=True)
 class Finding:
     pipeline: str
-    check: str  # broker, offsets, catalog, table <name>, history
+    check: str  # broker, offsets, catalog, table <name>, history, rejects
     ok: bool
     detail: str
 
@@ -119,14 +120,37 @@ def _offsets(spec: KrishivSpec, p: PipelineSpec) -> str:
     return "the next batch's offsets are on the broker"
 
 
+def _rejects(spec: KrishivSpec, p: PipelineSpec, warn_above: float) -> str:
+    """The pipeline's recent batches are not mostly rejects (``krishiv_core.reject_rate``): fails as ``status``
+    warns, so a spec that reads nothing of what the topic holds does not check clean."""
+    from krishiv.operations import open_ledger
+    from krishiv.reject_storms import pipeline_warning, recent_rejects
+    from krishiv_core.catalog import qualified
+
+    ledger = open_ledger(spec)
+    if not ledger.exists():
+        return "nothing read yet"
+    recent = ledger.recent_rejects(qualified(spec, p.all_tables[0]), pipeline=p.name)
+    storm = pipeline_warning(recent, warn_above, qualified(spec, p.rejects_table))
+    if storm:
+        raise RejectStorm(storm)
+    return recent_rejects(recent, warn_above) if recent.batches else "nothing read yet"
+
+
+class RejectStorm(KrishivError):
+    """Most records the pipeline's recent batches read were rejects: its spec does not read what the topic holds."""
+
+
 class OffsetsNotReadable(KrishivError):
     """The topic was re-created, or retention deleted offsets the query has not read: the next run would stop."""
 
 
 def check_pipelines(spec: KrishivSpec, pipelines: Sequence[PipelineSpec]) -> list[Finding]:
     """Every finding, in order; a pipeline whose broker or catalog does not answer skips what needs them."""
+    from krishiv_core.reject_rate import reject_rate_warn
     from krishiv_core.tables import output_tables
 
+    warn_above = reject_rate_warn()
     findings: list[Finding] = []
     catalog = _checked("*", "catalog", lambda: _catalog(spec))
     for p in pipelines:
@@ -134,9 +158,9 @@ def check_pipelines(spec: KrishivSpec, pipelines: Sequence[PipelineSpec]) -> lis
         if findings[-1].ok:
             findings.append(_checked(p.name, "offsets", lambda p=p: _offsets(spec, p)))
         findings.append(Finding(p.name, catalog.check, catalog.ok, catalog.detail))
-        if not catalog.ok:
-            continue
-        for t in output_tables(p):
-            findings.append(_checked(p.name, f"table {t.name}", lambda t=t, p=p: _table(spec, p, t)))
-        findings.append(_checked(p.name, "history", lambda p=p: _history(spec, p)))
+        if catalog.ok:
+            for t in output_tables(p):
+                findings.append(_checked(p.name, f"table {t.name}", lambda t=t, p=p: _table(spec, p, t)))
+            findings.append(_checked(p.name, "history", lambda p=p: _history(spec, p)))
+        findings.append(_checked(p.name, "rejects", lambda p=p: _rejects(spec, p, warn_above)))
     return findings

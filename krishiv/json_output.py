@@ -18,6 +18,7 @@ from krishiv.check import Finding
 from krishiv.lineage import LineageRow
 from krishiv.status import PipelineStatus
 from krishiv.verify import Verification
+from krishiv_core.reject_rate import RejectRate
 
 VERSION = 1
 
@@ -73,6 +74,18 @@ def status_pipeline(s: PipelineStatus, kind: str, topic: str, merged: set[str]) 
     }
 
 
+def reject_rate_document(rate: RejectRate, warn_above: float) -> dict[str, Any]:
+    """A pipeline's recent reject rate (``krishiv_core.reject_rate``), as ``status --json`` carries it."""
+    return {
+        "batches": rate.batches,
+        "read": rate.records_read,
+        "rejected": rate.rejects,
+        "rate": rate.rate,
+        "warn_above": warn_above,
+        "alarming": rate.alarming(warn_above),
+    }
+
+
 def status_document(
     pipelines: Sequence[dict[str, Any]], removed: Sequence[dict[str, Any]], broker_error: str | None
 ) -> str:
@@ -89,7 +102,8 @@ def status_document(
 
 
 def verify_document(results: Iterable[Verification]) -> str:
-    """``krishiv verify --json``: each table's verdict (``ok`` false exits 1)."""
+    """``krishiv verify --json``: each table's verdict (``ok`` false exits 1); a pipeline's first table also has the
+    records its batches read and rejected (null on the others) and its warnings (which do not make it fail)."""
     tables = [
         {
             "table": r.table,
@@ -98,6 +112,9 @@ def verify_document(results: Iterable[Verification]) -> str:
             "snapshots": r.snapshots,
             "key": list(r.key),
             "violations": list(r.violations),
+            "records_read": r.records_read,
+            "rejects": r.rejects,
+            "warnings": list(r.warnings),
         }
         for r in results
     ]

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from krishiv.ledger_outage import LedgerOutage
 from krishiv_core.env_settings import seconds_from_env
 from krishiv_core.errors import KrishivError, StagerLeaseLost
+from krishiv_core.reject_rate import reject_rate_warn
 from krishiv_core.runbook import before_pointer, runbook
 from krishiv_core.spec import KrishivSpec, PipelineSpec, with_latest_fields
 from outbox.errors import ledger_outage
@@ -216,6 +217,7 @@ def run_pipelines(
     from krishiv.preflight import check_history, check_new_catalog, check_topic_unchanged, check_topics
 
     say = progress or (lambda _line: None)
+    warn_above = reject_rate_warn()  # a setting that is not a share is one line now, not after Spark's start-up
     if ledger is None:
         ledger = open_writable_ledger(spec)
     # A broker, topic or catalog that is not there is one line now, not a failed query after Spark's start-up.
@@ -282,6 +284,7 @@ def run_pipelines(
                         once=once,
                         on_batch=_waking(committer, reporter(p.name) if reporter else None),
                         lease=leases[p.name],
+                        reject_rate_warn=warn_above,
                     )
 
                 def restarted(i: int) -> bool:
@@ -583,12 +586,15 @@ def verify_pipelines(
     """The exactly-once invariants of every table of each pipeline (``pipeline.all_tables``: its row tables, a
     fan-out's routes among them, then its rejects table), each checked by its row key and commit operation; an
     events pipeline with Kafka coordinates also has each offset in one table at most (``catalog``, ``ledger``:
-    the spec's unless given)."""
+    the spec's unless given). A pipeline's first table also carries the records its batches read and rejected, and
+    a warning when its recent batches are mostly rejects."""
     from krishiv.inputs import load_table
+    from krishiv.reject_storms import pipeline_warning
     from krishiv.verify import beyond_incarnations, checks_offsets, offset_violations, repeated_offsets, verify_output
     from krishiv_core.catalog import load_catalog, qualified
     from krishiv_core.tables import output_tables
 
+    warn_above = reject_rate_warn()
     ledger = open_ledger(spec) if ledger is None else ledger
     catalog = load_catalog(spec) if catalog is None else catalog
     address = _catalog_address(catalog)
@@ -604,5 +610,12 @@ def verify_pipelines(
             repeats = beyond_incarnations(repeats, ledger, p)
             for v in verified:
                 v.violations += offset_violations(repeats, v.table)
+        # How many records its batches read and rejected; a storm is said (a warning: the tables are exactly-once).
+        first, summary = verified[0], ledger.table_summary(verified[0].table, pipeline=p.name)
+        first.records_read, first.rejects = summary.records_read, summary.rejects
+        recent = ledger.recent_rejects(first.table, pipeline=p.name)
+        storm = pipeline_warning(recent, warn_above, qualified(spec, p.rejects_table))
+        if storm:
+            first.warnings.append(storm)
         results += verified
     return results

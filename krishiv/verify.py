@@ -71,6 +71,11 @@ class Verification:
     key: tuple[str, ...] = ()  # the row key checked for duplicates; empty when there is no per-row check
     violations: list[str] = field(default_factory=list)
     duplicates: list[Duplicate] = field(default_factory=list)
+    #: On a pipeline's first table (whose entries carry each batch's counts): the records its batches read and
+    #: rejected, from the ledger, and what is said but is no violation (a reject storm: ``krishiv_core.reject_rate``).
+    records_read: int | None = None
+    rejects: int | None = None
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:

@@ -23,7 +23,8 @@ agree with the ledger, and a duplicate found in a compacted file names the snaps
 
 And on the pipeline's first table, whose entries carry each batch's counts:
 
-- ``rejects_rate``: malformed events stay under a share of the events read (a warning, not an error);
+- ``rejects_rate``: malformed events stay under a share of the events read by the pipeline's recent batches, as
+  ``krishiv status`` and ``check`` count them (``krishiv_core.reject_rate``), a warning, not an error;
 - ``late_events`` (windowed): late events stay under a share of the events read by the last batches, each batch's
   count listed (``late_by_batch``), as ``krishiv status`` shows them; the events are rows of the rejects table
   (reason ``late: …``), a warning, not an error.
@@ -41,6 +42,7 @@ from krishiv_assets.assets import PipelineKeys
 from krishiv_assets.resources import IcebergCatalogResource, LedgerResource
 from krishiv_core.catalog import qualified
 from krishiv_core.entries import MERGE
+from krishiv_core.reject_rate import RECENT_BATCHES
 from krishiv_core.spec import EVENTS, UPSERT, WINDOWED, KrishivSpec, PipelineSpec
 from krishiv_core.tables import OutputTable, output_tables
 from outbox.ledger.queries import RECENT_LATE_BATCHES
@@ -288,24 +290,29 @@ def _ledger_check(
     return ledger_agreement
 
 
-def _rejects_rate_check(asset: dg.AssetKey, table_name: str, thresholds: CheckThresholds) -> dg.AssetChecksDefinition:
+def _rejects_rate_check(
+    asset: dg.AssetKey, table_name: str, pipeline: str, thresholds: CheckThresholds
+) -> dg.AssetChecksDefinition:
     @dg.asset_check(
         asset=asset,
         name="rejects_rate",
-        description=f"Malformed events stay under {thresholds.rejects_rate_max:.1%} of the events read.",
+        description=(
+            f"Malformed events stay under {thresholds.rejects_rate_max:.1%} of the events read by the pipeline's "
+            f"last {RECENT_BATCHES} batches."
+        ),
     )
     def rejects_rate(ledger: LedgerResource) -> dg.AssetCheckResult:
-        summary = ledger.ledger().table_summary(table_name)  # the first table's entries carry the batch counts
-        read, rejects = summary.records_read, summary.rejects
-        rate = rejects / read if read else 0.0
+        # The recent batches of krishiv status and check (krishiv_core.reject_rate), against this check's own share.
+        recent = ledger.ledger().recent_rejects(table_name, pipeline=pipeline)
         return dg.AssetCheckResult(
-            passed=rate <= thresholds.rejects_rate_max,
+            passed=not recent.alarming(thresholds.rejects_rate_max),
             severity=dg.AssetCheckSeverity.WARN,
-            description=f"{rejects} of {read} events rejected ({rate:.2%})",
+            description=f"{recent.describe()} in the last {recent.batches} batches",
             metadata={
-                "rejects": rejects,
-                "records_read": read,
-                "rejects_rate": float(rate),
+                "rejects": recent.rejects,
+                "records_read": recent.records_read,
+                "batches": recent.batches,
+                "rejects_rate": float(recent.rate),
                 "threshold": float(thresholds.rejects_rate_max),
             },
         )
@@ -369,7 +376,7 @@ def pipeline_checks(
         merge = output.operation.kind == MERGE
         unkeyed = not merge and not _key(pipeline, output)  # another writer's rows only show against the ledger
         checks.append(_ledger_check(asset, table_name, merge, thresholds, rows_by_ledger=unkeyed))
-    checks.append(_rejects_rate_check(keys.table, qualified(spec, pipeline.tables[0]), thresholds))
+    checks.append(_rejects_rate_check(keys.table, qualified(spec, pipeline.tables[0]), pipeline.name, thresholds))
     if pipeline.kind == WINDOWED:
         first, rejects = qualified(spec, pipeline.table), qualified(spec, pipeline.rejects_table)
         checks.append(_late_events_check(keys.table, first, pipeline.name, rejects, thresholds))

@@ -16,6 +16,7 @@ from pyspark.sql.streaming import StreamingQuery
 from krishiv_core.catalog import ensure_pipeline_tables, qualified
 from krishiv_core.env_settings import seconds_from_env
 from krishiv_core.evolution import planned_schema
+from krishiv_core.reject_rate import DEFAULT_REJECT_RATE_WARN
 from krishiv_core.runbook import runbook
 from krishiv_core.spec import EVENTS, WINDOWED, KrishivSpec, PipelineSpec
 from krishiv_core.table_purpose import purpose_properties
@@ -209,6 +210,7 @@ def start_pipeline(
     once: bool,
     on_batch: Callable[[StagedBatch], None] | None = None,
     lease: StagerLeaseHandle | None = None,
+    reject_rate_warn: float = DEFAULT_REJECT_RATE_WARN,
 ) -> RunningPipeline:
     checkpoint = check_checkpoint(spec, pipeline, ledger)
     check_output_mode(pipeline, checkpoint)
@@ -227,9 +229,8 @@ def start_pipeline(
         checkpointPath=str(checkpoint.path),
         recorded=_recorded(checkpoint, ledger, qualified(spec, pipeline.rejects_table), pipeline.topic).to_option(),
     )
-    stager = BatchStager(
-        pipeline, ledger, checkpoint, targets, shape_of(pipeline, targets, checkpoint), on_batch, lease
-    )
+    shape = shape_of(pipeline, targets, checkpoint)
+    stager = BatchStager(pipeline, ledger, checkpoint, targets, shape, on_batch, lease, reject_rate_warn)
     writer = (
         build_output(raw, pipeline)
         .writeStream.queryName(pipeline.name)

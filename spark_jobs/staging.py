@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
@@ -41,6 +42,7 @@ from krishiv_core.errors import BatchReplayMismatch, KrishivError, SchemaConflic
 from krishiv_core.evolution import SchemaChange, evolve_schema, holds_schema, holds_schema_of, planned_schema
 from krishiv_core.faults import fault_point
 from krishiv_core.parquet_files import write_staged_files
+from krishiv_core.reject_rate import DEFAULT_REJECT_RATE_WARN, CommonReason, RejectRate, most_common_reason
 from krishiv_core.runbook import runbook
 from krishiv_core.spec import WINDOWED, PipelineSpec
 from krishiv_core.staging_paths import staging_root_of
@@ -137,6 +139,8 @@ class StagedBatch:
     late_events: int
     recorded: bool
     kind: str = WINDOWED
+    #: When the batch's rejects are alarming (``krishiv_core.reject_rate``): the reason most of them gave.
+    common_reason: CommonReason | None = None
 
 
 def staging_root(table: Table) -> str:
@@ -178,6 +182,7 @@ class BatchStager:
         shape: BatchShape,
         on_batch: Callable[[StagedBatch], None] | None = None,
         lease: StagerLeaseHandle | None = None,
+        reject_rate_warn: float = DEFAULT_REJECT_RATE_WARN,
     ) -> None:
         self.pipeline = pipeline
         self.ledger = ledger
@@ -189,6 +194,7 @@ class BatchStager:
         self.history: list[StagedBatch] = []
         self.on_batch = on_batch
         self.lease = lease
+        self.reject_rate_warn = reject_rate_warn
         self._query_id: str | None = None
         self._skips: list[OffsetSkip] | None = None
         self.called = threading.Event()  # set when Spark first hands the sink a batch: its source is up
@@ -231,6 +237,8 @@ class BatchStager:
         if result.rejects is not None:
             result.rows[rejects_name] = self._reject_rows(result.rejects, batch_id)
         rejects = result.row_count(rejects_name)  # malformed: the late events join their table below
+        alarming = RejectRate(result.records + rejects, rejects).alarming(self.reject_rate_warn)
+        common = most_common_reason(self._reasons(result)) if alarming else None
         if result.late_events:
             assert result.late is not None and rejects_name not in result.files  # the driver stages a windowed batch
             kept = [result.rows[rejects_name]] if rejects_name in result.rows else []
@@ -244,6 +252,7 @@ class BatchStager:
             result.late_events,
             False,
             self.pipeline.kind,
+            common,
         )
 
         if replay:
@@ -375,6 +384,18 @@ class BatchStager:
             return {"rows": rows}
         metrics = {"records_read": staged.records_read, "rejects": staged.rejects, "late_events": staged.late_events}
         return {**metrics, **result.metrics, ("windows" if self.pipeline.kind == WINDOWED else "rows"): rows}
+
+    def _reasons(self, result: BatchResult) -> list[str | None]:
+        """The reasons of the batch's rejects: from the rows the driver stages, or read back from the files the Spark
+        tasks wrote (the ``reason`` column only; asked only of a batch whose rejects are alarming)."""
+        name, io = self.rejects_target.output.name, self.rejects_target.table.io
+        if name in result.rows:
+            return result.rows[name].column("reason").to_pylist()
+        reasons: list[str | None] = []
+        for f in result.files.get(name, ()):
+            with io.new_input(f.path).open() as stream:
+                reasons += pq.read_table(stream, columns=["reason"]).column("reason").to_pylist()
+        return reasons
 
     def _reject_rows(self, rejects: pa.Table, batch_id: int) -> pa.Table:
         rejects = rejects.append_column("batch_id", pa.array([batch_id] * rejects.num_rows, pa.int64()))

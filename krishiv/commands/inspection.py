@@ -17,8 +17,9 @@ from krishiv_core.spec import KrishivSpec
 def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
     from datetime import UTC, datetime
 
-    from krishiv.json_output import status_document, status_pipeline
+    from krishiv.json_output import reject_rate_document, status_document, status_pipeline
     from krishiv.preflight import check_broker
+    from krishiv.reject_storms import pipeline_warning
     from krishiv.status import (
         DEFAULT_PENDING_AGE_S,
         PENDING_AGE_ENV,
@@ -31,9 +32,11 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
     from krishiv_core.catalog import qualified
     from krishiv_core.entries import MERGE
     from krishiv_core.env_settings import seconds_from_env
+    from krishiv_core.reject_rate import reject_rate_warn
     from krishiv_core.tables import output_tables
     from spark_jobs.errors import KafkaSourceError
 
+    warn_above = reject_rate_warn()
     ledger = open_existing_ledger(spec)
     try:
         check_broker(spec)  # quietly, in seconds: the ledger's side is shown either way, the lag only if it answers
@@ -64,8 +67,12 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
             datetime.now(UTC),
             seconds_from_env(PENDING_AGE_ENV, DEFAULT_PENDING_AGE_S),
         )
+        recent = ledger.recent_rejects(names[0], pipeline=p.name)  # a reject storm: most of what it reads
+        storm = pipeline_warning(recent, warn_above, qualified(spec, p.rejects_table))
+        warnings += [storm] if storm else []
         if args.json:
-            documents.append(status_pipeline(s, p.kind, p.topic, merged) | {"warnings": warnings})
+            rates = {"recent_rejects": reject_rate_document(recent, warn_above)}
+            documents.append(status_pipeline(s, p.kind, p.topic, merged) | {"warnings": warnings} | rates)
             continue
         for line in warnings:
             err_console.print(f"[yellow]warning: {escape(p.name)}: {escape(line)}[/]")
@@ -149,10 +156,16 @@ def cmd_verify(args: argparse.Namespace, spec: KrishivSpec) -> int:
         return 0 if all(r.ok for r in results) else 1
     for r in results:
         mark = "[green]ok[/]" if r.ok else "[red]VIOLATIONS[/]"
-        console.print(f"{escape(r.table)}: {mark} ({counted(r.rows, 'row')}, {counted(r.snapshots, 'snapshot')})")
+        read = "" if r.records_read is None else f"; its batches read {counted(r.records_read, 'record')}"
+        rejected = "" if r.rejects is None else f", rejected {r.rejects:,}"
+        console.print(
+            f"{escape(r.table)}: {mark} ({counted(r.rows, 'row')}, {counted(r.snapshots, 'snapshot')}{read}{rejected})"
+        )
         console.print(f"  unique by {', '.join(r.key)}" if r.key else "  no per-row key")
         for v in r.violations:
             console.print(f"  - {escape(v)}")
+        for w in r.warnings:  # not a violation: the exit status stays the tables'
+            console.print(f"  [yellow]warning: {escape(w)}[/]")
     return 0 if all(r.ok for r in results) else 1
 
 

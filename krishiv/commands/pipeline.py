@@ -34,15 +34,27 @@ if TYPE_CHECKING:
 _ROWS_NAMED = {"windowed": "windows", "events": "rows", "upsert": "keys"}
 
 
-def _print_batch(pipeline: str):
-    def show(b) -> None:
-        again = "" if b.recorded else " (already in the ledger)"
-        console.print(
-            f"[bold]{escape(pipeline)}[/] batch {b.batch_id}: {b.records_read} read, {b.rows} {_ROWS_NAMED[b.kind]}, "
-            f"{b.rejects} rejected, {b.late_events} late{again}"
-        )
+def _batch_printer(spec: KrishivSpec):
+    """The run's reporter: a line per batch, and a warning line for a batch whose rejects are alarming."""
+    from krishiv.reject_storms import batch_warning
+    from krishiv_core.catalog import qualified
 
-    return show
+    def for_pipeline(pipeline: str):
+        rejects_table = qualified(spec, spec.pipeline(pipeline).rejects_table)
+
+        def show(b) -> None:
+            again = "" if b.recorded else " (already in the ledger)"
+            console.print(
+                f"[bold]{escape(pipeline)}[/] batch {b.batch_id}: {b.records_read} read, {b.rows} "
+                f"{_ROWS_NAMED[b.kind]}, {b.rejects} rejected, {b.late_events} late{again}"
+            )
+            warning = batch_warning(b, rejects_table)
+            if warning:
+                err_console.print(f"[yellow]warning: {escape(pipeline)} {escape(warning)}[/]")
+
+        return show
+
+    return for_pipeline
 
 
 def _metrics(spec: KrishivSpec, ledger: Ledger, pipelines: list[PipelineSpec], port: int | None) -> Metrics:
@@ -97,7 +109,7 @@ def cmd_run(args: argparse.Namespace, spec: KrishivSpec) -> int:
                     pipelines,
                     once=args.once,
                     ledger=ledger,
-                    reporter=metrics.chain(_print_batch),
+                    reporter=metrics.chain(_batch_printer(spec)),
                     progress=say,
                     stop_on_signals=True,
                     commit=not args.no_commit,

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from krishiv_core.entries import COMMITTED, OffsetRanges
+from krishiv_core.reject_rate import RECENT_BATCHES, RejectRate
 from outbox.ledger.connection import LedgerConnection, column_rows
 from outbox.ledger.dialect import Dialect
 from outbox.ledger.schema import COMMIT_ORDER
@@ -295,6 +296,24 @@ class Queries(LedgerConnection):
             staged_offsets={p: int(e) for p, e, _ in results[2]} if topic is not None else {},
             committed_offsets={p: int(c) for p, _, c in results[2] if c is not None} if topic is not None else {},
         )
+
+    def recent_rejects(self, table: str, pipeline: str | None = None, batches: int = RECENT_BATCHES) -> RejectRate:
+        """Records read and rejected by the newest ``batches`` entries of ``table`` (a pipeline's first table, whose
+        entries carry each batch's counts), pending or committed; with ``pipeline``, only that pipeline's. The archive
+        holds only entries past the retention, never recent ones."""
+        where, params = "table_name = ?", [table]
+        if pipeline is not None:
+            where += " AND pipeline = ?"
+            params.append(pipeline)
+        rows = self._read(
+            "SELECT count(*), sum(records_read), sum(rejects) FROM (SELECT records_read, rejects FROM outbox "
+            f"WHERE {where} ORDER BY created_at DESC, batch_id DESC LIMIT ?) AS recent",
+            [*params, batches],
+        )
+        if not rows:
+            return RejectRate(0, 0, 0)
+        count, read, rejects = rows[0]
+        return RejectRate(int(read or 0), int(rejects or 0), int(count or 0))
 
     def recent_batches(
         self, table: str, pipeline: str | None = None, batches: int = RECENT_LATE_BATCHES

@@ -54,6 +54,7 @@ def test_a_new_pipeline_checks_clean_and_nothing_is_created(tmp_path, broker, to
         ("table payments", "new: created at the first run"),
         ("table payments_rejects", "new: created at the first run"),
         ("history", f"no ledger yet at {tmp_path}/ledger.duckdb: the first run starts one"),
+        ("rejects", "nothing read yet"),
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["krishiv.toml"], "nothing was created"
 
@@ -72,6 +73,7 @@ def test_a_spec_change_is_said_before_a_run_makes_it_or_refuses_it(tmp_path, bro
         "takes the spec as it is",
         "takes the spec as it is",
         "the ledger, the checkpoint and the tables tell one history",
+        "0 of 1 records rejected (0%) in its last batch (it warns above 50%, KRISHIV_REJECT_RATE_WARN)",
     ]
     _write(tmp_path, broker, topic, extra='coupon = { type = "string", required = false }')
     code, doc = _check(path, capsys)
