@@ -32,6 +32,7 @@ import pytest
 from krishiv.broker import free_port
 from krishiv_core.entries import COMMITTED, PENDING, OffsetRanges, OutboxEntry, StagedFile
 from krishiv_core.errors import BatchReplayMismatch
+from krishiv_core.reject_rate import RejectRate
 from outbox.errors import (
     LedgerBusyError,
     LedgerCorrupt,
@@ -1065,11 +1066,33 @@ def test_aggregate_reads_agree_with_the_entries(ledger: Ledger) -> None:
     assert batches.total_records == summary.committed_records
 
 
+def test_recent_rejects_add_up_the_newest_batches_of_a_pipeline_pending_or_committed(ledger: Ledger) -> None:
+    """The rate ``krishiv status`` and ``check`` warn of, and the Dagster check reads (``krishiv_core.reject_rate``):
+    the records read and rejected by the newest batches of a pipeline's first table."""
+    counts = [(20, 0), (10, 10), (30, 5), (8, 8)]  # (records read, rejects) of batches 0 to 3, recorded in order
+    for batch_id, (read, rejects) in enumerate(counts):
+        entry = dataclasses.replace(_entry("q1", batch_id), metrics={"records_read": read, "rejects": rejects})
+        assert ledger.record_batch([entry]) == [True]
+        if batch_id < 2:
+            ledger.mark_committed(entry, entry.intended_snapshot_id)
+    other = dataclasses.replace(_entry("q2", 0), pipeline="another", metrics={"records_read": 7, "rejects": 1})
+    ledger.record_batch([other])
+
+    def folded(batches: list[tuple[int, int]]) -> RejectRate:
+        return RejectRate(sum(r for r, _ in batches), sum(j for _, j in batches), len(batches))
+
+    assert ledger.recent_rejects(TABLE, pipeline="orders_per_minute", batches=3) == folded(counts[-3:])
+    assert ledger.recent_rejects(TABLE, pipeline="orders_per_minute") == folded(counts)  # fewer than the default 10
+    assert ledger.recent_rejects(TABLE, batches=1) == RejectRate(7, 1, 1)  # every pipeline's: the newest is another's
+    assert ledger.recent_rejects(REJECTS) == RejectRate(0, 0, 0)
+
+
 def test_aggregate_reads_of_a_missing_ledger_create_nothing(ledger: Ledger, ledger_location: str) -> None:
     assert ledger.end_offsets(TABLE, "orders") == {}
     assert ledger.table_summary(TABLE, topic="orders").pending == 0
     assert ledger.pending_batches() == []
     assert ledger.committed_batches(TABLE).total_records == 0
+    assert ledger.recent_rejects(TABLE) == RejectRate(0, 0, 0)
     assert ledger.skips("q") == []
     assert ledger.compact(0).entries_archived == 0
     assert not ledger.exists()
