@@ -10,6 +10,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from krishiv.operations import LEDGER_LOCK_TIMEOUT_ENV, STAGER_LEASE_TTL_ENV
 from krishiv_core.errors import ConfigError
+from krishiv_core.reject_rate import REJECT_RATE_ENV
 from krishiv_core.spec import ENV_OVERRIDES, SPEC_FILE_ENV
 
 #: What ``krishiv --help`` says first.
@@ -120,6 +121,7 @@ def _environment() -> str:
         ("KRISHIV_BROKER_OUTAGE_S", "seconds a running query waits for a broker that stopped answering (default 300)"),
         ("KRISHIV_LEDGER_OUTAGE_S", "seconds a continuous run waits for a ledger it could not write (default 300)"),
         ("KRISHIV_STATUS_PENDING_S", "status warns of entries pending longer than this many seconds (600)"),
+        (REJECT_RATE_ENV, "run, status and verify warn (check fails) above this share of rejects (0.5)"),
         ("KRISHIV_REGISTRY_OUTAGE_S", "seconds a query's tasks wait for a Schema Registry that stopped answering (60)"),
         ("OTEL_EXPORTER_OTLP_ENDPOINT", "export metrics over OTLP/HTTP there (with the other OTEL_* variables)"),
         ("KRISHIV_METRICS_PORT", "serve Prometheus metrics on this port (0: any free port)"),
