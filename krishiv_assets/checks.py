@@ -307,7 +307,7 @@ def _rejects_rate_check(
         return dg.AssetCheckResult(
             passed=not recent.alarming(thresholds.rejects_rate_max),
             severity=dg.AssetCheckSeverity.WARN,
-            description=f"{recent.describe()} in the last {recent.batches} batches",
+            description=f"{recent.describe()} in the last {recent.batches} batch{'es' * (recent.batches != 1)}",
             metadata={
                 "rejects": recent.rejects,
                 "records_read": recent.records_read,

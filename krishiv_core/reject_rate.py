@@ -9,8 +9,8 @@ every run exits 0. So:
 - a **batch** is alarming when every record it read was rejected, or more than the warning share of them
   (``KRISHIV_REJECT_RATE_WARN``, 0.5 unless set): ``krishiv run`` prints one warning line for it;
 - a **pipeline** is alarming when the rejects of its recent batches (the last :data:`RECENT_BATCHES` it recorded,
-  by the entries of its first table, which carry each batch's counts) are: ``status`` warns, ``check`` fails,
-  ``status --json`` carries the rate. The Dagster check reads the same batches against its own, lower share.
+  by the entries of its first table, which carry each batch's counts) are: ``status`` and ``verify`` warn, ``check``
+  fails, ``status --json`` carries the rate. The Dagster check reads the same batches against its own, lower share.
 
 A pipeline whose recent batches read nothing has no rate (0 of 0) and is never alarming.
 """
