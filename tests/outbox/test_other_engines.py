@@ -10,6 +10,7 @@ from the topic (``chaos.kinds_oracle``: the upsert rule and the windowed rule of
 
 from __future__ import annotations
 
+from collections import Counter
 from decimal import Decimal
 from pathlib import Path
 
@@ -61,7 +62,7 @@ max_records_per_batch = 150
 {fields}
 """
 )
-FIRST_RUN, SECOND_RUN = 450, 300
+FIRST_RUN, SECOND_RUN = 300, 300
 
 
 def test_polars_and_duckdb_read_merged_and_compacted_tables_equal_to_the_oracle(
@@ -94,7 +95,8 @@ def test_polars_and_duckdb_read_merged_and_compacted_tables_equal_to_the_oracle(
 
     tables = {p.name: catalog.load_table(qualified(spec, p.table)) for p in spec.pipelines}
     for name, table in tables.items():
-        assert any(task.delete_files for task in table.scan().plan_files()), f"{name} has no deletes to apply"
+        deleted_from = Counter(str(t.file.partition) for t in table.scan().plan_files() if t.delete_files)
+        assert max(deleted_from.values(), default=0) >= 2, f"{name}: no partition with deletes in several files"
     read = other_engines.read({name: t.metadata_location for name, t in tables.items()}, tmp_path / "read")
 
     ends = {int(p): o for p, o in latest_offsets(spec.kafka.bootstrap_servers, topic, {}).items()}
