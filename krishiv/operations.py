@@ -163,7 +163,8 @@ NEW_FIELDS_RUNBOOK = runbook("A schema version with new fields")
 def _query_failed(running: RunningPipeline, failure: BaseException, leases: dict[str, HeldLease]) -> KrishivError:
     """``query <name> failed: <cause>``; when every start timed out waiting for Spark's Python worker, or the source's
     Python process died at every start, with the runbook's section. A :class:`LedgerOutage` when the stager stopped
-    because the ledger could not be written, or because its lease expired while renewals could not reach it."""
+    because the ledger could not be written, or because its lease expired while renewals could not reach it. A query
+    whose stager lost its lease says so (``StagerLeaseLost``), whatever Spark failed on."""
     from spark_jobs.job import source_process_died, worker_start_timed_out
 
     pointer = f" {WORKER_START_RUNBOOK}" if worker_start_timed_out(failure) else ""
@@ -174,6 +175,11 @@ def _query_failed(running: RunningPipeline, failure: BaseException, leases: dict
             f"cause message) {SOURCE_DIED_RUNBOOK}"
         )
     cause, lease = running.stager.failure, leases[running.stager.pipeline.name]
+    if cause is None:  # Spark's own: fenced off, a run fails on the checkpoint logs the new holder wrote
+        try:
+            lease.check_ledger()
+        except StagerLeaseLost as lost:
+            cause, message = lost, f"query {running.query.name} failed: {type(lost).__name__}: {lost}"
     if isinstance(cause, StagerLeaseLost) and ledger_outage(lease.lost_to):
         cause = lease.lost_to
     if cause is not None and ledger_outage(cause):

@@ -43,8 +43,9 @@ class HeldLease:
     used the yielded value as a :class:`StagerLease` keeps working.
     """
 
-    def __init__(self, lease: StagerLease) -> None:
+    def __init__(self, lease: StagerLease, ledger: Ledger | None = None) -> None:
         self.lease = lease
+        self._ledger = ledger
         self._lost = threading.Event()
         self.lost_reason: str | None = None
         #: The ledger's error when the lease expired because renewals failed (see :func:`outbox.errors.ledger_outage`).
@@ -81,6 +82,21 @@ class HeldLease:
         if self.lost:
             raise StagerLeaseLost(self.lease.pipeline, self.lost_reason or "lost")
 
+    def check_ledger(self) -> None:
+        """:meth:`ensure_held`, asking the ledger now instead of waiting for the renewer to find out. For what no ledger
+        write of its own fences (a batch the ledger holds already, as the run that took the lease over recorded it), and
+        to tell why a query failed: resumed from a pause, Spark may fail on the checkpoint logs the new holder wrote
+        (``CONCURRENT_STREAM_LOG_UPDATE``) before the renewer looks. A ledger that cannot say leaves it to the
+        renewer."""
+        if not self.lost and self._ledger is not None:
+            try:
+                held = self._ledger.lease_held(self.lease)
+            except OutboxError:
+                held = True
+            if not held:
+                self.mark_lost(_who_holds(self._ledger, self.lease))
+        self.ensure_held()
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_") or name == "lease":
             raise AttributeError(name)
@@ -112,7 +128,7 @@ def stager_lease(
     then stops, and the lease is not released on exit (it is not this process's to release any more).
     ``committing`` is recorded with the lease: this process commits the batches it stages (see the module).
     """
-    held = HeldLease(ledger.acquire_lease(pipeline, holder, ttl_s, committing=committing))
+    held = HeldLease(ledger.acquire_lease(pipeline, holder, ttl_s, committing=committing), ledger)
     stop = threading.Event()
 
     def renew() -> None:

@@ -52,6 +52,8 @@ class StagerLeaseHandle(Protocol):
 
     def ensure_held(self) -> None: ...
 
+    def check_ledger(self) -> None: ...  # ensure_held, the ledger asked now
+
 
 @dataclass(frozen=True)
 class RecordedBatches:

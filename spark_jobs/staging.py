@@ -228,6 +228,8 @@ class BatchStager:
         missing = [t for t in self.targets if t.name in recorded and self._files_gone(recorded[t.name], t)]
         if replay:
             self._check_same_offsets(list(recorded.values()), offsets)
+            if self.lease is not None:  # no ledger write fences a replay: the run that took over may have recorded it
+                self.lease.check_ledger()
             if not (self.shape.stateful or missing):
                 self._done(StagedBatch(batch_id, 0, 0, 0, 0, False, self.pipeline.kind))
                 return

@@ -479,3 +479,67 @@ def test_a_lease_says_whether_its_process_commits_its_own_batches(ledger: Ledger
         assert not held.committing
         seen = ledger.live_lease(PIPELINE)
         assert seen is not None and not seen.committing and "committing" not in seen.describe()
+
+
+# ------------------------------------------------------------------------------------------- a paused stager
+
+
+@pytest.mark.heavy  # two Spark runs, one in a process of its own (2-4 minutes on 2 cores); make test has the
+# replay path in tests/spark_jobs/test_staging.py::test_a_replay_is_not_passed_by_a_stager_whose_lease_is_lost
+def test_a_stager_paused_past_its_lease_while_another_run_took_over_ends_with_the_lease_line(
+    make_spec, spec_file: Path, spark, tmp_path: Path, capsys
+) -> None:
+    """The issue's case: a ``krishiv run`` SIGSTOPped past its lease as it began a batch, another run takes the
+    pipeline over and stages that batch and the rest, then the first is resumed. It finds the batch recorded (by the
+    other run) and Spark's checkpoint logs written past it: fenced, it records nothing, and its last word is the
+    lease's line, never Spark's ``CONCURRENT_STREAM_LOG_UPDATE`` (nor a batch it took for a replay of its own)."""
+    import signal
+
+    from krishiv.operations import STAGER_LEASE_TTL_ENV
+    from krishiv_core.faults import FAULTS_ENV, FAULTS_SYNC_ENV
+    from tests.services.processes import stop
+    from tests.spark_jobs.pipeline_helpers import assert_exactly_once, produce_orders, start_krishiv, wait_for
+
+    spec = make_spec(max_records=200)
+    produce_orders(spec, 600, late=3, malformed=2)
+    ledger = Ledger(spec.ledger_location())
+    sync, output = tmp_path / "sync", tmp_path / "first.log"
+    sync.mkdir()
+    env = {STAGER_LEASE_TTL_ENV: "3", FAULTS_ENV: "stage.begin@1:pause", FAULTS_SYNC_ENV: str(sync)}
+    first = start_krishiv(spec_file, "run", "--once", output=output, env=env)
+    try:
+        wait_for(lambda: (sync / "stage.begin@1.reached").exists(), "batch 1 was not begun", output, 240)
+        _stop_outside_the_ledger(first, ledger.path)  # its renewer too; Spark's JVM, a process of its own, runs on
+        (sync / "stage.begin@1.go").write_text("go")  # it would go on at once, were it not stopped
+        wait_for(lambda: ledger.live_lease(PIPELINE) is None, "the paused stager's lease did not expire", output, 60)
+
+        assert main(["--spec", str(spec_file), "run", "--once"]) == 0, capsys.readouterr().err  # takes over
+        first.send_signal(signal.SIGCONT)
+        code = first.wait(240)
+    finally:
+        first.send_signal(signal.SIGCONT)
+        stop(first)
+    said = output.read_text()
+    failure = [line for line in said.splitlines() if line.startswith("krishiv run: ")]
+    assert code == 2 and failure, said
+    assert "failed: StagerLeaseLost: the stager lease of pipeline 'orders_per_minute' is no longer held" in failure[-1]
+    assert "CONCURRENT_STREAM_LOG_UPDATE" not in failure[-1], said
+    assert_exactly_once(spec)
+
+
+def _stop_outside_the_ledger(process: subprocess.Popen, location: str) -> None:
+    """SIGSTOP ``process`` at a moment its lease renewer holds no ledger transaction (a DuckDB file held by a stopped
+    process would keep the run taking over waiting on the file instead of on the lease)."""
+    import signal
+
+    from outbox.errors import LedgerBusyError
+
+    for _ in range(50):
+        process.send_signal(signal.SIGSTOP)
+        try:
+            Ledger(location, lock_timeout_s=1.0).current_lease(PIPELINE)
+            return
+        except LedgerBusyError:
+            process.send_signal(signal.SIGCONT)
+            time.sleep(0.1)
+    raise AssertionError("the stager kept the ledger locked")
