@@ -168,8 +168,10 @@ _OS_REASON = re.compile(r"\[Errno -?\d+\] ([^'\")]+)")
 
 
 def failure_reason(exc: BaseException) -> str:
-    """What went wrong, in a few words when an HTTP client wrapped it: ``Connection refused`` rather than urllib3's
-    ``HTTPConnectionPool(host=…): Max retries exceeded with url: … (Caused by NewConnectionError(…))``."""
+    """What went wrong, in one line: in a few words when an HTTP client wrapped it (``Connection refused`` rather than
+    urllib3's ``HTTPConnectionPool(host=…): Max retries exceeded with url: … (Caused by NewConnectionError(…))``), and
+    a SQL catalog's error without the statement, parameters and link SQLAlchemy adds on the lines after (a catalog
+    server restarted under a commit: ``(psycopg.errors.AdminShutdown) terminating connection …``)."""
     import requests
 
     if isinstance(exc, requests.Timeout):
@@ -177,7 +179,8 @@ def failure_reason(exc: BaseException) -> str:
     reason = _OS_REASON.search(str(exc))
     if isinstance(exc, requests.ConnectionError) and reason:
         return reason.group(1).strip()
-    return str(exc)
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
 
 
 def rest_timeout_s(properties: Mapping[str, str]) -> float:

@@ -14,6 +14,7 @@ from krishiv.broker import free_port
 from krishiv_core.catalog import (
     CatalogRefused,
     ensure_pipeline_tables,
+    failure_reason,
     has_secret,
     load_catalog,
     qualified,
@@ -202,3 +203,26 @@ def test_pyicebergs_own_configuration_may_supply_the_rest_token(tmp_path: Path, 
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "['p', 'p_rejects']"
+
+
+@pytest.mark.postgres
+def test_a_sql_catalog_whose_server_ended_the_session_is_one_line_without_the_statement(postgres_uri: str) -> None:
+    """A PostgreSQL catalog restarted under a commit: SQLAlchemy's error carries the statement, its parameters and a
+    link on lines of their own, which the relay's warning and the outage line used to print mid-run."""
+    import psycopg
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(postgres_uri)
+    try:
+        with engine.connect() as session:
+            pid = session.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+            admin = postgres_uri.replace("postgresql+psycopg://", "postgresql://")
+            with psycopg.connect(admin, autocommit=True) as other:
+                other.execute("SELECT pg_terminate_backend(%s)", [pid])  # what a restart does to open sessions
+            with pytest.raises(sqlalchemy.exc.OperationalError) as info:
+                session.exec_driver_sql("SELECT 1 FROM iceberg_tables WHERE table_name = %(n)s", {"n": "orders"})
+    finally:
+        engine.dispose()
+    assert "[SQL: " in str(info.value)  # SQLAlchemy's own words span lines
+    said = failure_reason(info.value)
+    assert said == "(psycopg.errors.AdminShutdown) terminating connection due to administrator command", said
