@@ -11,6 +11,7 @@ from rich.markup import escape
 from krishiv.commands.common import chosen_pipelines, console, counted, err_console, fail, show
 from krishiv.operations import open_existing_ledger, removed_pipelines_pending, verify_pipelines
 from krishiv_core.errors import BrokerUnavailable
+from krishiv_core.runbook import runbook
 from krishiv_core.spec import KrishivSpec
 
 
@@ -81,7 +82,10 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
         if s.late_batches:  # the recent batches' late events, kept beside the rejects
             rejects_table = escape(table_name(spec, qualified(spec, p.rejects_table), args.wide))
             counts = ", ".join(f"batch {b}: {n}" for b, n in s.late_batches)
-            console.print(f"  late events by batch, kept in {rejects_table} (reason late: …): {counts}")
+            console.print(
+                f"  late events by batch, kept in {rejects_table} (reason late: …): {counts} "
+                f"{escape(runbook('Late events'))}"
+            )
         for t in s.tables:
             console.print(
                 f"  {escape(table_name(spec, t.table, args.wide))}: {t.pending} pending, {t.committed} committed, "

@@ -1411,7 +1411,9 @@ def test_status_reads_totals_through_compaction(ledger: Ledger) -> None:
     before = pipeline_status(ledger, "orders_per_minute", TABLE, "orders", {"0": 200, "1": 200})
     ledger.compact(retention_s=0, now=datetime.now(UTC) + timedelta(seconds=1))
     after = pipeline_status(ledger, "orders_per_minute", TABLE, "orders", {"0": 200, "1": 200})
-    assert after == before
+    # The late events by batch are the recent batches' the ledger still lists: the newest of them, the rest folded.
+    assert after.late_batches == before.late_batches[: len(after.late_batches)] and after.late_batches
+    assert dataclasses.replace(after, late_batches=[]) == dataclasses.replace(before, late_batches=[])
     assert (before.pending, before.committed, before.records_read) == (3, 6, 180)
     assert [(p.partition, p.staged, p.committed, p.lag) for p in before.partitions] == [
         ("0", 90, 60, 140),
