@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -64,6 +63,7 @@ from spark_jobs.kafka_clients import KafkaProblems, build, list_topics
 from spark_jobs.ports import RecordedBatches, apply_skips
 from spark_jobs.record_decoder import KAFKA_COLUMNS, Decoding, RecordDecoder
 from spark_jobs.registry_decoder import decoder_for
+from spark_jobs.source_lines import say
 
 SOURCE_NAME = "krishiv-kafka"
 SCHEMA = "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp"
@@ -189,11 +189,6 @@ def _close_quietly(client: Any) -> None:
     """Close a Kafka client; one whose broker is gone may raise on the way out, which changes nothing for us."""
     with contextlib.suppress(Exception):
         client.close()
-
-
-def _say(line: str) -> None:
-    """One line on the process's stderr (the source runs in Spark's Python workers, whose stderr is the run's)."""
-    print(f"krishiv-kafka: {line}", file=sys.stderr, flush=True)
 
 
 def _transient(exc: BaseException) -> bool:
@@ -651,7 +646,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     self._down_since = now
                 if starting or missing != self._topic_missing:  # a new outage, or its cause changed
                     self._topic_missing = missing
-                    _say(before_pointer(str(exc), f"; retrying for up to {self.outage_s:g}s"))
+                    say(before_pointer(str(exc), f"; retrying for up to {self.outage_s:g}s"))
                 waited = now - self._down_since
                 if waited >= self.outage_s and missing:
                     raise KafkaSourceError(
@@ -671,7 +666,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 continue
             if self._down_since is not None:
                 back = f"topic {self.topic!r} is" if self._topic_missing else f"Kafka broker at {self.bootstrap} is"
-                _say(f"{back} back after {time.monotonic() - self._down_since:.0f}s")
+                say(f"{back} back after {time.monotonic() - self._down_since:.0f}s")
                 self._down_since, self._topic_missing = None, False
             return result
 

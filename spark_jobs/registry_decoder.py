@@ -24,7 +24,6 @@ by the JSON rule, so its decimals stay exact), after the Debezium envelope, when
 from __future__ import annotations
 
 import io
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import date, datetime
@@ -48,6 +47,7 @@ from spark_jobs.record_decoder import (
     read_record,
     read_tombstone_key,
 )
+from spark_jobs.source_lines import say
 from spark_jobs.value_reading import read_value
 
 _HEADER = 5
@@ -101,7 +101,7 @@ def fetch_writer_schema(client: Any, schema_id: int, url: str, outage_s: float, 
         try:
             schema = client.get_schema(schema_id, fmt=fmt)  # cached by id, whatever the format: always ask the same
             if waiting:
-                _say(f"the Schema Registry at {url} is back after {time.monotonic() - began:.0f}s")
+                say(f"the Schema Registry at {url} is back after {time.monotonic() - began:.0f}s")
             return schema
         except SchemaRegistryError as exc:
             status = _status(exc)
@@ -127,14 +127,9 @@ def fetch_writer_schema(client: Any, schema_id: int, url: str, outage_s: float, 
             )
         if not waiting:
             waiting = True
-            _say(f"the Schema Registry at {url} did not answer ({problem}); retrying for up to {outage_s:g}s")
+            say(f"the Schema Registry at {url} did not answer ({problem}); retrying for up to {outage_s:g}s")
         time.sleep(pause)
         pause = min(pause * 2, 5.0)
-
-
-def _say(line: str) -> None:
-    """One line on the task's stderr, which is the run's (as the Kafka source's own lines)."""
-    print(f"krishiv-kafka: {line}", file=sys.stderr, flush=True)
 
 
 class _FormatReader:
