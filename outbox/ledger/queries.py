@@ -60,6 +60,7 @@ class BatchCounts:
 
     batch_id: int
     records_read: int
+    rejects: int
     late_events: int
 
 
@@ -298,39 +299,27 @@ class Queries(LedgerConnection):
         )
 
     def recent_rejects(self, table: str, pipeline: str | None = None, batches: int = RECENT_BATCHES) -> RejectRate:
-        """Records read and rejected by the newest ``batches`` entries of ``table`` (a pipeline's first table, whose
-        entries carry each batch's counts), pending or committed; with ``pipeline``, only that pipeline's. The archive
-        holds only entries past the retention, never recent ones."""
-        where, params = "table_name = ?", [table]
-        if pipeline is not None:
-            where += " AND pipeline = ?"
-            params.append(pipeline)
-        rows = self._read(
-            "SELECT count(*), sum(records_read), sum(rejects) FROM (SELECT records_read, rejects FROM outbox "
-            f"WHERE {where} ORDER BY created_at DESC, batch_id DESC LIMIT ?) AS recent",
-            [*params, batches],
-        )
-        if not rows:
-            return RejectRate(0, 0, 0)
-        count, read, rejects = rows[0]
-        return RejectRate(int(read or 0), int(rejects or 0), int(count or 0))
+        """Records read and rejected by the newest ``batches`` entries of ``table`` (:meth:`recent_batches`)."""
+        recent = self.recent_batches(table, pipeline, batches)
+        return RejectRate(sum(b.records_read for b in recent), sum(b.rejects for b in recent), len(recent))
 
     def recent_batches(
         self, table: str, pipeline: str | None = None, batches: int = RECENT_LATE_BATCHES
     ) -> list[BatchCounts]:
         """The counts of the newest ``batches`` entries of ``table`` (a pipeline's first table, whose entries carry
-        each batch's counts), newest first; with ``pipeline``, only its own. A windowed batch's late events are rows
-        of the pipeline's rejects table."""
+        each batch's counts), pending or committed, newest first; with ``pipeline``, only its own. The archive holds
+        only entries past the retention, never recent ones. A windowed batch's late events are rows of the
+        pipeline's rejects table."""
         where, params = "table_name = ?", [table]
         if pipeline is not None:
             where += " AND pipeline = ?"
             params.append(pipeline)
         rows = self._read(
-            f"SELECT batch_id, records_read, late_events FROM outbox WHERE {where} "
+            f"SELECT batch_id, records_read, rejects, late_events FROM outbox WHERE {where} "
             "ORDER BY created_at DESC, batch_id DESC LIMIT ?",
             [*params, batches],
         )
-        return [BatchCounts(int(b), int(read), int(late)) for b, read, late in rows]
+        return [BatchCounts(int(b), int(read or 0), int(rej or 0), int(late or 0)) for b, read, rej, late in rows]
 
     def incarnations_reading(
         self, pipeline: str, topic: str, offsets: Sequence[tuple[int, int]]
