@@ -1,6 +1,7 @@
 """End to end through a real ``dagster dev`` (webserver + daemon on free loopback ports).
 
-Events are produced and nothing else is done: the Kafka sensor starts staging runs, the outbox sensor starts
+Before ``dagster dev`` starts, three batches are staged and committed with the CLI: its first tick shows them.
+Then events are produced and nothing else is done: the Kafka sensor starts staging runs, the outbox sensor starts
 commit runs. Then the table is read back and compared with the oracle, the webserver's GraphQL API is asked
 for the asset checks' results, a continuous ``krishiv run`` takes over staging while the sensor keeps
 committing, and a real browser opens the asset graph. The freshness seen (last event produced -> its batch
@@ -21,6 +22,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -34,7 +36,10 @@ from krishiv_core.entries import COMMITTED
 from krishiv_core.spec import KrishivSpec, load_spec
 from outbox.ledger import Ledger
 from spark_jobs.kafka_source import latest_offsets
-from tests.spark_jobs.pipeline_helpers import assert_exactly_once, produce_orders
+from tests.spark_jobs.pipeline_helpers import assert_exactly_once, krishiv_cli, produce_orders
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, Playwright
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
@@ -45,6 +50,11 @@ CHECKS = {"no_duplicate_windows", "lineage_linear", "ledger_agreement", "rejects
 STARTUP_TIMEOUT_S = 180
 PIPELINE_TIMEOUT_S = 300
 CHROMIUM = "/usr/bin/chromium"
+#: Committed with the CLI before dagster dev starts: three batches of MAX_RECORDS (transaction markers take a few
+#: offsets each), earlier in event time than the sensors' first wave, which then closes their windows.
+MAX_RECORDS = 1_000
+CLI_RECORDS = 2_500
+CLI_START_MS = DEFAULT_START_MS - CLI_RECORDS * DEFAULT_SPACING_MS - 120_000
 
 # The tests share one dagster dev and follow on from each other (the first wave's commits are what the later ones
 # find): with `pytest -n`, the group keeps them on one worker, in order (`--dist loadgroup`, pyproject.toml).
@@ -133,9 +143,14 @@ def dagster_dev(broker: LocalBroker, tmp_path_factory: pytest.TempPathFactory) -
             catalog_uri="sqlite:///catalog.db",
             warehouse="warehouse",
             topic=f"orders-{uuid.uuid4().hex[:10]}",
-            max_records=1_000,
+            max_records=MAX_RECORDS,
         )
     )
+    spec = load_spec(folder / "krishiv.toml", env={})
+    produce_orders(spec, CLI_RECORDS, malformed=3, seed=5, start_ms=CLI_START_MS)
+    for command in (["run", "--once"], ["commit"]):  # staged, then committed, by the CLI alone
+        done = krishiv_cli(folder / "krishiv.toml", *command)
+        assert done.returncode == 0, f"krishiv {' '.join(command)}:\n{done.stdout}{done.stderr}"
     # The repository's own instance and workspace files, with DAGSTER_HOME where dagster.yaml is.
     shutil.copy(ROOT / "dagster.yaml", folder)
     shutil.copy(ROOT / "workspace.yaml", folder)
@@ -161,7 +176,7 @@ def dagster_dev(broker: LocalBroker, tmp_path_factory: pytest.TempPathFactory) -
         stdin=subprocess.DEVNULL,
         start_new_session=True,
     )
-    dev = DagsterDev(f"http://127.0.0.1:{port}", folder, load_spec(folder / "krishiv.toml", env={}), process)
+    dev = DagsterDev(f"http://127.0.0.1:{port}", folder, spec, process)
     try:
         wait_until(lambda: _server_up(dev.url), STARTUP_TIMEOUT_S, "the webserver", process)
         yield dev
@@ -245,6 +260,71 @@ def _freshness(dev: DagsterDev) -> str | None:
     return (node["freshnessStatusInfo"] or {}).get("freshnessStatus")
 
 
+def _browser(playwright: Playwright) -> Browser:
+    """Headless Chromium (Debian's) for the UI tests."""
+    assert Path(CHROMIUM).exists(), (
+        f"{CHROMIUM} is missing: `make test` installs Debian's chromium (scripts/setup-browser.sh)"
+    )
+    return playwright.chromium.launch(
+        executable_path=CHROMIUM,
+        headless=True,
+        args=[
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+        ],
+    )
+
+
+def test_commits_made_before_dagster_started_show_from_the_first_tick(dagster_dev: DagsterDev):
+    """The fixture staged and committed three batches with the CLI before dagster dev started, and no event came
+    since: the outbox sensor's first tick reports each commit, so the table shows three materializations (newest
+    first), and their checks run; the browser shows them on the asset's page."""
+    from playwright.sync_api import expect, sync_playwright
+
+    dev = dagster_dev
+    table = qualified(dev.spec, dev.spec.pipeline().table)
+    cli = [str(c.batch_id) for c in dev.ledger().commits_since(0, [table])]
+    assert cli == ["0", "1", "2"], f"the fixture meant three CLI commits of {table}, made {cli}"
+    shown = wait_until(
+        lambda: (found := _materializations(dev)) and len(found) >= len(cli) and found,
+        120,
+        "the outbox sensor's first tick to report the CLI's commits",
+        dev.process,
+    )
+    assert [(m["batch_id"], m["committed_by"], m["runId"]) for m in shown] == [
+        (batch, "krishiv commit", "") for batch in reversed(cli)
+    ]
+    assert not dev.runs(f"{PIPELINE}_commit_job") and not dev.runs(f"{PIPELINE}_stage_job")  # nothing new to do
+    checks = wait_until(lambda: _checks_done(dev), 180, "the checks of the reported commits", dev.process)
+    for name, check in checks.items():
+        assert check["executionForLatestMaterialization"]["status"] == "SUCCEEDED", (name, check)
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = _browser(playwright)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            page.goto(f"{dev.url}/assets/{'/'.join(TABLE_KEY)}?view=events", wait_until="networkidle")
+            # The Events tab lists the materializations, newest first, each row with a status icon (and the selected
+            # one's details under one more); clicking a row shows its description.
+            events = page.get_by_role("img", name="run_success")
+            expect(events).to_have_count(len(cli) + 1, timeout=60_000)
+            skip = page.get_by_role("button", name="Skip")  # the first visit's newsletter dialog
+            if skip.is_visible():
+                skip.click()
+            for row, batch in enumerate(reversed(cli)):
+                events.nth(row).click()
+                expect(page.get_by_text(f"batch {batch} committed")).to_be_visible(timeout=30_000)
+                page.screenshot(path=str(ARTIFACTS / f"dagster-first-tick-batch-{batch}.png"), full_page=True)
+        finally:
+            browser.close()
+
+
 def test_sensors_stage_and_commit_with_no_manual_trigger(dagster_dev: DagsterDev, broker: LocalBroker):
     dev = dagster_dev
     _produce_and_wait(
@@ -289,10 +369,11 @@ def test_sensors_stage_and_commit_with_no_manual_trigger(dagster_dev: DagsterDev
         for e in checks["no_duplicate_windows"]["executionForLatestMaterialization"]["evaluation"]["metadataEntries"]
     }
     assert {"duplicate_windows", "offending_windows", "rows"} <= labels
-    # Each commit names the commit run that made it, and the freshness daemon (started by dagster dev) finds the
-    # table fresh.
+    # Each commit since the CLI's names the commit run that made it, and the freshness daemon (started by dagster
+    # dev) finds the table fresh.
     runs = {r["runId"] for r in dev.runs(f"{PIPELINE}_commit_job")}
-    assert {m["committed_by"] for m in _materializations(dev)} <= {f"dagster run {run_id}" for run_id in runs}
+    by_runs = {m["committed_by"] for m in _materializations(dev) if m["committed_by"] != "krishiv commit"}
+    assert by_runs and by_runs <= {f"dagster run {run_id}" for run_id in runs}
     wait_until(lambda: _freshness(dev) == "HEALTHY", 120, "the freshness daemon to find the table fresh", dev.process)
 
 
@@ -338,7 +419,7 @@ def test_continuous_krishiv_run_stages_while_the_sensor_commits(dagster_dev: Dag
     # The sensor reported krishiv run's commits as materializations credited to it, then started a checks run:
     # the newest materialization's checks are evaluated with nobody materializing anything.
     reported = wait_until(
-        lambda: [m for m in _materializations(dev) if m["runId"] == ""],
+        lambda: [m for m in _materializations(dev) if m["runId"] == "" and m["committed_by"] != "krishiv commit"],
         60,
         "the outbox sensor to report krishiv run's commits",
         dev.process,
@@ -390,26 +471,11 @@ def test_the_commit_pool_runs_one_commit_run_at_a_time(dagster_dev: DagsterDev):
 def test_the_ui_shows_the_asset_graph_with_the_table_and_its_check(dagster_dev: DagsterDev):
     from playwright.sync_api import expect, sync_playwright
 
-    assert Path(CHROMIUM).exists(), (
-        f"{CHROMIUM} is missing: `make test` installs Debian's chromium (scripts/setup-browser.sh)"
-    )
     ARTIFACTS.mkdir(exist_ok=True)
     # The newest commit may be one the outbox sensor reported, whose checks run comes up to the checks interval later.
     wait_until(lambda: _checks_done(dagster_dev), PIPELINE_TIMEOUT_S, "newest checks", dagster_dev.process)
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            headless=True,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-            ],
-        )
+        browser = _browser(playwright)
         try:
             page = browser.new_page(viewport={"width": 1600, "height": 1000})
             page.goto(f"{dagster_dev.url}/locations/krishiv/asset-groups/{PIPELINE}", wait_until="networkidle")
@@ -418,7 +484,7 @@ def test_the_ui_shows_the_asset_graph_with_the_table_and_its_check(dagster_dev: 
                 skip.click()
             expect(page.get_by_text("staged_batches").first).to_be_visible(timeout=60_000)
             table_node = page.locator("div", has=page.get_by_text(PIPELINE, exact=True)).filter(has_text="Asset checks")
-            expect(table_node.last).to_contain_text("4 / 4 Passed", timeout=60_000)
+            expect(table_node.last).to_contain_text(f"{len(CHECKS)} / {len(CHECKS)} Passed", timeout=60_000)
             page.screenshot(path=str(ARTIFACTS / "dagster-asset-graph.png"), full_page=True)
 
             page.goto(f"{dagster_dev.url}/assets/{'/'.join(TABLE_KEY)}?view=checks", wait_until="networkidle")
