@@ -57,10 +57,10 @@ class TimedLedger(Ledger):
         connect = self._backend.connect  # every transaction and read of the ledger opens a connection here
 
         @contextmanager
-        def timed(read_only: bool = False) -> Iterator[Any]:
+        def timed(read_only: bool = False, create: bool = True) -> Iterator[Any]:
             started = time.perf_counter()
             try:
-                with connect(read_only) as con:
+                with connect(read_only, create) as con:
                     yield con
             finally:
                 self.holds.append(time.perf_counter() - started)

@@ -101,10 +101,38 @@ class CommittedBatches:
         return (query_id, batch_id) in self.records or batch_id <= self.archived_through.get(query_id, -1)
 
 
+#: The topic id (incarnation) of the table's newest entry that recorded one; its one parameter is the table.
+_NEWEST_TOPIC_ID = (
+    "(SELECT topic_id FROM outbox WHERE table_name = ? AND topic_id IS NOT NULL AND topic_id <> '' "
+    "ORDER BY created_at DESC, batch_id DESC LIMIT 1)"
+)
+
+
+def _current_incarnation(dialect: Dialect, table: str) -> tuple[str, str, list[Any], str, list[Any]]:
+    """How to keep only the offsets the table read from the topic's newest incarnation: a topic deleted and
+    re-created starts its offsets at 0 again, so the old incarnation's ends say nothing of the new one's (taken
+    together, the highest would hide the new topic's records until its offsets passed the old ones).
+
+    Returns the join and WHERE condition for ``outbox_offsets f`` (an anti-join on the entries read from another
+    known incarnation: normally none, so it costs little) with their parameters, and the condition for
+    ``outbox_archive_ranges a`` with its. An entry without a recorded topic id counts as the newest incarnation's,
+    as the source compares no unknown id."""
+    join, unmatched = dialect.keyed_join(
+        False,
+        "SELECT query_id, batch_id FROM outbox WHERE table_name = ? AND topic_id IS NOT NULL AND topic_id <> '' "
+        f"AND topic_id <> {_NEWEST_TOPIC_ID}",
+        "x",
+        "query_id, batch_id",
+    )
+    archive = f"(a.topic_id = '' OR {_NEWEST_TOPIC_ID} IS NULL OR a.topic_id = {_NEWEST_TOPIC_ID})"
+    return join, unmatched, [table, table], archive, [table, table]
+
+
 def _end_offsets_query(
     dialect: Dialect, table: str, topic: str, status: str | None = None, pipeline: str | None = None
 ) -> tuple[str, list[Any]]:
-    """Per partition, the highest end offset of the table's entries (and archive) for a topic.
+    """Per partition, the highest end offset of the table's entries (and archive) for a topic, in its newest
+    incarnation (:func:`_current_incarnation`).
 
     The filters avoid joining every entry: a pipeline is its few query ids, and COMMITTED (nearly every
     entry) is everything but the few entries in another status (an anti-join; DuckDB plans a correlated
@@ -121,6 +149,10 @@ def _end_offsets_query(
         )
         where += f" AND {unmatched}" if unmatched else ""
         params += [table, status]
+    other, other_unmatched, other_params, archive_current, archive_params = _current_incarnation(dialect, table)
+    join += other
+    where += f" AND {other_unmatched}" if other_unmatched else ""
+    params += other_params
     params += [table, topic]
     if pipeline is not None:
         where += " AND f.query_id IN (SELECT DISTINCT query_id FROM outbox WHERE table_name = ? AND pipeline = ?)"
@@ -128,11 +160,13 @@ def _end_offsets_query(
     parts = [f"SELECT f.partition, f.end_offset FROM outbox_offsets f{join} WHERE {where}"]
     if status in (None, COMMITTED):  # the archive holds COMMITTED entries only
         archive_join = " JOIN outbox_archive s USING (query_id, table_name)" if pipeline else ""
-        archive_where = "a.table_name = ? AND a.topic = ?" + (" AND s.pipeline = ?" if pipeline else "")
-        parts.append(
-            f"SELECT a.partition, a.end_offset FROM outbox_archive_offsets a{archive_join} WHERE {archive_where}"
+        archive_where = f"a.table_name = ? AND a.topic = ? AND {archive_current}" + (
+            " AND s.pipeline = ?" if pipeline else ""
         )
-        params += [table, topic] + ([pipeline] if pipeline else [])
+        parts.append(
+            f"SELECT a.partition, a.end_offset FROM outbox_archive_ranges a{archive_join} WHERE {archive_where}"
+        )
+        params += [table, topic, *archive_params] + ([pipeline] if pipeline else [])
     sql = (
         f"SELECT partition, max(end_offset) FROM ({' UNION ALL '.join(parts)}) AS u "
         f"GROUP BY partition ORDER BY {dialect.partition_order}"
@@ -143,20 +177,25 @@ def _end_offsets_query(
 def _staged_and_committed_query(
     dialect: Dialect, table: str, topic: str, pipeline: str | None = None
 ) -> tuple[str, list[Any]]:
-    """Per partition, the highest end offset of all the table's entries and of its COMMITTED ones, in one pass."""
-    where, params = "f.table_name = ? AND f.topic = ?", [table, table, topic]
+    """Per partition, the highest end offset of all the table's entries and of its COMMITTED ones, in one pass, in
+    the topic's newest incarnation (:func:`_current_incarnation`)."""
+    other, other_unmatched, other_params, archive_current, archive_params = _current_incarnation(dialect, table)
+    where, params = "f.table_name = ? AND f.topic = ?", [table, *other_params, table, topic]
+    where += f" AND {other_unmatched}" if other_unmatched else ""
     if pipeline is not None:
         where += " AND f.query_id IN (SELECT DISTINCT query_id FROM outbox WHERE table_name = ? AND pipeline = ?)"
         params += [table, pipeline]
     archive_join = " JOIN outbox_archive s USING (query_id, table_name)" if pipeline else ""
-    archive_where = "a.table_name = ? AND a.topic = ?" + (" AND s.pipeline = ?" if pipeline else "")
-    params += [table, topic] + ([pipeline] if pipeline else [])
+    archive_where = f"a.table_name = ? AND a.topic = ? AND {archive_current}" + (
+        " AND s.pipeline = ?" if pipeline else ""
+    )
+    params += [table, topic, *archive_params] + ([pipeline] if pipeline else [])
     sql = (
         "SELECT partition, max(end_offset), max(end_offset) FILTER (WHERE committed) FROM ("
         "SELECT f.partition, f.end_offset, o.batch_id IS NULL AS committed FROM outbox_offsets f "
         f"LEFT JOIN (SELECT query_id, batch_id FROM outbox WHERE table_name = ? AND status <> '{COMMITTED}') o "
-        f"USING (query_id, batch_id) WHERE {where} "
-        f"UNION ALL SELECT a.partition, a.end_offset, true FROM outbox_archive_offsets a{archive_join} "
+        f"USING (query_id, batch_id){other} WHERE {where} "
+        f"UNION ALL SELECT a.partition, a.end_offset, true FROM outbox_archive_ranges a{archive_join} "
         f"WHERE {archive_where}) AS u GROUP BY partition ORDER BY {dialect.partition_order}"
     )
     return sql, params

@@ -1532,3 +1532,39 @@ def test_the_incarnations_that_read_an_offset_are_counted_by_topic_id_through_th
     assert ledger.incarnations_reading("another_pipeline", "t", asked) == {}
     assert ledger.compact(0, now=datetime.now(UTC) + timedelta(seconds=1)).entries_archived == 3
     assert ledger.incarnations_reading("orders_per_minute", "t", asked) == expected
+
+
+def test_staged_and_committed_offsets_are_the_newest_incarnations_of_the_topic(ledger: Ledger) -> None:
+    """A topic re-created starts at offset 0 again: the staged and committed ends (what status's lag and the Dagster
+    sensor compare with the topic's latest offsets) are those read from the newest incarnation, not the old one's
+    higher ones, before and after compaction; an entry with no recorded topic id counts as the newest one's."""
+    old = [
+        dataclasses.replace(_entry("q", b, offsets={"t": {"0": [100 * b, 100 * b + 100], "1": [0, 50]}}), topic_id="A")
+        for b in range(3)
+    ]
+    new = [
+        dataclasses.replace(_entry("q", 3, offsets={"t": {"0": [0, 40], "1": [0, 7]}}), topic_id="B"),
+        dataclasses.replace(_entry("q", 4, offsets={"t": {"0": [40, 60]}}), topic_id=None),
+        dataclasses.replace(_entry("q", 5, offsets={"t": {"0": [60, 65]}}), topic_id="B"),
+    ]
+    for e in old + new:
+        ledger.record_batch([e])
+    for e in old + new[:2]:
+        ledger.mark_committed(e, 1)
+
+    def ends() -> tuple[dict[str, int], dict[str, int], dict[str, int], dict[str, int]]:
+        summary = ledger.table_summary(TABLE, topic="t")
+        return (
+            ledger.end_offsets(TABLE, "t"),
+            ledger.end_offsets(TABLE, "t", status=COMMITTED),
+            summary.staged_offsets,
+            summary.committed_offsets,
+        )
+
+    # By the documented rule: the highest end per partition among the entries read from incarnation B (or none).
+    staged, committed = {"0": 65, "1": 7}, {"0": 60, "1": 7}
+    assert ends() == (staged, committed, staged, committed)
+    assert ledger.compact(0, now=datetime.now(UTC) + timedelta(seconds=1)).entries_archived >= 3
+    assert ends() == (staged, committed, staged, committed)
+    # Named by its pipeline, the same.
+    assert ledger.end_offsets(TABLE, "t", pipeline="orders_per_minute") == staged
