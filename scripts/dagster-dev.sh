@@ -14,4 +14,6 @@ folder="$(cd "$(dirname "$spec")" && pwd)"
 export KRISHIV_SPEC="$folder/$(basename "$spec")"  # absolute: every Dagster process reads it
 export DAGSTER_HOME="$repo"
 cd "$folder"
-exec "$repo/.venv/bin/dagster" dev -w "$repo/workspace.yaml" -h "${DAGSTER_HOST:-127.0.0.1}" -p "${DAGSTER_PORT:-3000}"
+# With SIGINT and SIGTERM at their defaults, so that Ctrl-C and SIGTERM stop it however it was started (a background
+# job of a script starts with SIGINT ignored: scripts/default_signals.py says why).
+exec "$repo/.venv/bin/python" "$repo/scripts/default_signals.py" "$repo/.venv/bin/dagster" dev -w "$repo/workspace.yaml" -h "${DAGSTER_HOST:-127.0.0.1}" -p "${DAGSTER_PORT:-3000}"
