@@ -122,11 +122,8 @@ def _reason(exc: BaseException) -> str:
 
 def _refusal(exc: psycopg.OperationalError) -> str | None:
     """What the server said when it refused the connection itself (authentication, a missing database, a bad
-    setting), or what libpq said of a setting's value before connecting (``invalid sslmode value``), or None if it
-    did not answer (down, starting up, shutting down: worth waiting for)."""
+    setting), or None if it did not answer (down, starting up, shutting down: worth waiting for)."""
     text = str(exc)
-    if text.startswith(_SETTING_REFUSED):
-        return _reason(exc).removeprefix(_BAD_CONNECTION)
     if "FATAL:" not in text or "the database system is" in text:
         return None
     return " ".join(text.split("FATAL:", 1)[1].split())
@@ -190,6 +187,8 @@ class PostgresLedger:
                 return _Session(connection)
             except psycopg.OperationalError as exc:
                 waited = time.monotonic() - started
+                if str(exc).startswith(_SETTING_REFUSED):  # libpq's word on a value, before any server: the location
+                    raise LedgerLocationWrong(self.path, _reason(exc).removeprefix(_BAD_CONNECTION)) from None
                 if refusal := _refusal(exc):  # the server answered: no waiting makes a wrong password or database right
                     raise LedgerUnavailable(self.path, refusal, written=False, refused=True) from None
                 if waited >= self.lock_timeout_s:

@@ -852,12 +852,15 @@ def test_a_postgresql_location_that_cannot_be_right_is_refused_before_connecting
 
 @pytest.mark.postgres
 def test_a_setting_libpq_refuses_when_it_connects_is_refused_without_a_retry() -> None:
-    """libpq checks an enumerated value (``sslmode``) only when it connects, before reaching the server: a refusal."""
+    """libpq checks an enumerated value (``sslmode``) only when it connects, before reaching the server: a location
+    that cannot be right, said at once, with its runbook section."""
     ledger = Ledger(f"{PG_ADMIN_DSN}{'&' if '?' in PG_ADMIN_DSN else '?'}sslmode=requir", lock_timeout_s=30.0)
-    with pytest.raises(LedgerUnavailable) as info:
+    with pytest.raises(LedgerLocationWrong) as info:  # not LedgerUnavailable after the 30 s budget
         ledger.entries()
-    assert info.value.refused and not ledger_outage(info.value), "no waiting makes the setting right"
-    assert 'refused the connection: invalid sslmode value: "requir"' in str(info.value)
+    assert not ledger_outage(info.value), "no waiting makes the setting right"
+    message = str(info.value)
+    assert 'invalid sslmode value: "requir"' in message
+    assert message.endswith(f"{RUNBOOK} > A location that cannot be right)")
 
 
 # ------------------------------------------------------------------------------------------- not a ledger
