@@ -81,7 +81,8 @@ def skip_offsets(spec: KrishivSpec, pipeline: PipelineSpec, partition: int, to_o
         if to_offset == stuck[key]:
             raise ConfigError("--to", f"{pipeline.topic}/{partition} already stands at {to_offset}; nothing to skip")
         if pinned is not None and pinned != identity:
-            reason = f"{reason} (source identity {pinned} -> {identity})"
+            was, now = (", ".join(f"{k} {v}" for k, v in sorted(i.items())) for i in (pinned, identity))
+            reason = f"{reason} (source identity {was} -> {now})"
             checkpoint.pin_source_identity(identity)
         return ledger.record_skip(
             pipeline.name,
