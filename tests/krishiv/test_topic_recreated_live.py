@@ -62,7 +62,8 @@ def test_a_topic_re_created_under_a_live_run_stops_it_at_the_new_topics_first_ba
         )
     )
     spec = load_spec(spec_file, env={})
-    first, second = _orders(1, 30), _orders(2, 400)
+    # The old topic's offsets end above the new one's, as a busy topic re-created would: lag must not hide behind them.
+    first, second = _orders(1, 60), _orders(2, 40)
     output = tmp_path / "run.log"
     run = None
     try:
@@ -110,6 +111,12 @@ def test_a_topic_re_created_under_a_live_run_stops_it_at_the_new_topics_first_ba
         for step in (("run", "--once"), ("commit",), ("verify",)):
             done = krishiv_cli(spec_file, *step)
             assert done.returncode == 0, (step, done.stdout + done.stderr)
+        # What arrives next is lag, counted from the new topic's offsets (the old one's were higher).
+        produce(broker.bootstrap, "readings", _orders(3, 20))
+        status = krishiv_cli(spec_file, "status", "--json")
+        assert status.returncode == 0, status.stdout + status.stderr
+        (pipeline,) = json.loads(status.stdout)["pipelines"]
+        assert sum(p["lag"] for p in pipeline["partitions"]) == 20, pipeline["partitions"]
     finally:
         broker.stop()
     rows = Counter(_rows(spec))
