@@ -2,7 +2,7 @@
 again empty on the same port, and the topic is re-created and filled with new events. The continuous ``krishiv
 run`` must not read the new topic from the old one's offsets under the old one's identity: it stops at the first
 batch of the new topic with one line holding the ``krishiv skip-offsets`` commands; following them, every event of
-both incarnations is in the table once, and ``verify`` is clean before and after.
+both incarnations is in the table once, ``verify`` is clean before and after, and what arrives next shows as lag.
 
 The real ``krishiv run`` process, Tansu, Spark, ledger and catalog; the oracle is the set of order ids produced.
 """
