@@ -110,6 +110,21 @@ KINDS_ROUTES = {f"c-{n:03d}": "orders_a" if n < 100 else "orders_b" for n in ran
 #: to routed tables (the others to a default table), with Kafka metadata so each offset is checked to be in one
 #: table once; the latest order per customer (an upsert with tombstones); per-customer hopping windows in update
 #: mode. All read the one topic and run in one ``krishiv run``.
+EVENTS_SPEC_TEMPLATE = (
+    SETTINGS_TEMPLATE
+    + """
+[[pipelines]]
+name = "orders_raw"
+kind = "events"
+topic = "{topic}"
+kafka_metadata = true
+trigger_interval = "500ms"
+max_records_per_batch = {max_records}
+"""
+    + ORDER_FIELDS
+)
+"""Raw orders with their Kafka metadata, one table: what the continuous-run fault tests read."""
+
 KINDS_SPEC_TEMPLATE = (
     SETTINGS_TEMPLATE
     + """

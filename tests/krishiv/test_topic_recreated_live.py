@@ -15,7 +15,7 @@ import shlex
 from collections import Counter
 from pathlib import Path
 
-from chaos.workspace import ORDER_FIELDS, SETTINGS_TEMPLATE
+from chaos.workspace import EVENTS_SPEC_TEMPLATE
 from krishiv.broker import LocalBroker, free_port, start_broker
 from krishiv.produce import demo_orders, ensure_topic, produce
 from krishiv_core.catalog import load_catalog, qualified
@@ -25,19 +25,6 @@ from tests.spark_jobs.pipeline_helpers import all_committed, krishiv_cli, start_
 
 TIMEOUT_S = 240.0  # a bound, not a target: Spark starts in a process of its own on a loaded 2-core machine
 PARTITIONS = 2
-SPEC = (
-    SETTINGS_TEMPLATE
-    + """
-[[pipelines]]
-name = "orders_raw"
-kind = "events"
-topic = "{topic}"
-kafka_metadata = true
-trigger_interval = "500ms"
-max_records_per_batch = 10
-"""
-    + ORDER_FIELDS
-)
 
 
 def _orders(seed: int, records: int) -> list:
@@ -53,12 +40,13 @@ def test_a_topic_re_created_under_a_live_run_stops_it_at_the_new_topics_first_ba
     broker: LocalBroker = start_broker(port=port, log_path=tmp_path / "tansu.log")
     spec_file = tmp_path / "krishiv.toml"
     spec_file.write_text(
-        SPEC.format(
+        EVENTS_SPEC_TEMPLATE.format(
             bootstrap=broker.bootstrap,
             partitions=PARTITIONS,
             catalog_uri="sqlite:///catalog.db",
             warehouse="warehouse",
             topic="readings",
+            max_records=10,
         )
     )
     spec = load_spec(spec_file, env={})

@@ -42,7 +42,7 @@ import psutil
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
-from chaos.workspace import ORDER_FIELDS, SETTINGS_TEMPLATE, SPEC_TEMPLATE
+from chaos.workspace import EVENTS_SPEC_TEMPLATE, SPEC_TEMPLATE
 from krishiv.broker import LocalBroker
 from krishiv.cli import main
 from krishiv.produce import OrderEvent, demo_orders, ensure_topic, produce
@@ -487,19 +487,6 @@ def test_commands_on_a_ledger_server_that_does_not_answer_say_so_in_one_line(
 
 # ------------------------------------------------------------------------------------------------ end to end
 
-_EVENTS_SPEC = (
-    SETTINGS_TEMPLATE
-    + """
-[[pipelines]]
-name = "orders_raw"
-kind = "events"
-topic = "{topic}"
-kafka_metadata = true
-trigger_interval = "500ms"
-max_records_per_batch = 150
-"""
-    + ORDER_FIELDS
-)
 RUN_TIMEOUT_S = 240.0  # a bound, not a target: Spark starts in a process of its own on a loaded 2-core machine
 #: How long the server stays paused under the running query: well inside the ledger's 30 s budget.
 RUN_PAUSE_S = 8.0
@@ -532,8 +519,13 @@ def test_a_continuous_run_keeps_every_event_once_through_a_killed_and_a_paused_l
     one a reject."""
     server = ledger_server.server
     spec_file = tmp_path / "krishiv.toml"
-    text = _EVENTS_SPEC.format(
-        bootstrap=broker.bootstrap, partitions=2, catalog_uri="sqlite:///catalog.db", warehouse="warehouse", topic=topic
+    text = EVENTS_SPEC_TEMPLATE.format(
+        bootstrap=broker.bootstrap,
+        partitions=2,
+        catalog_uri="sqlite:///catalog.db",
+        warehouse="warehouse",
+        topic=topic,
+        max_records=150,
     )
     location = ledger_server.uri_through(ledger_front)
     spec_file.write_text(text.replace('ledger_path = "ledger.duckdb"', f'ledger_path = "{location}"'))
