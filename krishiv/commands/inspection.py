@@ -64,7 +64,7 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
             side,
             ledger.newest_topic_id(names[0]),
             ledger.pending_batches(names, pipeline=p.name),
-            ledger.current_lease(p.name),
+            next((lease for lease in s.leases if lease.pipeline == p.name), None),  # read by pipeline_status
             datetime.now(UTC),
             seconds_from_env(PENDING_AGE_ENV, DEFAULT_PENDING_AGE_S),
         )
