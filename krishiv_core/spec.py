@@ -63,7 +63,7 @@ from krishiv_core.spec_sections import (
     parse_spark,
     parse_storage,
 )
-from krishiv_core.spec_types import EventField, FieldType
+from krishiv_core.spec_types import EventField, FieldPath, FieldType, field_paths
 from krishiv_core.spec_values import (
     did_you_mean,
     expect,
@@ -196,10 +196,12 @@ class PipelineSpec:
         return self.slide_ms or self.window_ms
 
     def field(self, name: str) -> EventField:
-        for f in self.fields:
-            if f.name == name:
-                return f
-        raise KeyError(name)
+        """The event field a name or a dotted path into structs (``meta.ts``) names."""
+        return field_paths(self.fields)[name].field
+
+    def path(self, name: str) -> FieldPath:
+        """A field by its name or dotted path, with whether a row always has a value there."""
+        return field_paths(self.fields)[name]
 
 
 def _resolved(base_dir: Path, path: str) -> Path:
@@ -297,11 +299,11 @@ def _catch_up_records(value: Any, where: str, max_records: int) -> int:
 def _output_columns(kind: str, fields: tuple[EventField, ...], extra: Mapping[str, Any]) -> dict[str, str]:
     """Each output column's spec type name, for validating ``partition_by``."""
     if kind == WINDOWED:
-        by_name = {f.name: f for f in fields}
+        paths = field_paths(fields)
         columns = {"window_start": "timestamp", "window_end": "timestamp"}
-        columns |= {g: by_name[g].type.name for g in extra["group_by"]}
+        columns |= {paths[g].column: paths[g].type.name for g in extra["group_by"]}
         return columns
-    columns = {f.name: f.type.name for f in fields}
+    columns = {p.path: p.type.name for p in field_paths(fields).values()}
     types = {"topic": "string", "partition": "int", "offset": "long", "timestamp": "timestamp", "key": "binary"}
     return columns | {KAFKA_METADATA_PREFIX + m: types[m] for m in extra.get("kafka_metadata", ())}
 
@@ -356,11 +358,14 @@ def _parse_pipeline(
     if record_format.envelope is not None:
         raw = dict(raw)
         fields = spec_upsert.with_cdc_fields(raw, where, fields, record_format)
-    by_name = {f.name: f for f in fields}
     event_time = raw.get("event_time_field")
     if event_time is not None or kind == WINDOWED:
         event_time = one_field(
-            event_time, f"{where}.event_time_field", by_name, ("timestamp_ms", "timestamp"), "the event time field"
+            event_time,
+            f"{where}.event_time_field",
+            field_paths(fields),
+            ("timestamp_ms", "timestamp"),
+            "the event time field",
         )
     extra: dict[str, Any] = {}
     if kind == WINDOWED:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from krishiv_core.errors import ConfigError
-from krishiv_core.spec_types import EventField
+from krishiv_core.spec_types import EventField, field_paths
 from krishiv_core.spec_values import expect, identifier, one_field
 
 #: The keys an events pipeline has besides every pipeline's.
@@ -62,19 +62,17 @@ def _route_value(value: str, field_type: str, where: str) -> str:
 def parse_routes(raw: Mapping[str, Any], where: str, fields: tuple[EventField, ...]) -> dict[str, Any]:
     """An events pipeline's ``route_by``, ``routes`` and ``unrouted`` as ``PipelineSpec`` arguments (none without
     ``route_by``)."""
-    by_name = {f.name: f for f in fields}
+    paths = field_paths(fields)
     if "route_by" not in raw:
         for key in ("routes", "unrouted"):
             if key in raw:
                 raise ConfigError(f"{where}.{key}", "only a pipeline with route_by has routes")
         return {}
-    route_by = one_field(
-        raw["route_by"], f"{where}.route_by", by_name, ("string", "long", "int", "boolean"), "route_by"
-    )
+    route_by = one_field(raw["route_by"], f"{where}.route_by", paths, ("string", "long", "int", "boolean"), "route_by")
     routes_raw = expect(raw.get("routes"), dict, f"{where}.routes", "a table of field value = table name")
     if not routes_raw:
         raise ConfigError(f"{where}.routes", "expected at least one route")
-    kind = by_name[route_by].type.name
+    kind = paths[route_by].type.name
     routes = tuple(
         Route(_route_value(v, kind, f"{where}.routes.{v}"), identifier(t, f"{where}.routes.{v}"))
         for v, t in routes_raw.items()

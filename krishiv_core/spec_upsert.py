@@ -12,7 +12,7 @@ from typing import Any
 
 from krishiv_core.errors import ConfigError
 from krishiv_core.formats import CDC_COLUMNS, RecordFormat
-from krishiv_core.spec_types import EventField, FieldType
+from krishiv_core.spec_types import EventField, FieldType, field_paths
 from krishiv_core.spec_values import field_names, one_field
 
 #: The keys an upsert pipeline has besides every pipeline's.
@@ -21,7 +21,7 @@ KEYS = {"event_time_field", "kafka_metadata", "key", "version_field", "delete_fi
 
 def parse_upsert(raw: Mapping[str, Any], where: str, fields: tuple[EventField, ...]) -> dict[str, Any]:
     """An upsert pipeline's ``key``, ``version_field`` and ``delete_field`` as ``PipelineSpec`` arguments."""
-    by_name = {f.name: f for f in fields}
+    by_name = field_paths(fields)
     if "key" not in raw:
         raise ConfigError(f"{where}.key", "an upsert pipeline needs key = [field, ...]: the fields naming a row")
     key = field_names(raw["key"], f"{where}.key", by_name, "event fields")
@@ -29,10 +29,11 @@ def parse_upsert(raw: Mapping[str, Any], where: str, fields: tuple[EventField, .
         raise ConfigError(f"{where}.key", "expected at least one key field")
     for i, name in enumerate(key):
         f = by_name[name]
-        if not f.required or f.type.name == "double":
+        if not f.required or f.type.name == "double" or not f.type.is_scalar:
             raise ConfigError(
                 f"{where}.key[{i}]",
-                f"a key field must be required and not a double; {name} is {'optional' if not f.required else f.type}",
+                "a key field must be required (and so every struct it is in), one value and not a double; "
+                f"{name} is {'optional' if not f.required else f.type}",
             )
     version = raw.get("version_field")
     if version is not None:

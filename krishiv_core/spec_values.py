@@ -15,7 +15,20 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 
 from krishiv_core.errors import ConfigError
-from krishiv_core.spec_types import EventField, FieldType
+from krishiv_core.spec_types import (
+    ELEMENT,
+    JSON_TEXT,
+    KEY,
+    LIST,
+    MAP,
+    NESTED,
+    STRUCT,
+    VALUE,
+    EventField,
+    FieldPath,
+    FieldType,
+    inside_collection,
+)
 
 _DECIMAL = re.compile(r"^decimal\((\d+),\s*(\d+)\)$")
 _SCALAR_TYPES = ("string", "long", "int", "double", "boolean", "timestamp_ms", "timestamp", "date")
@@ -84,8 +97,14 @@ def parse_cron(value: Any, field_name: str) -> str:
 
 
 def parse_field_type(value: Any, field_name: str) -> FieldType:
-    text = expect(value, str, field_name, f"a type ({', '.join(_SCALAR_TYPES)} or decimal(p,s))").strip()
-    if text in _SCALAR_TYPES:
+    """A type: a scalar's name, ``decimal(p,s)``, ``json``, or a nested type's table (docs/spec.md, "Nested
+    fields"): ``{ type = "struct", fields = {...} }``, ``{ type = "list", element = ... }``,
+    ``{ type = "map", key = "string", value = ... }``."""
+    if isinstance(value, dict):
+        ftype, required = _declaration(value, field_name, allow_required=False)
+        return ftype
+    text = expect(value, str, field_name, f"a type ({_TYPES_SHOWN})").strip()
+    if text in _SCALAR_TYPES or text == JSON_TEXT:
         return FieldType(text)
     m = _DECIMAL.match(text)
     if m:
@@ -93,48 +112,99 @@ def parse_field_type(value: Any, field_name: str) -> FieldType:
         if not (1 <= precision <= 38 and 0 <= scale <= precision):
             raise ConfigError(field_name, f"decimal precision must be 1..38 and scale 0..precision, got {text}")
         return FieldType("decimal", precision, scale)
-    raise ConfigError(field_name, f"expected one of {', '.join(_SCALAR_TYPES)} or decimal(p,s), got {text!r}")
+    if text in NESTED:
+        raise ConfigError(field_name, f"a {text} is declared as a table: {_NESTED_SHAPES[text]}")
+    raise ConfigError(field_name, f"expected one of {_TYPES_SHOWN}, got {text!r}")
+
+
+_TYPES_SHOWN = ", ".join(_SCALAR_TYPES) + ", decimal(p,s), json, or a struct, list or map table"
+_NESTED_SHAPES = {
+    STRUCT: '{ type = "struct", fields = { name = "type", ... } }',
+    LIST: '{ type = "list", element = "type" }',
+    MAP: '{ type = "map", key = "string", value = "type" }',
+}
+_NESTED_KEYS = {STRUCT: {"fields"}, LIST: {ELEMENT}, MAP: {KEY, VALUE}}
+
+
+def _declaration(decl: Any, where: str, allow_required: bool = True) -> tuple[FieldType, bool]:
+    """A field's (or an element's, a value's) declaration: ``"type"`` or a table with ``type``, the nested type's
+    parts and ``required``; (its type, whether it is required: true unless it says otherwise)."""
+    if not isinstance(decl, dict):
+        return parse_field_type(decl, where), True
+    kind = decl.get("type")
+    parts = _NESTED_KEYS.get(kind, set()) if isinstance(kind, str) else set()
+    allowed = {"type"} | parts | ({"required"} if allow_required else set())
+    unknown = set(decl) - allowed
+    if unknown:
+        raise ConfigError(where, f"unknown keys {sorted(unknown)}; expected {', '.join(map(repr, sorted(allowed)))}")
+    required = expect(decl.get("required", True), bool, f"{where}.required", "true or false")
+    if kind == STRUCT:
+        return FieldType(STRUCT, fields=parse_fields(decl.get("fields"), f"{where}.fields")), required
+    if kind == LIST:
+        if ELEMENT not in decl:
+            raise ConfigError(where, f"a list names its element's type: {_NESTED_SHAPES[LIST]}")
+        element_type, element_required = _declaration(decl[ELEMENT], f"{where}.{ELEMENT}")
+        return FieldType(LIST, element=EventField(ELEMENT, element_type, element_required)), required
+    if kind == MAP:
+        if KEY not in decl or VALUE not in decl:
+            raise ConfigError(where, f"a map names its key's and its value's types: {_NESTED_SHAPES[MAP]}")
+        key_type = parse_field_type(decl[KEY], f"{where}.{KEY}")
+        if not key_type.is_scalar or key_type.name == "double":
+            raise ConfigError(
+                f"{where}.{KEY}",
+                f"a map's key is a string, a whole number, a decimal, a boolean, a date or a time; got {key_type}",
+            )
+        value_type, value_required = _declaration(decl[VALUE], f"{where}.{VALUE}")
+        return FieldType(MAP, element=EventField(VALUE, value_type, value_required), key=key_type), required
+    return parse_field_type(kind, f"{where}.type"), required
 
 
 def parse_fields(raw: Any, where: str) -> tuple[EventField, ...]:
-    """``[pipelines.fields]``: ``name = "type"`` or ``name = { type = "…", required = false }``."""
+    """``[pipelines.fields]`` (or a struct's ``fields``): ``name = "type"`` or ``name = { type = …, required = false
+    }``, a nested type's table holding its parts beside ``type`` and ``required``."""
     expect(raw, dict, where, "a table of field = type")
     fields = []
     for name, decl in raw.items():
         fname = f"{where}.{name}"
         identifier(name, fname)
-        if isinstance(decl, dict):
-            unknown = set(decl) - {"type", "required"}
-            if unknown:
-                raise ConfigError(fname, f"unknown keys {sorted(unknown)}; expected 'type' and 'required'")
-            ftype = parse_field_type(decl.get("type"), f"{fname}.type")
-            required = expect(decl.get("required", True), bool, f"{fname}.required", "true or false")
-        else:
-            ftype, required = parse_field_type(decl, fname), True
+        ftype, required = _declaration(decl, fname)
         fields.append(EventField(name, ftype, required))
     if not fields:
         raise ConfigError(where, "expected at least one field")
     return tuple(fields)
 
 
-def field_names(raw: Any, where: str, by_name: Mapping[str, EventField], what: str) -> tuple[str, ...]:
-    """A key naming event fields: one name or a list of distinct ones."""
+def field_path(raw: Any, where: str, paths: Mapping[str, FieldPath], what: str = "event fields") -> FieldPath:
+    """A key naming one event field, top-level or by a dotted path through structs (``meta.ts``)."""
+    if isinstance(raw, str) and raw in paths:
+        return paths[raw]
+    through = inside_collection(raw, paths) if isinstance(raw, str) else None
+    if through is not None:
+        raise ConfigError(
+            where,
+            f"{raw!r} goes through {through}, a {paths[through].type.name}: a path can name a field inside a struct, "
+            "not inside a list or map",
+        )
+    top = sorted(p for p in paths if "." not in p)
+    raise ConfigError(where, f"expected one of the {what} {top} (or a dotted path into a struct), got {raw!r}")
+
+
+def field_names(raw: Any, where: str, paths: Mapping[str, FieldPath], what: str) -> tuple[str, ...]:
+    """A key naming event fields: one name or a list of distinct ones (each a dotted path into structs or not)."""
     names = [raw] if isinstance(raw, str) else expect(raw, list, where, f"a list of {what}")
     for i, name in enumerate(names):
-        if not isinstance(name, str) or name not in by_name:
-            raise ConfigError(f"{where}[{i}]", f"expected one of the event fields {sorted(by_name)}, got {name!r}")
+        field_path(name, f"{where}[{i}]", paths, what)
     if len(set(names)) != len(names):
         raise ConfigError(where, f"a field is named twice: {names}")
     return tuple(names)
 
 
-def one_field(raw: Any, where: str, by_name: Mapping[str, EventField], types: tuple[str, ...], what: str) -> str:
-    """A key naming one event field of one of ``types``."""
-    if not isinstance(raw, str) or raw not in by_name:
-        raise ConfigError(where, f"expected one of the event fields {sorted(by_name)}, got {raw!r}")
-    if by_name[raw].type.name not in types:
-        raise ConfigError(where, f"{what} must be of type {' or '.join(types)}; {raw} is {by_name[raw].type}")
-    return raw
+def one_field(raw: Any, where: str, paths: Mapping[str, FieldPath], types: tuple[str, ...], what: str) -> str:
+    """A key naming one event field (or a dotted path into structs) of one of ``types``."""
+    found = field_path(raw, where, paths)
+    if found.type.name not in types:
+        raise ConfigError(where, f"{what} must be of type {' or '.join(types)}; {raw} is {found.type}")
+    return found.path
 
 
 def did_you_mean(unknown: AbstractSet[str], known: AbstractSet[str]) -> str:

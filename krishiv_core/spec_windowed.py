@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from krishiv_core.errors import ConfigError
-from krishiv_core.spec_types import EventField
-from krishiv_core.spec_values import expect, field_names, identifier, parse_duration_ms
+from krishiv_core.spec_types import EventField, field_paths
+from krishiv_core.spec_values import expect, field_names, field_path, identifier, parse_duration_ms
 
 #: The keys a windowed pipeline has besides every pipeline's.
 KEYS = {"event_time_field", "watermark_delay", "window", "slide", "group_by", "output_mode", "aggregations"}
@@ -31,7 +31,7 @@ class Aggregation:
 
 def _parse_aggregations(raw: Any, where: str, fields: tuple[EventField, ...]) -> tuple[Aggregation, ...]:
     expect(raw, list, where, "a list of {name, function, field}")
-    by_name = {f.name: f for f in fields}
+    paths = field_paths(fields)
     out: list[Aggregation] = []
     for i, item in enumerate(raw):
         at = f"{where}[{i}]"
@@ -44,15 +44,12 @@ def _parse_aggregations(raw: Any, where: str, fields: tuple[EventField, ...]) ->
         if function not in _AGG_FUNCTIONS:
             raise ConfigError(f"{at}.function", f"expected one of {', '.join(_AGG_FUNCTIONS)}, got {function!r}")
         source = item.get("field")
-        if function == "count":
-            if source is not None and source not in by_name:
-                raise ConfigError(f"{at}.field", f"no event field named {source!r}")
-        else:
-            if source not in by_name:
-                raise ConfigError(f"{at}.field", f"expected one of the event fields {sorted(by_name)}, got {source!r}")
-            ftype = by_name[source].type
+        if source is not None or function != "count":
+            ftype = field_path(source, f"{at}.field", paths).type
             if function in ("sum", "avg") and not ftype.is_numeric:
                 raise ConfigError(f"{at}.field", f"{function} needs a numeric field; {source} is {ftype}")
+            if function in ("min", "max") and not ftype.is_scalar:
+                raise ConfigError(f"{at}.field", f"{function} needs a field of one value; {source} is {ftype}")
         if name in {a.name for a in out} or name in ("window_start", "window_end"):
             raise ConfigError(f"{at}.name", f"output column {name!r} is used twice")
         out.append(Aggregation(name, function, source))
@@ -63,7 +60,7 @@ def _parse_aggregations(raw: Any, where: str, fields: tuple[EventField, ...]) ->
 
 def parse_windowed(raw: Mapping[str, Any], where: str, fields: tuple[EventField, ...]) -> dict[str, Any]:
     """A windowed pipeline's own ``PipelineSpec`` arguments."""
-    by_name = {f.name: f for f in fields}
+    by_name = field_paths(fields)
     window_ms = parse_duration_ms(raw.get("window", "1m"), f"{where}.window")
     slide_ms = None
     if "slide" in raw:
@@ -76,12 +73,15 @@ def parse_windowed(raw: Mapping[str, Any], where: str, fields: tuple[EventField,
     group_by = field_names(raw.get("group_by", []), f"{where}.group_by", by_name, "event fields")
     for i, name in enumerate(group_by):
         f = by_name[name]
-        if not f.required or f.type.name == "double":
+        if not f.required or f.type.name == "double" or not f.type.is_scalar:
             raise ConfigError(
                 f"{where}.group_by[{i}]",
-                f"a group-by field must be required and not a double (its rows are a window's key); {name} is "
-                f"{'optional' if not f.required else f.type}",
+                "a group-by field must be required (and so every struct it is in), one value and not a double (its "
+                f"rows are a window's key); {name} is {'optional' if not f.required else f.type}",
             )
+    columns = [by_name[g].column for g in group_by]
+    if len(set(columns)) != len(columns) or set(columns) & {"window_start", "window_end"}:
+        raise ConfigError(f"{where}.group_by", f"the group-by columns {columns} (a path's dots become _) clash")
     output_mode = raw.get("output_mode", "append")
     if output_mode not in _OUTPUT_MODES:
         raise ConfigError(f"{where}.output_mode", f"expected one of {list(_OUTPUT_MODES)}, got {output_mode!r}")

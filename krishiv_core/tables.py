@@ -8,9 +8,10 @@ construction rather than by inference.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pyiceberg.schema import Schema
+from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.types import (
     BinaryType,
     BooleanType,
@@ -19,15 +20,19 @@ from pyiceberg.types import (
     DoubleType,
     IcebergType,
     IntegerType,
+    ListType,
     LongType,
+    MapType,
     NestedField,
     StringType,
+    StructType,
     TimestamptzType,
 )
 
 from krishiv_core.entries import APPEND, MERGE, CommitOperation
 from krishiv_core.partitioning import PartitionField
 from krishiv_core.spec import EVENTS, KAFKA_METADATA_PREFIX, UPSERT, WINDOWED, Aggregation, FieldType, PipelineSpec
+from krishiv_core.spec_types import JSON_TEXT, LIST, MAP, STRUCT
 
 WINDOW_START = "window_start"
 WINDOW_END = "window_end"
@@ -56,9 +61,36 @@ def aggregate_type(agg: Aggregation, pipeline: PipelineSpec) -> FieldType:
     return FieldType("double")
 
 
-def iceberg_type(t: FieldType) -> IcebergType:
+class _Ids:
+    """Field ids for a schema being built (renumbered once it is whole, top-level columns first)."""
+
+    def __init__(self) -> None:
+        self.last = 1000
+
+    def __call__(self) -> int:
+        self.last += 1
+        return self.last
+
+
+def iceberg_type(t: FieldType, ids: Callable[[], int] | None = None) -> IcebergType:
+    """The Iceberg type of a field type; a nested type's parts numbered by ``ids``."""
+    ids = ids or _Ids()
+    if t.name == STRUCT:
+        return StructType(
+            *[NestedField(ids(), f.name, iceberg_type(f.type, ids), required=f.required) for f in t.fields]
+        )
+    if t.name == LIST:
+        assert t.element is not None
+        return ListType(ids(), iceberg_type(t.element.type, ids), element_required=t.element.required)
+    if t.name == MAP:
+        assert t.element is not None and t.key is not None
+        key_id, value_id = ids(), ids()
+        return MapType(
+            key_id, iceberg_type(t.key, ids), value_id, iceberg_type(t.element.type, ids), t.element.required
+        )
     return {
         "string": StringType(),
+        JSON_TEXT: StringType(),
         "long": LongType(),
         "int": IntegerType(),
         "double": DoubleType(),
@@ -70,11 +102,20 @@ def iceberg_type(t: FieldType) -> IcebergType:
 
 
 def spark_type(t: FieldType) -> str:
-    """Spark SQL DDL type of an output column (timestamps arrive as Spark timestamps)."""
+    """Spark SQL DDL type of a column (timestamps arrive as Spark timestamps, ``json`` as its text)."""
     if t.is_decimal:
         return f"decimal({t.precision},{t.scale})"
+    if t.name == STRUCT:
+        return "struct<" + ", ".join(f"`{f.name}`: {spark_type(f.type)}" for f in t.fields) + ">"
+    if t.name == LIST:
+        assert t.element is not None
+        return f"array<{spark_type(t.element.type)}>"
+    if t.name == MAP:
+        assert t.element is not None and t.key is not None
+        return f"map<{spark_type(t.key)}, {spark_type(t.element.type)}>"
     return {
         "string": "string",
+        JSON_TEXT: "string",
         "long": "bigint",
         "int": "int",
         "double": "double",
@@ -85,14 +126,23 @@ def spark_type(t: FieldType) -> str:
     }[t.name]
 
 
+def _numbered(fields: list[NestedField], identifiers: Sequence[str] = ()) -> Schema:
+    """A schema of ``fields`` numbered as Iceberg numbers a new table's (top-level columns 1..N, then their parts),
+    keyed by the dotted paths ``identifiers``."""
+    built = Schema(*fields)
+    ids = [built.find_field(path).field_id for path in identifiers]
+    return assign_fresh_schema_ids(Schema(*fields, identifier_field_ids=ids))
+
+
 def aggregate_table_schema(pipeline: PipelineSpec) -> Schema:
     """A windowed pipeline's table: the window, the group-by fields, then one column per aggregation."""
     fields = [
         NestedField(1, WINDOW_START, TimestamptzType(), required=True),
         NestedField(2, WINDOW_END, TimestamptzType(), required=True),
     ]
-    for name in pipeline.group_by:
-        fields.append(NestedField(len(fields) + 1, name, iceberg_type(pipeline.field(name).type), required=True))
+    for name in pipeline.group_by:  # a path into a struct is a column of its own, named by the path (meta_site)
+        path = pipeline.path(name)
+        fields.append(NestedField(len(fields) + 1, path.column, iceberg_type(path.type), required=True))
     for agg in pipeline.aggregations:
         fields.append(
             NestedField(len(fields) + 1, agg.name, iceberg_type(aggregate_type(agg, pipeline)), required=False)
@@ -116,13 +166,11 @@ def event_table_schema(pipeline: PipelineSpec) -> Schema:
 
     An upsert table's key fields are its identifier fields (required, as the spec insists).
     """
-    fields = [
-        NestedField(n, f.name, iceberg_type(f.type), required=f.required) for n, f in enumerate(pipeline.fields, 1)
-    ]
+    ids = _Ids()
+    fields = [NestedField(ids(), f.name, iceberg_type(f.type, ids), required=f.required) for f in pipeline.fields]
     for name in pipeline.kafka_metadata:
-        fields.append(NestedField(len(fields) + 1, KAFKA_METADATA_PREFIX + name, _METADATA_TYPES[name], required=False))
-    ids = [f.field_id for f in fields if f.name in pipeline.key]
-    return Schema(*fields, identifier_field_ids=ids)
+        fields.append(NestedField(ids(), KAFKA_METADATA_PREFIX + name, _METADATA_TYPES[name], required=False))
+    return _numbered(fields, pipeline.key)
 
 
 @dataclass(frozen=True)

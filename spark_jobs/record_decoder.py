@@ -40,6 +40,8 @@ import pyarrow.compute as pc
 
 from krishiv_core.formats import JSON, STRING
 from krishiv_core.spec import EventField, FieldType, PipelineSpec
+from krishiv_core.spec_types import ELEMENT, JSON_TEXT, LIST, MAP, STRUCT, VALUE
+from krishiv_core.tables import spark_type
 
 #: The epoch milliseconds of a ``timestamp_ms`` field: 0001-01-01 to 9999-12-31, as Spark's timestamps.
 TIMESTAMP_MS_RANGE = (-62_135_596_800_000, 253_402_300_799_999)
@@ -80,7 +82,17 @@ _ANY = msgspec.json.Decoder()
 def arrow_type(t: FieldType) -> pa.DataType:
     if t.is_decimal:
         return pa.decimal128(t.precision, t.scale)
+    if t.name == STRUCT:
+        return pa.struct([pa.field(f.name, arrow_type(f.type), nullable=not f.required) for f in t.fields])
+    if t.name == LIST:
+        assert t.element is not None
+        return pa.list_(pa.field(ELEMENT, arrow_type(t.element.type), nullable=not t.element.required))
+    if t.name == MAP:
+        assert t.element is not None and t.key is not None
+        value = pa.field(VALUE, arrow_type(t.element.type), nullable=not t.element.required)
+        return pa.map_(arrow_type(t.key), value)
     return {
+        JSON_TEXT: pa.string(),
         "string": pa.string(),
         "long": pa.int64(),
         "int": pa.int32(),
@@ -90,12 +102,6 @@ def arrow_type(t: FieldType) -> pa.DataType:
         "timestamp_ms": pa.timestamp("us", tz="UTC"),
         "date": pa.date32(),
     }[t.name]
-
-
-def _spark_type(t: FieldType) -> str:
-    if t.is_decimal:
-        return f"decimal({t.precision},{t.scale})"
-    return {"long": "bigint", "timestamp_ms": "timestamp"}.get(t.name, t.name)
 
 
 @dataclass(frozen=True)
@@ -165,7 +171,7 @@ class Decoding:
     def to_option(self) -> str:
         return json.dumps(
             {
-                "fields": [[f.name, str(f.type), f.required] for f in self.fields],
+                "fields": [[f.name, f.type.declaration(), f.required] for f in self.fields],
                 "required": sorted(self.required),
                 "output": list(self.output),
                 "tombstone_key": None if self.tombstone_key is None else list(self.tombstone_key),
@@ -221,7 +227,7 @@ class Decoding:
     def spark_schema(self) -> str:
         extra = f", {TOMBSTONE} boolean" if self.tombstone_key is not None else ""
         extra += f", {CDC_DELETE} boolean" if self.envelope is not None else ""
-        columns = "".join(f", `{n}` {_spark_type(self.field(n).type)}" for n in self.output)
+        columns = "".join(f", `{n}` {spark_type(self.field(n).type)}" for n in self.output)
         return (
             "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp, "
             f"{REASON} string{extra}{columns}"
