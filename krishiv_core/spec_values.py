@@ -101,8 +101,7 @@ def parse_field_type(value: Any, field_name: str) -> FieldType:
     fields"): ``{ type = "struct", fields = {...} }``, ``{ type = "list", element = ... }``,
     ``{ type = "map", key = "string", value = ... }``."""
     if isinstance(value, dict):
-        ftype, required = _declaration(value, field_name, allow_required=False)
-        return ftype
+        return _declaration(value, field_name, allow_required=False)[0]
     text = expect(value, str, field_name, f"a type ({_TYPES_SHOWN})").strip()
     if text in _SCALAR_TYPES or text == JSON_TEXT:
         return FieldType(text)
