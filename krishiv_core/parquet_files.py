@@ -41,19 +41,21 @@ def load_io(properties: Mapping[str, str], location: str) -> FileIO:
 
 
 def to_table_schema(rows: pa.Table, schema: Schema) -> pa.Table:
-    """``rows`` as Arrow of ``schema`` with Iceberg field ids: columns in schema order and types, extra columns
-    dropped, missing optional columns null; a missing required column, or nulls in one, is a SchemaConflict."""
+    """``rows`` as Arrow of ``schema`` with Iceberg field ids at every depth: columns in schema order and types
+    (structs, lists and maps cast part by part), extra columns dropped, missing optional columns null; a missing
+    required column, or a null in a required part (a column, a present struct's field, a list's element, a map's
+    value), is a SchemaConflict naming the part by its Iceberg path (``gps.lat``, ``tags.element``)."""
     target = schema_to_pyarrow(schema, include_field_ids=True)
     columns = []
     for field in target:
         if field.name in rows.column_names:
             column = rows.column(field.name)
+            nulls = _required_nulls(column, field, field.name)  # before the cast, which refuses them less clearly
+            if nulls:
+                path, count = nulls
+                raise SchemaConflict(f"staged rows hold {count} nulls in column {path!r}, which the table requires")
             if column.type != field.type:
                 column = column.cast(field.type)
-            if not field.nullable and column.null_count:
-                raise SchemaConflict(
-                    f"staged rows hold {column.null_count} nulls in column {field.name!r}, which the table requires"
-                )
         elif field.nullable:
             column = pa.nulls(rows.num_rows, field.type)
         else:
@@ -63,6 +65,59 @@ def to_table_schema(rows: pa.Table, schema: Schema) -> pa.Table:
             )
         columns.append(column)
     return pa.Table.from_arrays(columns, schema=target)
+
+
+def _required_nulls(column: pa.Array | pa.ChunkedArray, field: pa.Field, path: str) -> tuple[str, int] | None:
+    """The first required part of ``field`` (the table's) holding a null in ``column`` (the rows', of the same
+    shape, its struct fields found by name) where its parent holds a value, as (Iceberg path, how many), or None.
+    A struct's fields are looked at where the struct is present; a list's elements and a map's keys and values
+    only inside present lists and maps."""
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    count = sum(chunk.null_count for chunk in chunks)
+    if count and not field.nullable:
+        return path, count
+    for chunk in chunks:
+        found = _required_nulls_inside(chunk, field.type, path)
+        if found:
+            return found
+    return None
+
+
+def _required_nulls_inside(array: pa.Array, arrow_type: pa.DataType, path: str) -> tuple[str, int] | None:
+    parts: list[tuple[pa.Array, pa.Field, str]] = []
+    if pa.types.is_struct(arrow_type) and pa.types.is_struct(array.type):
+        # flatten() gives each field's values with the struct's own nulls folded in: a null there is a null field
+        # of a present struct only where the struct is valid
+        valid, children = array.is_valid(), array.flatten()
+        for part in arrow_type:
+            index = array.type.get_field_index(part.name)
+            if index < 0:
+                continue  # the cast says so
+            child = children[index]
+            if not part.nullable:
+                count = pc.sum(pc.and_(child.is_null(), valid)).as_py() or 0
+                if count:
+                    return f"{path}.{part.name}", count
+            parts.append((child, part.with_nullable(True), f"{path}.{part.name}"))
+    elif pa.types.is_map(arrow_type) and pa.types.is_map(array.type):
+        # a map is laid out as a list of (key, value) structs: viewed as one, flatten() gives present maps' entries
+        entries_type = pa.struct([array.type.key_field, array.type.item_field])
+        entries = array.view(pa.list_(pa.field("entries", entries_type, nullable=False))).flatten()
+        parts += [
+            (entries.field(0), arrow_type.key_field, f"{path}.key"),
+            (entries.field(1), arrow_type.item_field, f"{path}.value"),
+        ]
+    elif _is_list(arrow_type) and _is_list(array.type):
+        parts.append((array.flatten(), arrow_type.value_field, f"{path}.element"))
+    for child, part, child_path in parts:
+        found = _required_nulls(child, part, child_path)
+        if found:
+            return found
+    return None
+
+
+def _is_list(arrow_type: pa.DataType) -> bool:
+    return pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type)
 
 
 def _internal_type(t: IcebergType) -> pa.DataType:

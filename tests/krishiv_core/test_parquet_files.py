@@ -14,15 +14,20 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.types import (
     BooleanType,
     DecimalType,
+    DoubleType,
     IntegerType,
+    ListType,
     LongType,
+    MapType,
     NestedField,
     StringType,
+    StructType,
     TimestamptzType,
 )
 
@@ -30,6 +35,7 @@ from krishiv_core.entries import DATA, DELETE_KEYS, StagedFile
 from krishiv_core.errors import SchemaConflict
 from krishiv_core.parquet_files import load_io, partition_keys, write_staged_files
 from krishiv_core.partitioning import PartitionField, partition_spec
+from outbox.data_files import data_file
 
 SCHEMA = Schema(
     NestedField(1, "ts", TimestamptzType(), required=True),
@@ -220,3 +226,132 @@ def test_a_task_in_another_process_writes_from_pickled_schema_spec_and_io_proper
         files = pool.submit(_write_in_another_process, payload).result(timeout=120)
     assert sorted(Path(f.path).parent.name for f in files) == ["ts_day=2024-05-01", "ts_day=2024-05-02"]
     assert sorted(pq.read_table(f.path).column("n")[0].as_py() for f in files) == [1, 2]
+
+
+#: A table with nested columns, as tables.event_table_schema numbers one: top-level columns first, then their parts.
+NESTED = Schema(
+    NestedField(1, "id", LongType(), required=True),
+    NestedField(
+        2,
+        "gps",
+        StructType(
+            NestedField(6, "lat", DoubleType(), required=True),
+            NestedField(7, "alt", LongType(), required=False),
+            NestedField(8, "at", StructType(NestedField(9, "ts", TimestamptzType(), required=True)), required=False),
+        ),
+        required=False,
+    ),
+    NestedField(3, "tags", ListType(10, StringType(), element_required=True), required=False),
+    NestedField(
+        4,
+        "readings",
+        ListType(
+            11,
+            StructType(
+                NestedField(12, "value", DecimalType(38, 10), required=True),
+                NestedField(13, "note", StringType(), required=False),
+            ),
+            element_required=False,
+        ),
+        required=True,
+    ),
+    NestedField(5, "attrs", MapType(14, StringType(), 15, DecimalType(20, 6), value_required=False), required=False),
+)
+#: Spark's Arrow for those columns: its own part names (item, entries), an int inside a struct, ms timestamps.
+SPARK_NESTED = pa.schema(
+    [
+        ("id", pa.int64()),
+        (
+            "gps",
+            pa.struct(
+                [("lat", pa.float64()), ("alt", pa.int32()), ("at", pa.struct([("ts", pa.timestamp("ms", "UTC"))]))]
+            ),
+        ),
+        ("tags", pa.list_(pa.string())),
+        ("readings", pa.list_(pa.struct([("value", pa.decimal128(38, 10)), ("note", pa.string())]))),
+        ("attrs", pa.map_(pa.string(), pa.decimal128(20, 6))),
+        ("extra", pa.string()),
+    ]
+)
+BIG = Decimal("9999999999999999999999999999.9999999999")  # decimal(38,10)'s largest
+SMALLEST = Decimal("-9999999999999999999999999999.9999999999")  # (-BIG would round to Python's 28 digits)
+NESTED_ROWS = [
+    {
+        "id": 1,
+        "gps": {"lat": -90.0, "alt": -(2**31), "at": {"ts": utc(1969, 12, 31, 23, 59, 59, 999_000)}},
+        "tags": ["cold", "", "ünï"],
+        "readings": [{"value": BIG, "note": None}, None, {"value": SMALLEST, "note": "x"}],
+        "attrs": [("speed", Decimal("-0.000001")), ("load", None), ("", Decimal("99999999999999.999999"))],
+    },
+    {"id": 2, "gps": None, "tags": [], "readings": [], "attrs": []},
+    {"id": 3, "gps": {"lat": 0.0, "alt": None, "at": None}, "tags": None, "readings": [None], "attrs": None},
+]
+
+
+def nested_rows(rows: list[dict]) -> pa.Table:
+    return pa.Table.from_pylist([{**r, "extra": "dropped"} for r in rows], schema=SPARK_NESTED)
+
+
+def test_nested_rows_get_field_ids_at_every_depth_and_read_back_the_same_in_pyiceberg(tmp_path: Path) -> None:
+    catalog = SqlCatalog("t", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=f"file://{tmp_path}/warehouse")
+    catalog.create_namespace("ns")
+    table = catalog.create_table(("ns", "nested"), schema=NESTED)
+    (staged,) = write_staged_files(table.io, table.schema(), table.spec(), nested_rows(NESTED_ROWS), str(tmp_path))
+
+    def ids(field: pa.Field) -> list[tuple[str, int]]:
+        found = [(field.name, int(field.metadata[b"PARQUET:field_id"]))] if field.metadata else []
+        children = field.type.fields if isinstance(field.type, pa.StructType) else []
+        if isinstance(field.type, pa.MapType):
+            children = [field.type.key_field, field.type.item_field]
+        elif isinstance(field.type, (pa.ListType, pa.LargeListType)):
+            children = [field.type.value_field]
+        return found + [pair for child in children for pair in ids(child)]
+
+    written = pq.read_schema(staged.path)
+    assert [pair for f in written for pair in ids(f)] == [
+        ("id", 1),
+        ("gps", 2),
+        ("lat", 6),
+        ("alt", 7),
+        ("at", 8),
+        ("ts", 9),
+        ("tags", 3),
+        ("element", 10),
+        ("readings", 4),
+        ("element", 11),
+        ("value", 12),
+        ("note", 13),
+        ("attrs", 5),
+        ("key", 14),
+        ("value", 15),
+    ]
+    with table.transaction() as tx, tx.update_snapshot().fast_append() as append:
+        append.append_data_file(data_file(table, staged.path))  # as the relay registers it
+    got = sorted(catalog.load_table(("ns", "nested")).scan().to_arrow().to_pylist(), key=lambda r: r["id"])
+    assert got == NESTED_ROWS
+
+
+@pytest.mark.parametrize(
+    ("row", "path"),
+    [
+        ({"gps": {"lat": None, "at": None}}, "gps.lat"),  # a present struct's required field
+        ({"gps": {"lat": 1.0, "at": {"ts": None}}}, "gps.at.ts"),  # two structs down
+        ({"tags": ["a", None]}, "tags.element"),
+        ({"readings": [{"value": None}]}, "readings.element.value"),  # inside a list's element struct
+        ({"readings": None}, "readings"),
+    ],
+)
+def test_a_null_in_a_required_nested_part_is_refused_naming_its_path(tmp_path: Path, row: dict, path: str) -> None:
+    base = {"id": 9, "gps": None, "tags": None, "readings": [], "attrs": None}
+    rows = nested_rows([NESTED_ROWS[1], {**base, **row}])
+    with pytest.raises(SchemaConflict) as err:
+        write_staged_files(load_io({}, str(tmp_path)), NESTED, PartitionSpec(), rows, str(tmp_path))
+    assert str(err.value) == f"staged rows hold 1 nulls in column {path!r}, which the table requires"
+    assert not list(tmp_path.rglob("*.parquet"))
+
+
+def test_nulls_under_a_null_struct_or_list_are_no_conflict(tmp_path: Path) -> None:
+    """A required part of an optional struct (or list) that is null holds no value: that is no null to refuse."""
+    rows = nested_rows([{"id": 1, "gps": None, "tags": None, "readings": [None, {"value": 1, "note": None}]}])
+    (staged,) = write_staged_files(load_io({}, str(tmp_path)), NESTED, PartitionSpec(), rows, str(tmp_path))
+    assert pq.read_table(staged.path).column("readings").to_pylist() == [[None, {"value": 1, "note": None}]]
