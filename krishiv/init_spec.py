@@ -2,8 +2,10 @@
 
 The sample is the first records of each partition, or the first lines of a file (``--sample``, 500 unless told;
 ``all`` reads every one), and init says how many it read of how many. Each JSON object's top-level keys become
-fields, each typed by what most of its sampled values fit (``krishiv/init_types.py``: the rule, and the comment
-naming the values that will be rejects). A key missing from a record or null in one is optional. A sampled record
+fields, each typed by what most of its sampled values fit, objects and arrays as structs, maps, lists or ``json`` at
+any depth (``krishiv/init_types.py``: the rule, and the comment naming the values that will be rejects). A key
+missing from a record or null in one is optional; a nested field's declaration is an inline table, split into dotted
+keys when long, after a comment line per part saying what was inferred and why. A sampled record
 that is not a JSON object is named in the spec's header: it will be a reject. Records in the Confluent wire format
 or Debezium's envelope are recognised and the spec says what to set instead. The user reads the fields it prints
 and the file it writes, and confirms with ``krishiv check``.
@@ -16,11 +18,13 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
 from krishiv.init_types import FieldGuess, json_kind
 from krishiv_core.errors import ConfigError
+from krishiv_core.spec_types import EventField, FieldPath, FieldType, field_paths
 from spark_jobs.record_decoder import iso_time
 
 KINDS = ("events", "upsert", "windowed")
@@ -202,9 +206,14 @@ def spec_text(
     pipeline = name or re.sub(r"[^A-Za-z0-9_]", "_", topic)
     if not re.match(r"^[A-Za-z_]", pipeline):
         pipeline = f"p_{pipeline}"
-    typed = [(g, *g.spec_type()) for g in sample.fields.values()]
-    kept = [(g, t, note) for g, t, note in typed if t is not None]
-    left = [note for _g, t, note in typed if t is None]
+    kept: list[tuple[FieldGuess, FieldType, str]] = []
+    left: list[str] = []
+    for g in sample.fields.values():
+        t, note = g.spec_type()
+        if t is None:
+            left.append(note)
+        else:
+            kept.append((g, t, note))
     lines = [
         f"# Written by krishiv init from {source or f'{sample.records} sampled records of topic {topic}'}.",
         *([f"# {not_objects(sample)}"] if sample.not_objects else []),
@@ -224,7 +233,7 @@ def spec_text(
         lines.append('kafka_metadata = ["partition", "offset"]  # lets krishiv verify find a record twice')
     if kind == "upsert":
         lines.append(f"key = {json.dumps(list(key))}")
-    times = [g.name for g, t, _ in kept if t in ("timestamp", "timestamp_ms") and not g.missing_or_null]
+    times = event_times(sample)
     if kind == "windowed":
         lines += [
             f'event_time_field = "{times[0]}"',
@@ -237,10 +246,41 @@ def spec_text(
         ]
     lines += ["", "[pipelines.fields]"]
     for g, t, note in kept:
-        declared = f'"{t}"' if not g.missing_or_null else f'{{ type = "{t}", required = false }}'
-        lines.append(f"{g.name} = {declared}" + (f"  # {note}" if note else ""))
+        lines += field_lines(EventField(g.name, t, not g.missing_or_null), note, g.parts)
     lines += [f"# {note}" for note in left]
     return "\n".join(lines) + "\n"
+
+
+#: A nested field's declaration longer than this is split into dotted keys, a part a line (``gps.fields.lat = …``).
+LINE = 100
+_TIMES = ("timestamp", "timestamp_ms")
+
+
+def field_lines(f: EventField, note: str, parts: Sequence[tuple[str, str]] = ()) -> list[str]:
+    """A field's declaration in ``[pipelines.fields]``: a scalar's on one line, its note beside it; a nested
+    type's as an inline table (split into dotted keys when longer than ``LINE``), after a comment line for it and
+    for each of its parts that has a note, each named by its path."""
+    if not f.type.is_nested:
+        return [f"{f.name} = {_toml(f.declaration())}" + (f"  # {note}" if note else "")]
+    said = [(f.name, note)] * bool(note) + list(parts)
+    return [f"# {path}: {n}" for path, n in said] + _declared(f.name, f.declaration())
+
+
+def _declared(key: str, decl: Any) -> list[str]:
+    one = f"{key} = {_toml(decl)}"
+    if len(one) <= LINE or not isinstance(decl, dict):
+        return [one]
+    ordered = sorted(decl.items(), key=lambda kv: kv[0] not in ("type", "required"))  # type and required first
+    return [line for k, v in ordered for line in _declared(f"{key}.{k}", v)]
+
+
+def _toml(decl: Any) -> str:
+    """A declaration (``FieldType.declaration()``: names, tables of them, ``required``) as a TOML value."""
+    if isinstance(decl, bool):
+        return "true" if decl else "false"
+    if isinstance(decl, dict):
+        return "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in decl.items()) + " }"
+    return json.dumps(decl)
 
 
 def not_objects(sample: Sample) -> str:
@@ -249,6 +289,21 @@ def not_objects(sample: Sample) -> str:
     shown = ", ".join(sample.not_objects[:3]) + (f" and {n - 3:,} more" if n > 3 else "")
     said = "is not a JSON object and will be a reject" if n == 1 else "are not JSON objects and will be rejects"
     return f"{n:,} of {sample.records:,} sampled records {said}: {shown}"
+
+
+def inferred_paths(sample: Sample) -> dict[str, FieldPath]:
+    """Every field init declares, by its path (``gps``, ``gps.lat``), top-level fields first."""
+    fields = []
+    for g in sample.fields.values():
+        t = g.spec_type()[0]
+        if t is not None:
+            fields.append(EventField(g.name, t, not g.missing_or_null))
+    return dict(sorted(field_paths(tuple(fields)).items(), key=lambda kv: kv[0].count(".")))
+
+
+def event_times(sample: Sample) -> list[str]:
+    """The fields, by their paths, that are a time in every sampled record: what may be a windowed event time."""
+    return [path for path, p in inferred_paths(sample).items() if p.type.name in _TIMES and p.required]
 
 
 def check_kind(sample: Sample, kind: str, key: Sequence[str]) -> None:
@@ -262,20 +317,19 @@ def check_kind(sample: Sample, kind: str, key: Sequence[str]) -> None:
         )
     if not sample.json_objects:
         raise ConfigError("topic", f"none of {sample.records} sampled records is a JSON object: nothing to infer from")
-    typed = {g.name: g.spec_type()[0] for g in sample.fields.values()}
-    if kind == "windowed" and not any(
-        t in ("timestamp", "timestamp_ms") and not sample.fields[n].missing_or_null for n, t in typed.items()
-    ):
+    paths = inferred_paths(sample)
+    if kind == "windowed" and not event_times(sample):
         raise ConfigError(
             "--kind",
             "a windowed pipeline needs an event time, and no field of the sample is a time" + _near_times(sample),
         )
     if kind == "upsert":
-        missing = [k for k in key if typed.get(k) is None or sample.fields[k].missing_or_null]
+        missing = [k for k in key if k not in paths or not paths[k].required or not paths[k].type.is_scalar]
         if not key or missing:
             raise ConfigError(
                 "--key",
-                "an upsert pipeline needs --key FIELD[,FIELD], fields every sampled record has"
+                "an upsert pipeline needs --key FIELD[,FIELD], fields every sampled record has, each one value "
+                "(a dotted path names one inside a struct: device.id)"
                 + (f"; not {', '.join(missing)}" if missing else ""),
             )
 

@@ -17,20 +17,33 @@ comment beside it, since their records will be rejects. The candidates:
 - ``double`` when a number is in exponent notation, or when most values are numbers of more than 38 digits (no
   decimal holds them; a double keeps about 17 of their digits, and the comment says so).
 
-A field that no candidate reads more than half of (objects or arrays, or values of mixed types) is left out with a
-comment saying why.
+Scalar values that no candidate reads more than half of (mixed types) are ``json``: each kept as its JSON text.
+
+Nested values are typed by the same rule at every depth (``infer``), each part named in the comments by its path
+(``gps.alt``, ``tags[*]`` for a list's elements, ``attrs[*]`` for a map's values):
+
+- objects are a **struct** whose fields are the keys, each typed from its values in the objects holding it, and
+  required when it is in every object and never null (a key null in every object is left out, as a struct's
+  undeclared keys are ignored); or a **map** of ``string`` keys when the keys vary: more than ``MAP_KEYS`` (16)
+  distinct keys with an object holding at most half of them on average, or a key that is no field name (``"c-17"``,
+  ``"2026-11-26"``); its values typed together, optional when one is null;
+- arrays are a **list**, its element typed from every element of every sampled array, optional when one is null;
+- ``json`` where the shapes conflict (an object in some records, an array or a scalar in others, or elements of
+  mixed shapes), where every sampled object or array was empty (no key or element to type: a list of unknown
+  elements is better kept whole than typed ``string`` and rejected later), or every element or value was null.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import msgspec
 
-from krishiv_core.spec_types import FieldType
+from krishiv_core.spec_types import ELEMENT, JSON_TEXT, LIST, MAP, STRUCT, VALUE, EventField, FieldType
 from spark_jobs.record_decoder import INTEGER_RANGES, read_token
 
 #: The candidates, narrowest first: of two that read as many values, the earlier is the field's type.
@@ -43,6 +56,12 @@ DECIMAL_DIGITS = 38
 #: A comment shows this many distinct values the type does not read, each with this many places.
 _SHOWN = 3
 _TEXT = msgspec.json.Decoder(str)
+_RAW_OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_RAW_ARRAY = msgspec.json.Decoder(list[msgspec.Raw])
+#: A key a struct's field can have (the spec's field names).
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: Objects with more distinct keys than this, each holding at most half of them on average, are a map.
+MAP_KEYS = 16
 
 
 def json_kind(token: bytes) -> str:
@@ -130,6 +149,190 @@ def _candidates(name: str, values: Sequence[_Value]) -> list[Candidate]:
     return out
 
 
+#: Where the sampled values of a place in the records were: (the JSON token, "line 17" or "partition 0 offset 9").
+Seen = Sequence[tuple[bytes, str]]
+
+
+@dataclass(frozen=True)
+class Typed:
+    """What the sample says of one place in the records: its type (None: left out), why, and its parts' notes."""
+
+    type: FieldType | None
+    note: str = ""
+    parts: tuple[tuple[str, str], ...] = ()  # (a part's path, its note), for the parts inside a nested type
+
+
+def infer(name: str, path: str, seen: Seen) -> Typed:
+    """The type of the non-null values ``seen`` at ``path`` (``name``: the key they came under, which may say time).
+
+    Objects are a struct or a map, arrays a list, both typed by this rule at every depth; scalars get the scalar
+    candidate reading most of them; ``json`` where the values' shapes conflict or no type reads more than half."""
+    if not seen:
+        return Typed(None, f"left out: {path} was null in every sampled value")
+    kinds: dict[str, list[str]] = {}
+    for token, where in seen:
+        kinds.setdefault(json_kind(token), []).append(where)
+    if len(kinds) > 1 and kinds.keys() & {"object", "array"}:
+        return Typed(FieldType(JSON_TEXT), f"json, as the shapes conflict: {_kinds_said(kinds)}")
+    if "object" in kinds:
+        return _objects(name, path, seen)
+    if "array" in kinds:
+        return _arrays(name, path, seen)
+    return _scalar(name, seen)
+
+
+def _kinds_said(kinds: Mapping[str, Sequence[str]]) -> str:
+    """``480 objects, 20 arrays (lines 3, 9, 12 and 17 more)``: each kind counted, the rarer ones placed."""
+    ranked = sorted(kinds.items(), key=lambda kv: -len(kv[1]))
+    said = [f"{len(ranked[0][1]):,} {_KIND_NOUNS[ranked[0][0]]}"]
+    said += [f"{len(wheres):,} {_KIND_NOUNS[kind]} ({_places(_distinct(wheres))})" for kind, wheres in ranked[1:]]
+    return ", ".join(said)
+
+
+_KIND_NOUNS = {
+    "object": "objects",
+    "array": "arrays",
+    "string": "strings",
+    "integer": "integers",
+    "number": "numbers with a fraction",
+    "boolean": "booleans",
+}
+
+
+def _objects(name: str, path: str, seen: Seen) -> Typed:
+    docs = [({k: bytes(v) for k, v in _RAW_OBJECT.decode(token).items()}, where) for token, where in seen]
+    n = len(docs)
+    holding: dict[str, int] = {}  # each key (first seen first): how many objects hold it
+    for doc, _ in docs:
+        for key in doc:
+            holding[key] = holding.get(key, 0) + 1
+    if not holding:
+        return Typed(FieldType(JSON_TEXT), f"json: all {_count(n, 'sampled object')} were empty, no key to type")
+    per_object = sum(holding.values()) / n
+    odd = [key for key in holding if not _NAME.match(key)]
+    if odd or (len(holding) > MAP_KEYS and per_object * 2 <= len(holding)):
+        why = (
+            f"keys such as {json.dumps(odd[0], ensure_ascii=False)[:40]} are no field names"
+            if odd
+            else f"{len(holding):,} distinct keys in {_count(n, 'object')}, {per_object:.1f} in one on average"
+        )
+        values = [(token, where) for doc, where in docs for token in doc.values()]
+        value = _part(name, f"{path}[*]", values, VALUE)
+        return Typed(FieldType(MAP, key=FieldType("string"), element=value.field), f"a map: {why}", value.notes)
+    fields: list[EventField] = []
+    notes: list[tuple[str, str]] = []
+    some: list[str] = []
+    for key in holding:
+        here = f"{path}.{key}"
+        present = [(doc[key], where) for doc, where in docs if key in doc and doc[key] != b"null"]
+        typed = infer(key, here, present)
+        if typed.type is None:
+            notes.append((here, f"left out: null or missing in every one of the {_count(n, 'sampled object')}"))
+            continue
+        fields.append(EventField(key, typed.type, len(present) == n))
+        if len(present) < n:
+            some.append(f"{key} in {len(present):,}")
+        notes += [(here, typed.note)] * bool(typed.note) + list(typed.parts)
+    if not fields:
+        return Typed(FieldType(JSON_TEXT), f"json: every key of the {_count(n, 'sampled object')} was null", ())
+    said = f"a struct: {_count(len(fields) - len(some), 'key')} in all {_count(n, 'object')}"
+    if some:
+        said += f", {len(some)} in some (optional): " + ", ".join(some[:_SHOWN]) + (", …" if len(some) > _SHOWN else "")
+    return Typed(FieldType(STRUCT, fields=tuple(fields)), said, tuple(notes))
+
+
+def _arrays(name: str, path: str, seen: Seen) -> Typed:
+    arrays = [([bytes(e) for e in _RAW_ARRAY.decode(token)], where) for token, where in seen]
+    elements = [(token, where) for array, where in arrays for token in array]
+    if not elements:
+        return Typed(
+            FieldType(JSON_TEXT),
+            f"json: all {_count(len(arrays), 'sampled array')} were empty, no element to type "
+            '(declare { type = "list", element = ... } once you know)',
+        )
+    element = _part(name, f"{path}[*]", elements, ELEMENT)
+    empty = sum(not array for array, _ in arrays)
+    said = f"a list: {_count(len(elements), 'element')} in {_count(len(arrays), 'array')}"
+    said += f", {empty:,} of them empty" if empty else ""
+    return Typed(FieldType(LIST, element=element.field), said, element.notes)
+
+
+@dataclass(frozen=True)
+class _Part:
+    field: EventField  # a list's element or a map's value
+    notes: tuple[tuple[str, str], ...]
+
+
+def _part(name: str, path: str, values: Seen, part: str) -> _Part:
+    """A list's elements or a map's values, typed together: optional when one is null."""
+    present = [(token, where) for token, where in values if token != b"null"]
+    nulls = len(values) - len(present)
+    if not present:
+        note = f"json: all {_count(nulls, 'sampled ' + part)} were null, no type to infer"
+        return _Part(EventField(part, FieldType(JSON_TEXT), False), ((path, note),))
+    typed = infer(name, path, present)
+    assert typed.type is not None
+    notes = [typed.note] * bool(typed.note) + [f"{_count(nulls, 'null')} of {len(values):,} (optional)"] * bool(nulls)
+    return _Part(EventField(part, typed.type, not nulls), (((path, "; ".join(notes)),) if notes else ()) + typed.parts)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def _distinct(wheres: Sequence[str]) -> list[str]:
+    """The places, each once (a record's several elements share one), in order."""
+    return list(dict.fromkeys(wheres))
+
+
+def _scalar(name: str, seen: Seen) -> Typed:
+    """The candidate reading most of the scalar values, with the values it does not read named; json if none reads
+    more than half."""
+    n = len(seen)
+    values = [_Value.of(token) for token, _ in seen]
+    candidates = _candidates(name, values)
+    best = max(candidates, key=lambda c: (c.count, -_ORDER.index(c.type.name)))
+    if best.count * 2 <= n:
+        kinds = ", ".join(sorted({v.kind for v in values}))
+        return Typed(
+            FieldType(JSON_TEXT),
+            f"json: mixed types ({kinds}), no type reads more than half of its {_count(n, 'sampled value')}",
+        )
+    notes = [best.note] if best.note else []
+    if best.count < n:
+        notes.append(_rejects(seen, best, n, [v.too_long for v in values]))
+    elif best.type.name == "string":
+        typed = [c for c in candidates if c.type.name != "string" and c.count * 2 > n]
+        if typed:
+            c = max(typed, key=lambda c: (c.count, -_ORDER.index(c.type.name)))
+            notes.append(
+                f'{c.count:,} of {n:,} sampled values are a {c.type}; declared "{c.type}", the others would be '
+                f"rejects: {_outliers(seen, c)}"
+            )
+    return Typed(best.type, "; ".join(notes))
+
+
+def _rejects(seen: Seen, chosen: Candidate, n: int, too_long: Sequence[bool]) -> str:
+    missed = n - chosen.count
+    said = f"{missed:,} of {n:,} sampled values will be {'a reject' if missed == 1 else 'rejects'}: "
+    said += _outliers(seen, chosen)
+    if chosen.type.is_numeric and any(t and not r for t, r in zip(too_long, chosen.reads, strict=True)):
+        said += f'; a number of more than {DECIMAL_DIGITS} digits fits no decimal: "double" reads it approximately'
+    return said
+
+
+def _outliers(seen: Seen, chosen: Candidate) -> str:
+    """The values ``chosen`` does not read: a few, each with where it was sampled."""
+    places: dict[bytes, list[str]] = {}
+    for (token, where), read in zip(seen, chosen.reads, strict=True):
+        if not read:
+            wheres = places.setdefault(token, [])
+            if where not in wheres[-1:]:
+                wheres.append(where)
+    shown = [f"{_shown(token)} ({_places(wheres)})" for token, wheres in list(places.items())[:_SHOWN]]
+    return ", ".join(shown) + (", …" if len(places) > _SHOWN else "")
+
+
 @dataclass
 class FieldGuess:
     """A top-level key of the sampled records: its non-null values, each with where it was sampled."""
@@ -138,59 +341,22 @@ class FieldGuess:
     seen: list[tuple[bytes, str]] = field(default_factory=list)  # (the JSON token, "line 17" or "partition 0 offset 9")
     missing_or_null: bool = False
 
-    @property
-    def kinds(self) -> set[str]:
-        return {json_kind(token) for token, _ in self.seen}
-
-    def spec_type(self) -> tuple[str | None, str]:
+    def spec_type(self) -> tuple[FieldType | None, str]:
         """(the field's type, a comment): None when the sample does not settle one."""
-        return self._typed
+        return self._typed.type, self._typed.note
+
+    @property
+    def parts(self) -> tuple[tuple[str, str], ...]:
+        """The notes of a nested field's parts, each with its path (``gps.alt``, ``tags[*]``, ``attrs[*].unit``)."""
+        return self._typed.parts
 
     @cached_property
-    def _typed(self) -> tuple[str | None, str]:
-        n = len(self.seen)
-        if not n:
-            return None, f"left out: {self.name} was null in every sampled record"
-        values = [_Value.of(token) for token, _ in self.seen]
-        candidates = _candidates(self.name, values)
-        best = max(candidates, key=lambda c: (c.count, -_ORDER.index(c.type.name)))
-        nested = sorted(self.kinds & {"object", "array"})
-        if best.count * 2 <= n:
-            if nested and sum(v.kind in nested for v in values) >= best.count:
-                return None, f"left out: {self.name} holds JSON {' and '.join(nested)}s"
-            return None, (
-                f"left out: {self.name} holds mixed types ({', '.join(sorted(self.kinds))}): "
-                f"no type reads more than half of its {n:,} sampled values"
-            )
-        notes = [best.note] if best.note else []
-        if best.count < n:
-            notes.append(self._rejects(best, n, [v.too_long for v in values]))
-        elif best.type.name == "string":
-            typed = [c for c in candidates if c.type.name != "string" and c.count * 2 > n]
-            if typed:
-                c = max(typed, key=lambda c: (c.count, -_ORDER.index(c.type.name)))
-                notes.append(
-                    f'{c.count:,} of {n:,} sampled values are a {c.type}; declared "{c.type}", the others would be '
-                    f"rejects: {self._outliers(c)}"
-                )
-        return str(best.type), "; ".join(notes)
-
-    def _rejects(self, chosen: Candidate, n: int, too_long: Sequence[bool]) -> str:
-        missed = n - chosen.count
-        said = f"{missed:,} of {n:,} sampled values will be {'a reject' if missed == 1 else 'rejects'}: "
-        said += self._outliers(chosen)
-        if chosen.type.is_numeric and any(t and not r for t, r in zip(too_long, chosen.reads, strict=True)):
-            said += f'; a number of more than {DECIMAL_DIGITS} digits fits no decimal: "double" reads it approximately'
-        return said
-
-    def _outliers(self, chosen: Candidate) -> str:
-        """The values ``chosen`` does not read: a few, each with where it was sampled."""
-        places: dict[bytes, list[str]] = {}
-        for (token, where), read in zip(self.seen, chosen.reads, strict=True):
-            if not read:
-                places.setdefault(token, []).append(where)
-        shown = [f"{_shown(token)} ({_places(wheres)})" for token, wheres in list(places.items())[:_SHOWN]]
-        return ", ".join(shown) + (", …" if len(places) > _SHOWN else "")
+    def _typed(self) -> Typed:
+        if not _NAME.match(self.name):
+            return Typed(None, f"left out: {json.dumps(self.name, ensure_ascii=False)[:40]} is no field name")
+        if not self.seen:
+            return Typed(None, f"left out: {self.name} was null in every sampled record")
+        return infer(self.name, self.name, self.seen)
 
 
 def _shown(token: bytes) -> str:

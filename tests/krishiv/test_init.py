@@ -66,13 +66,16 @@ def test_init_infers_fields_that_read_every_sampled_record(tmp_path, broker, spa
         ("event_time_ms", "timestamp_ms", True),
         ("day", "date", True),
         ("paid", "boolean", True),
+        ("meta", "struct<a: long>", True),
+        ("tags", "list<string>", True),
+        ("mixed", "json", True),  # integers and strings half and half: no type reads more than half
         ("reading", "decimal(7,1)", True),
         ("serial", "decimal(34,0)", True),  # 30 digits and 4
         ("coupon", "string", False),
     ]
     text = path.read_text()
-    assert "# left out: meta holds JSON objects" in text and "# left out: tags holds JSON arrays" in text
-    assert "# left out: mixed holds mixed types (integer, string)" in text
+    assert "# meta: a struct: 1 key in all 200 objects" in text and "# tags: a list: 200 elements in 200 arrays" in text
+    assert 'mixed = "json"  # json: mixed types (integer, string), no type reads more than half' in text
     (reading,) = [line for line in text.splitlines() if line.startswith("reading = ")]
     assert f'# or double; {len(bad)} of 200 sampled values will be rejects: "N/A" (partition' in reading
     assert reading in said
@@ -101,6 +104,7 @@ def test_init_infers_fields_that_read_every_sampled_record(tmp_path, broker, spa
         assert got["amount"] == Decimal(row["amount"]) and got["qty"] == row["qty"] and got["paid"] == row["paid"]
         assert got["coupon"] == row.get("coupon")
         assert got["reading"] == Decimal(str(row["reading"])) and got["serial"] == Decimal(row["serial"])
+        assert (got["meta"], got["tags"], got["mixed"]) == (row["meta"], row["tags"], json.dumps(row["mixed"]))
 
     assert main(["init", "--topic", topic, "--bootstrap", broker.bootstrap, "--output", str(path)]) == 2
     assert f"--output: {path} exists: choose another --output" in capsys.readouterr().err
