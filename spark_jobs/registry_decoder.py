@@ -16,7 +16,7 @@ Each record is read in three steps, each a reject with its reason when it fails,
    or resolved to the reader schema Krishiv took the fields from; ``JSONDeserializer``: validated by the schema;
    ``ProtobufDeserializer``): a payload it cannot read is ``undecodable avro payload (schema id N): why``.
 
-The decoded value is then read field by field (:func:`spark_jobs.value_reading.read_value`; a JSON Schema payload
+The decoded value is then read field by field (:func:`spark_jobs.value_reading.read_row`; a JSON Schema payload
 by the JSON rule, so its decimals stay exact), after the Debezium envelope, when the pipeline has one, is opened
 (:mod:`spark_jobs.debezium`).
 """
@@ -35,6 +35,7 @@ import pyarrow as pa
 from krishiv_core.formats import AVRO, DEBEZIUM, JSON, JSON_SCHEMA, PROTOBUF, STRING
 from krishiv_core.runbook import runbook
 from krishiv_core.schema_fields import SEPARATOR
+from krishiv_core.spec_types import EventField
 from spark_jobs.debezium import Decoded, Unreadable, avro_hints, change_event, decode_columns, unwrap_json
 from spark_jobs.errors import KafkaSourceError, NewWriterSchema
 from spark_jobs.record_decoder import (
@@ -48,7 +49,7 @@ from spark_jobs.record_decoder import (
     read_tombstone_key,
 )
 from spark_jobs.source_lines import say
-from spark_jobs.value_reading import read_value
+from spark_jobs.value_reading import read_row
 
 _HEADER = 5
 _RUNBOOK = runbook("A Schema Registry that does not answer")
@@ -268,26 +269,9 @@ def _unreadable() -> tuple[type[BaseException], ...]:
 
 
 def _read_fields(row: Mapping[str, Any], types: Mapping[str, Any], names: Sequence[str], required: Any) -> Reading:
-    """The fields ``names`` of a decoded row by the value rule (``types``: each field's type); ``required`` says
-    which must be present."""
-    values: dict[str, Any] = {}
-    mistyped: list[str] = []
-    absent: list[str] = []
-    for name in names:
-        raw = row.get(name)
-        if raw is None:
-            if name in required:
-                absent.append(f"{'missing' if name not in row else 'null'} field: {name}")
-            continue
-        value, why = read_value(raw, types[name])
-        if why is not None:
-            mistyped.append(f"{name} {why}")
-        values[name] = value
-    if mistyped:
-        return Reading("mistyped field: " + ", ".join(mistyped), {})
-    if absent:
-        return Reading(absent[0], {})
-    return Reading(None, values)
+    """The fields ``names`` of a decoded row by the value rule (``types``: each field's type, nested ones to any
+    depth); ``required`` says which must be present (inside structs, the types say)."""
+    return read_row(row, [EventField(n, types[n]) for n in names], required)
 
 
 def flattened(row: Mapping[str, Any], prefix: str = "") -> Mapping[str, Any]:
