@@ -18,7 +18,20 @@ JSON converter's embedded schema, ``connect.name`` in the Avro converter's); whe
 - ``timestamp``: ``MicroTimestamp`` microseconds (PostgreSQL's ``timestamp`` under ``time.precision.mode =
   adaptive``, the default, and the reading of an integer without a schema), ``Timestamp`` milliseconds,
   ``NanoTimestamp`` nanoseconds; ``timestamptz``: ``ZonedTimestamp``, ISO-8601 text;
-- ``date``: ``Date``, days since 1970-01-01.
+- ``date``: ``Date``, days since 1970-01-01;
+- PostgreSQL arrays: a Connect ``array`` (a JSON array, an Avro array), each element in its element type's encoding
+  (the schema's ``items``; else the declared element type's): a ``list`` field reads each element so;
+- ``json``/``jsonb`` (``io.debezium.data.Json``): the value's JSON text, which a ``json`` field keeps as its
+  canonical text (the value rule parses it);
+- Connect ``bytes`` (``bytea``, or a column of a type Debezium has no converter for, such as a composite type, with
+  ``include.unknown.datatypes``: PostgreSQL's text form of it): a ``string`` field takes its UTF-8 text (the JSON
+  converter's base64 decoded first).
+
+An update that leaves a large (TOASTed) text, json or array column unchanged carries Debezium's placeholder there
+unless the table's ``REPLICA IDENTITY`` is ``FULL``: such an event is a reject naming the column and the fix.
+
+A ``struct`` or ``map`` field's parts are decoded by their declared types (a Connect struct or map, e.g. ``hstore``
+under ``hstore.handling.mode = map``).
 """
 
 from __future__ import annotations
@@ -34,6 +47,7 @@ from typing import Any
 import msgspec
 
 from krishiv_core.spec import FieldType
+from krishiv_core.spec_types import LIST, MAP, STRUCT
 
 #: A column's schema as the record names it: (name, parameters).
 Hint = tuple[str, Mapping[str, Any]]
@@ -48,7 +62,14 @@ _TIME_UNITS = {
 _DATES = ("io.debezium.time.Date", "org.apache.kafka.connect.data.Date")
 _DECIMAL = "org.apache.kafka.connect.data.Decimal"
 _VARIABLE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
+#: The hint of a Connect array whose elements have a hint of their own (``{"element": Hint}``), and of Connect bytes
+#: with no logical name (the JSON converter writes them in base64).
+_ARRAY = "array"
+_BYTES = "bytes"
 _ANY = msgspec.json.Decoder()
+#: Debezium's ``unavailable.value.placeholder`` (its default): what an unchanged TOASTed column holds in an update
+#: under ``REPLICA IDENTITY DEFAULT`` (a text or json column; an array column holds a list of it).
+UNAVAILABLE = "__debezium_unavailable_value"
 
 
 class Unreadable(Exception):
@@ -63,12 +84,27 @@ class Decoded:
     hints: dict[str, Hint] = field(default_factory=dict)
 
 
+def _connect_hint(schema: Any) -> Hint | None:
+    """The hint of one Connect schema (the JSON converter's): its logical name, an array's element's, bytes."""
+    if not isinstance(schema, Mapping):
+        return None
+    if schema.get("name"):
+        return str(schema["name"]), schema.get("parameters") or {}
+    if schema.get("type") == "array":
+        element = _connect_hint(schema.get("items"))
+        return (_ARRAY, {"element": element}) if element is not None else None
+    if schema.get("type") == "bytes":
+        return _BYTES, {}
+    return None
+
+
 def _struct_hints(schema: Any) -> dict[str, Hint]:
     """Column hints of a Connect struct schema (the JSON converter's embedded ``schema``)."""
     hints: dict[str, Hint] = {}
     for f in schema.get("fields", []) if isinstance(schema, Mapping) else []:
-        if isinstance(f, Mapping) and f.get("name"):
-            hints[f.get("field", "")] = (str(f["name"]), f.get("parameters") or {})
+        hint = _connect_hint(f)
+        if hint is not None and isinstance(f, Mapping):
+            hints[f.get("field", "")] = hint
     return hints
 
 
@@ -98,15 +134,24 @@ def avro_hints(schema_text: str) -> dict[str, Hint]:
     schema = json.loads(schema_text)
     hints: dict[str, Hint] = {}
 
+    def hint(t: Any) -> Hint | None:
+        for branch in t if isinstance(t, list) else [t]:
+            if isinstance(branch, dict) and branch.get("connect.name"):
+                params = branch.get("connect.parameters") or {}
+                if branch.get("logicalType") == "decimal" and "scale" not in params:
+                    params = {"scale": branch.get("scale", 0)}
+                return branch["connect.name"], params
+            if isinstance(branch, dict) and branch.get("type") == "array":
+                element = hint(branch.get("items"))
+                if element is not None:
+                    return _ARRAY, {"element": element}
+        return None
+
     def record(s: Any) -> None:
         for f in s.get("fields", []):
-            t = f.get("type")
-            for branch in t if isinstance(t, list) else [t]:
-                if isinstance(branch, dict) and branch.get("connect.name"):
-                    params = branch.get("connect.parameters") or {}
-                    if branch.get("logicalType") == "decimal" and "scale" not in params:
-                        params = {"scale": branch.get("scale", 0)}
-                    hints[f["name"]] = (branch["connect.name"], params)
+            found = hint(f.get("type"))
+            if found is not None:
+                hints[f["name"]] = found
 
     if isinstance(schema, dict):
         rows = [f for f in schema.get("fields", []) if f.get("name") in ("before", "after")]
@@ -124,21 +169,31 @@ def _unscaled(value: Any) -> int:
     return int.from_bytes(raw, "big", signed=True)
 
 
+def _scaled(unscaled: int, scale: int) -> Decimal:
+    """``unscaled`` × 10^-``scale``, exactly (``scaleb`` rounds to the context's 28 digits)."""
+    return Decimal(f"{unscaled}E{-scale}")
+
+
 def decode_column(value: Any, t: FieldType, hint: Hint | None, decimal_handling: str) -> Any:
     """One column's value out of Debezium's encoding, for the value rule to read as ``t`` (unchanged when it is
     not one of Debezium's: the rule names what it got)."""
     if value is None:
         return None
     name, params = hint or ("", {})
+    if t.is_nested:
+        return _decode_nested(value, t, params.get("element") if name == _ARRAY else None, decimal_handling)
     try:
+        if t.name == "string" and (isinstance(value, bytes) or (name == _BYTES and isinstance(value, str))):
+            raw = value if isinstance(value, bytes) else base64.b64decode(value, validate=True)
+            return raw.decode("utf-8")
         if name == _VARIABLE_DECIMAL and isinstance(value, Mapping):
-            return Decimal(_unscaled(value["value"])).scaleb(-int(value["scale"]))
+            return _scaled(_unscaled(value["value"]), int(value["scale"]))
         if t.is_decimal or name == _DECIMAL:
             if isinstance(value, Decimal | int | float) and not isinstance(value, bool):
                 return Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
             if isinstance(value, bytes) or (isinstance(value, str) and decimal_handling == "precise"):
                 scale = int(params.get("scale", t.scale))
-                return Decimal(_unscaled(value)).scaleb(-scale)
+                return _scaled(_unscaled(value), scale)
             if isinstance(value, str):
                 return Decimal(value)
         if name in _TIME_UNITS and isinstance(value, int):
@@ -148,18 +203,46 @@ def decode_column(value: Any, t: FieldType, hint: Hint | None, decimal_handling:
         if not name and t.name == "timestamp" and isinstance(value, int) and not isinstance(value, bool):
             return _EPOCH + timedelta(microseconds=value)  # MicroTimestamp, adaptive precision's default
     except (binascii.Error, ValueError, ArithmeticError, OverflowError, KeyError, TypeError):
-        return value  # not the encoding it should be in: the rule names the value
+        return value  # not the encoding it should be in (UnicodeDecodeError is a ValueError): the rule names it
     return value
+
+
+def _decode_nested(value: Any, t: FieldType, element_hint: Hint | None, decimal_handling: str) -> Any:
+    """A list's elements (by the array's element hint), a struct's fields or a map's values, each out of Debezium's
+    encoding; a value of another kind unchanged, for the rule to name."""
+    if t.name == LIST and isinstance(value, list | tuple):
+        assert t.element is not None
+        element = t.element.type
+        return [decode_column(v, element, element_hint, decimal_handling) for v in value]
+    if t.name == STRUCT and isinstance(value, Mapping):
+        return decode_columns(value, {f.name: f.type for f in t.fields}, {}, decimal_handling)
+    if t.name == MAP and isinstance(value, Mapping):
+        assert t.element is not None
+        return {k: decode_column(v, t.element.type, None, decimal_handling) for k, v in value.items()}
+    return value
+
+
+def _unavailable(value: Any) -> bool:
+    return value == UNAVAILABLE or (isinstance(value, list) and value == [UNAVAILABLE])
 
 
 def decode_columns(
     row: Mapping[str, Any], types: Mapping[str, FieldType], hints: Mapping[str, Hint], decimal_handling: str
 ) -> dict[str, Any]:
-    """The row's declared columns out of Debezium's encodings; the others as they are."""
-    return {
-        name: decode_column(value, types[name], hints.get(name), decimal_handling) if name in types else value
-        for name, value in row.items()
-    }
+    """The row's declared columns out of Debezium's encodings; the others as they are. A column holding Debezium's
+    placeholder for a value it did not get makes the event :class:`Unreadable`: applied, it would replace the row's
+    value with the placeholder."""
+    decoded = {}
+    for name, value in row.items():
+        if name in types:
+            if _unavailable(value):
+                raise Unreadable(
+                    f"column {name} holds Debezium's placeholder {UNAVAILABLE} (PostgreSQL did not send the "
+                    "unchanged TOASTed value): ALTER TABLE ... REPLICA IDENTITY FULL makes it send it"
+                )
+            value = decode_column(value, types[name], hints.get(name), decimal_handling)
+        decoded[name] = value
+    return decoded
 
 
 @dataclass

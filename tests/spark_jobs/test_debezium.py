@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from krishiv_core.spec_types import EventField, FieldType
+from spark_jobs.debezium import avro_hints
 from spark_jobs.record_decoder import CDC_DELETE, TOMBSTONE, Decoding
 from spark_jobs.registry_decoder import decoder_for
 
@@ -189,3 +190,202 @@ def test_ordering_by_source_ts_ms() -> None:
     )
     rows = _rows([_event("c", None, {"id": 1}, lsn=None)], [_key(1)], decoding)
     assert rows[0]["_cdc_ts"] == datetime(2023, 11, 14, 22, 13, 20, tzinfo=UTC)
+
+
+# --- PostgreSQL arrays, json/jsonb and composite columns (issue 36) ------------------------------------------------
+# The columns' schemas and values below are what Debezium 3.6's PostgreSQL connector emitted (JSON converter with
+# schemas) for a row inserted as
+#   INSERT INTO t VALUES (1, '{1,NULL,3}', '{1.5,NULL,-2.125}', '{1.5,NULL,123456789012345678901234567890.12}',
+#     '{"b": 1.10, "a": [1, 2.50], "n": {"y": 1e3}}', '{"2024-01-02T03:04:05.123456Z"}', '{2024-01-02}', ROW(1.25, 'p'))
+# into (id int, ints int[], nums numeric(10,3)[], anynums numeric[], jb jsonb, ts timestamptz[], dates date[],
+# pt point2), point2 a composite type (x numeric(6,2), label text), with include.unknown.datatypes = true.
+
+
+def _optional(t: FieldType) -> FieldType:
+    return FieldType("list", element=EventField("element", t, False))
+
+
+NESTED_FIELDS = (
+    EventField("id", FieldType("int")),
+    EventField("ints", _optional(FieldType("int")), False),
+    EventField("nums", _optional(FieldType("decimal", 10, 3)), False),
+    EventField("anynums", _optional(FieldType("decimal", 38, 2)), False),
+    EventField("jb", FieldType("json"), False),
+    EventField("ts", _optional(FieldType("timestamp")), False),
+    EventField("dates", _optional(FieldType("date")), False),
+    EventField("pt", FieldType("string"), False),
+    EventField("_cdc_op", FieldType("string"), False),
+    EventField("_cdc_lsn", FieldType("long"), False),
+)
+CAPTURED_COLUMNS = [
+    {"type": "int32", "optional": False, "field": "id"},
+    {"type": "array", "items": {"type": "int32", "optional": True}, "optional": True, "field": "ints"},
+    {
+        "type": "array",
+        "items": {
+            "type": "bytes",
+            "optional": True,
+            "name": "org.apache.kafka.connect.data.Decimal",
+            "version": 1,
+            "parameters": {"scale": "3", "connect.decimal.precision": "10"},
+        },
+        "optional": True,
+        "field": "nums",
+    },
+    {
+        "type": "array",
+        "items": {
+            "type": "struct",
+            "fields": [
+                {"type": "int32", "optional": False, "field": "scale"},
+                {"type": "bytes", "optional": False, "field": "value"},
+            ],
+            "optional": True,
+            "name": "io.debezium.data.VariableScaleDecimal",
+            "version": 1,
+            "doc": "Variable scaled decimal",
+        },
+        "optional": True,
+        "field": "anynums",
+    },
+    {"type": "string", "optional": True, "name": "io.debezium.data.Json", "version": 1, "field": "jb"},
+    {
+        "type": "array",
+        "items": {"type": "string", "optional": True, "name": "io.debezium.time.ZonedTimestamp", "version": 1},
+        "optional": True,
+        "field": "ts",
+    },
+    {
+        "type": "array",
+        "items": {"type": "int32", "optional": True, "name": "io.debezium.time.Date", "version": 1},
+        "optional": True,
+        "field": "dates",
+    },
+    {"type": "bytes", "optional": True, "field": "pt"},
+]
+CAPTURED_ROW = {
+    "id": 1,
+    "ints": [1, None, 3],
+    "nums": ["Bdw=", None, "97M="],
+    "anynums": [{"scale": 1, "value": "Dw=="}, None, {"scale": 2, "value": "AJvTCjxkWUPdFpCgOhQ="}],
+    "jb": '{"a": [1, 2.50], "b": 1.10, "n": {"y": 1000}}',
+    "ts": ["2024-01-02T03:04:05.123456Z"],
+    "dates": [19724],
+    "pt": "KDEuMjUscCk=",
+}
+#: The row by the documented mapping, from the values the INSERT wrote (jsonb's own text of its value: keys as jsonb
+#: orders them, 1e3 as the numeric 1000).
+EXPECTED_ROW = {
+    "id": 1,
+    "ints": [1, None, 3],
+    "nums": [Decimal("1.500"), None, Decimal("-2.125")],
+    "anynums": [Decimal("1.50"), None, Decimal("123456789012345678901234567890.12")],
+    "jb": '{"a":[1,2.50],"b":1.10,"n":{"y":1000}}',
+    "ts": [datetime(2024, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)],
+    "dates": [date(2024, 1, 2)],
+    "pt": "(1.25,p)",
+}
+
+
+PLACEHOLDER = (
+    "column {column} holds Debezium's placeholder __debezium_unavailable_value (PostgreSQL did not send the unchanged "
+    "TOASTed value): ALTER TABLE ... REPLICA IDENTITY FULL makes it send it"
+)
+
+
+def _nested_decoding(handling: str = "precise") -> Decoding:
+    names = tuple(f.name for f in NESTED_FIELDS)
+    decoding = Decoding(
+        NESTED_FIELDS, frozenset({"id"}), names, ("id",), "json", "json", "debezium", handling, "_cdc_lsn"
+    )
+    return Decoding.from_option(decoding.to_option())
+
+
+def test_arrays_json_and_a_composite_column_with_the_embedded_schema() -> None:
+    empty = {"id": 2, "ints": [], "nums": [], "anynums": None, "jb": '"s"', "ts": [], "dates": None, "pt": None}
+    values = [
+        _with_schema(_event("r", None, CAPTURED_ROW, lsn=90), CAPTURED_COLUMNS),
+        _with_schema(_event("c", None, empty, lsn=91), CAPTURED_COLUMNS),
+        _with_schema(_event("d", CAPTURED_ROW, None, lsn=92), CAPTURED_COLUMNS),
+    ]
+    rows = _rows(values, [_key(1, schema=True), _key(2, schema=True), _key(1, schema=True)], _nested_decoding())
+    assert [r["reason"] for r in rows] == [None, None, None]
+    assert {k: rows[0][k] for k in EXPECTED_ROW} == EXPECTED_ROW
+    # an empty array is an empty list, not a null; a null column a null
+    assert {k: rows[1][k] for k in EXPECTED_ROW} == {**empty, "jb": '"s"'}
+    assert (rows[2]["id"], rows[2][CDC_DELETE]) == (1, True)
+
+
+def test_arrays_without_the_schema_are_read_by_the_declared_element_types() -> None:
+    """JSON with ``schemas.enable = false``: a ``precise`` decimal element at the declared scale, a date element's
+    days, json's text; the composite's base64 cannot be told from text without the schema."""
+    row = {k: v for k, v in CAPTURED_ROW.items() if k not in ("anynums", "pt")}
+    rows = _rows([_event("c", None, row)], [_key(1)], _nested_decoding())
+    assert rows[0]["reason"] is None
+    assert {k: rows[0][k] for k in row} == {k: EXPECTED_ROW[k] for k in row}
+    text = {**row, "nums": ["1.500", None, "-2.125"]}
+    rows = _rows([_event("c", None, text)], [_key(1)], _nested_decoding("string"))
+    assert rows[0]["nums"] == EXPECTED_ROW["nums"]
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "reason"),
+    [
+        (
+            "ints",
+            [1, "x", 2**31],
+            "mistyped field: ints[1] (int, got string x), ints[2] (int, got integer 2147483648: out of range)",
+        ),
+        (
+            "nums",
+            ["1.2345", "x"],
+            "mistyped field: nums[0] (decimal(10,3), got decimal 1.2345: 4 decimal places, the scale is 3), "
+            "nums[1] (decimal(10,3), got string x)",
+        ),
+        ("ints", {"a": 1}, "mistyped field: ints (list<int?>, got a record)"),
+        ("jb", "{not json", "mistyped field: jb (json, got string {not json: not JSON text)"),
+        (
+            "jb",
+            "__debezium_unavailable_value",
+            PLACEHOLDER.format(column="jb"),
+        ),
+        (
+            "ints",
+            ["__debezium_unavailable_value"],
+            PLACEHOLDER.format(column="ints"),
+        ),
+    ],
+)
+def test_a_nested_value_that_does_not_fit_is_a_reject_naming_its_path(column: str, value: Any, reason: str) -> None:
+    rows = _rows([_event("u", None, {"id": 1, column: value})], [_key(1)], _nested_decoding("string"))
+    assert rows[0]["reason"] == reason
+
+
+def test_avro_hints_reach_array_elements() -> None:
+    """The Avro converter's schema of an array column (as registered by Debezium's capture)."""
+    decimal = {
+        "type": "bytes",
+        "scale": 3,
+        "precision": 10,
+        "connect.version": 1,
+        "connect.parameters": {"scale": "3", "connect.decimal.precision": "10"},
+        "connect.name": "org.apache.kafka.connect.data.Decimal",
+        "logicalType": "decimal",
+    }
+    json_text = {"type": "string", "connect.version": 1, "connect.name": "io.debezium.data.Json"}
+    row = {
+        "type": "record",
+        "name": "Value",
+        "fields": [
+            {"name": "id", "type": "int"},
+            {"name": "ints", "type": ["null", {"type": "array", "items": ["null", "int"]}], "default": None},
+            {"name": "nums", "type": ["null", {"type": "array", "items": ["null", decimal]}], "default": None},
+            {"name": "jb", "type": ["null", json_text], "default": None},
+        ],
+    }
+    envelope = {"type": "record", "name": "Envelope", "fields": [{"name": "before", "type": ["null", row]}]}
+    hints = avro_hints(json.dumps(envelope))
+    assert hints == {
+        "nums": ("array", {"element": ("org.apache.kafka.connect.data.Decimal", decimal["connect.parameters"])}),
+        "jb": ("io.debezium.data.Json", {}),
+    }
