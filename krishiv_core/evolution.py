@@ -10,6 +10,13 @@ made are the ones every reader of the table can follow and that lose nothing:
 * a required column the spec makes optional, or no longer has, becomes optional (new rows may then leave it out);
 * a column the spec no longer has is kept, never dropped: its old values stay readable.
 
+The same rules hold inside nested columns, matched by name at every depth (a struct's fields, a list's element, a
+map's value, so also a struct inside a list or map): a field added inside a struct is added there, optional; a
+nested type is widened; a nested part is made optional; a nested field the spec no longer has is kept, optional.
+pyiceberg's UpdateSchema takes each by its path (``("gps", "alt")``). A map's key never changes, and a part that
+changes kind (a struct becoming a scalar, a list a map) is a conflict, named by its dotted path (``gps.lat``,
+``readings.element.value``, ``attrs.value``).
+
 Anything else (string -> long, long -> int, a decimal's scale, optional -> required…) raises
 :class:`SchemaConflict` naming the table, the column, both types and what is allowed, and changes nothing.
 All schema changes of one call are one metadata commit.
@@ -36,7 +43,18 @@ from typing import Any
 from pyiceberg.exceptions import ValidationError
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
-from pyiceberg.types import DecimalType, DoubleType, FloatType, IcebergType, IntegerType, LongType, NestedField
+from pyiceberg.types import (
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IcebergType,
+    IntegerType,
+    ListType,
+    LongType,
+    MapType,
+    NestedField,
+    StructType,
+)
 
 from krishiv_core.errors import SchemaConflict
 from krishiv_core.partitioning import IDENTITY, PartitionField, describe_spec, from_iceberg
@@ -68,7 +86,12 @@ def widens(table_type: IcebergType, spec_type: IcebergType) -> bool:
 
 @dataclass
 class SchemaChanges:
-    """What :func:`schema_changes` found to do; empty when the table already fits the spec."""
+    """What :func:`schema_changes` found to do; empty when the table already fits the spec.
+
+    Each change names its column by its Iceberg path: a top-level column's name, or the dotted path of a part of a
+    nested column (``gps.alt``, ``readings.element.value``, ``attrs.value``); an added field is a NestedField so
+    named.
+    """
 
     add: list[NestedField] = field(default_factory=list)
     widen: list[tuple[str, IcebergType]] = field(default_factory=list)
@@ -91,11 +114,95 @@ def _conflict(table_name: str, column: str, detail: str) -> SchemaConflict:
     )
 
 
+@dataclass
+class _Comparison:
+    """One walk of the table's columns beside the spec's, at every depth (structs by field name; a list's element
+    and a map's key and value as the parts named ``element``, ``key`` and ``value``)."""
+
+    table_name: str
+    identifiers: set[int]
+    relaxed_ids: Collection[int]
+    changes: SchemaChanges = field(default_factory=SchemaChanges)
+
+    def fields(self, prefix: str, have: Sequence[NestedField], wanted: Sequence[NestedField]) -> None:
+        by_name = {f.name: f for f in have}
+        for spec_field in wanted:
+            path = prefix + spec_field.name
+            existing = by_name.get(spec_field.name)
+            if existing is None:
+                self.changes.add.append(
+                    NestedField(spec_field.field_id, path, spec_field.field_type, spec_field.required, spec_field.doc)
+                )
+                if spec_field.required:
+                    self.changes.relax.append(path)
+            else:
+                self.field(path, existing, spec_field)
+        wanted_names = {f.name for f in wanted}
+        for existing in have:
+            if existing.name not in wanted_names and existing.required:  # kept, and new rows will not have it
+                if existing.field_id in self.identifiers:
+                    raise _conflict(
+                        self.table_name,
+                        prefix + existing.name,
+                        "is a required identifier field of the table, and the spec no longer has it",
+                    )
+                self.changes.make_optional.append(prefix + existing.name)
+
+    def field(self, path: str, have: NestedField, wanted: NestedField) -> None:
+        self.type(path, have.field_type, wanted.field_type)
+        if have.required and not wanted.required:
+            if have.field_id in self.identifiers:
+                raise _conflict(
+                    self.table_name,
+                    path,
+                    "is an identifier field of the table, so it must stay required, and the spec makes it optional",
+                )
+            self.changes.make_optional.append(path)
+        elif wanted.required and not have.required and have.field_id not in self.relaxed_ids:
+            raise _conflict(
+                self.table_name, path, "is optional in the table and required in the spec (optional -> required)"
+            )
+
+    def type(self, path: str, have: IcebergType, wanted: IcebergType) -> None:
+        if isinstance(have, StructType) and isinstance(wanted, StructType):
+            self.fields(path + ".", have.fields, wanted.fields)
+        elif isinstance(have, ListType) and isinstance(wanted, ListType):
+            self.field(f"{path}.element", have.element_field, wanted.element_field)
+        elif isinstance(have, MapType) and isinstance(wanted, MapType):
+            if have.key_type != wanted.key_type:  # Iceberg changes no map key, widened or not
+                raise _conflict(
+                    self.table_name,
+                    f"{path}.key",
+                    f"is {have.key_type} in the table and {wanted.key_type} in the spec (a map's key cannot change)",
+                )
+            self.field(f"{path}.value", have.value_field, wanted.value_field)
+        elif have.is_primitive and wanted.is_primitive and (have == wanted or widens(have, wanted)):
+            if have != wanted:
+                self.changes.widen.append((path, wanted))
+        else:
+            raise _conflict(self.table_name, path, f"is {_shown(have)} in the table and {_shown(wanted)} in the spec")
+
+
+def _shown(t: IcebergType) -> str:
+    """A type without the field ids Iceberg's own text puts in nested types (they differ between table and spec)."""
+    if isinstance(t, StructType):
+        return (
+            "struct<"
+            + ", ".join(f"{f.name}: {_shown(f.field_type)}{'' if f.required else '?'}" for f in t.fields)
+            + ">"
+        )
+    if isinstance(t, ListType):
+        return f"list<{_shown(t.element_type)}{'' if t.element_required else '?'}>"
+    if isinstance(t, MapType):
+        return f"map<{_shown(t.key_type)}, {_shown(t.value_type)}{'' if t.value_required else '?'}>"
+    return str(t)
+
+
 def schema_changes(
     table_name: str, current: Schema, wanted: Schema, relaxed_ids: Collection[int] = frozenset()
 ) -> SchemaChanges:
-    """The changes that bring ``current`` to ``wanted`` (matched by top-level column name), or SchemaConflict."""
-    changes = SchemaChanges()
+    """The changes that bring ``current`` to ``wanted`` (matched by column name, at every depth), or
+    SchemaConflict naming the column's path."""
     identifiers = set(current.identifier_field_ids)
     have_key = sorted(current.find_column_name(i) or str(i) for i in identifiers)
     want_key = sorted(wanted.find_column_name(i) or str(i) for i in wanted.identifier_field_ids)
@@ -106,45 +213,9 @@ def schema_changes(
             "a table's key cannot change, so nothing was changed: set it back, or start over in a new table under a "
             f"new pipeline name {runbook('A spec change the table cannot take')}"
         )
-    wanted_names = {f.name for f in wanted.fields}
-    for spec_field in wanted.fields:
-        try:
-            have = current.find_field(spec_field.name)
-        except ValueError:
-            changes.add.append(spec_field)
-            if spec_field.required:
-                changes.relax.append(spec_field.name)
-            continue
-        if have.field_type != spec_field.field_type:
-            if not widens(have.field_type, spec_field.field_type):
-                raise _conflict(
-                    table_name,
-                    spec_field.name,
-                    f"is {have.field_type} in the table and {spec_field.field_type} in the spec",
-                )
-            changes.widen.append((spec_field.name, spec_field.field_type))
-        if have.required and not spec_field.required:
-            if have.field_id in identifiers:
-                raise _conflict(
-                    table_name,
-                    spec_field.name,
-                    "is an identifier field of the table, so it must stay required, and the spec makes it optional",
-                )
-            changes.make_optional.append(spec_field.name)
-        elif spec_field.required and not have.required and have.field_id not in relaxed_ids:
-            raise _conflict(
-                table_name, spec_field.name, "is optional in the table and required in the spec (optional -> required)"
-            )
-    for have in current.fields:
-        if have.name not in wanted_names and have.required:  # kept, and new rows will not have it
-            if have.field_id in identifiers:
-                raise _conflict(
-                    table_name,
-                    have.name,
-                    "is a required identifier field of the table, and the spec no longer has it",
-                )
-            changes.make_optional.append(have.name)
-    return changes
+    comparison = _Comparison(table_name, identifiers, relaxed_ids)
+    comparison.fields("", current.fields, wanted.fields)
+    return comparison.changes
 
 
 def _stage_changes(tx: Any, table: Table, changes: SchemaChanges) -> None:
@@ -154,12 +225,12 @@ def _stage_changes(tx: Any, table: Table, changes: SchemaChanges) -> None:
     as required (a reverted spec) is not taken for an optional -> required change.
     """
     with tx.update_schema() as update:
-        for f in changes.add:
-            update.add_column(f.name, f.field_type, doc=f.doc, required=False)
+        for f in changes.add:  # a nested field's name is its dotted path: a tuple path for pyiceberg
+            update.add_column(tuple(f.name.split(".")), f.field_type, doc=f.doc, required=False)
         for name, field_type in changes.widen:
-            update.update_column(name, field_type=field_type)
+            update.update_column(tuple(name.split(".")), field_type=field_type)
         for name in changes.make_optional:
-            update.make_column_optional(name)
+            update.make_column_optional(tuple(name.split(".")))
     if changes.relax or changes.make_optional:
         schema = tx.table_metadata.schema()
         relaxed = _relaxed_ids(table) | {

@@ -23,10 +23,14 @@ from pyiceberg.transforms import BucketTransform, DayTransform, HourTransform, I
 from pyiceberg.types import (
     DecimalType,
     DoubleType,
+    FloatType,
     IntegerType,
+    ListType,
     LongType,
+    MapType,
     NestedField,
     StringType,
+    StructType,
     TimestamptzType,
 )
 
@@ -36,6 +40,7 @@ from krishiv_core.evolution import ALLOWED_CHANGES, RELAXED_PROPERTY
 from krishiv_core.parquet_files import write_staged_files
 from krishiv_core.partitioning import PartitionField
 from krishiv_core.runbook import runbook
+from outbox.data_files import data_file
 
 ID = ("ns", "orders")
 SPEC_CHANGE_RUNBOOK = runbook("A spec change the table cannot take")
@@ -347,5 +352,295 @@ def test_a_partitioning_pyiceberg_cannot_evolve_to_is_refused(catalog: SqlCatalo
     assert str(err.value).endswith(
         "); nothing was changed: set partition_by back, change it with an engine that can (Spark's ALTER TABLE … "
         f"PARTITION FIELD), or start over in a new table under a new pipeline name {SPEC_CHANGE_RUNBOOK}"
+    )
+    assert catalog.load_table(ID).metadata_location == location
+
+
+def nested_v1() -> Schema:
+    """A table with nested columns: a struct, a list of structs, a map of structs and a list of ints."""
+    return Schema(
+        NestedField(1, "ts", TimestamptzType(), required=True),
+        NestedField(
+            2,
+            "gps",
+            StructType(
+                NestedField(10, "lat", DoubleType(), required=True),
+                NestedField(11, "n", IntegerType(), required=False),
+                NestedField(12, "legacy", StringType(), required=True),
+            ),
+            required=True,
+        ),
+        NestedField(
+            3,
+            "readings",
+            ListType(13, StructType(NestedField(14, "value", DecimalType(10, 2), required=True)), True),
+            required=False,
+        ),
+        NestedField(
+            4,
+            "attrs",
+            MapType(15, StringType(), 16, StructType(NestedField(17, "speed", FloatType(), required=False)), False),
+            required=False,
+        ),
+        NestedField(5, "tags", ListType(18, IntegerType(), element_required=True), required=False),
+    )
+
+
+def nested_v2() -> Schema:
+    """nested_v1 as a later spec has it (ids numbered afresh): gps.n widened, gps.alt added (required in the spec),
+    gps.legacy removed, a note added to each reading and its decimal widened, each attr's speed widened and a unit
+    added, the tags widened and their elements made optional."""
+    return Schema(
+        NestedField(101, "ts", TimestamptzType(), required=True),
+        NestedField(
+            102,
+            "gps",
+            StructType(
+                NestedField(110, "lat", DoubleType(), required=True),
+                NestedField(111, "n", LongType(), required=False),
+                NestedField(112, "alt", DoubleType(), required=True),
+            ),
+            required=True,
+        ),
+        NestedField(
+            103,
+            "readings",
+            ListType(
+                113,
+                StructType(
+                    NestedField(114, "value", DecimalType(14, 2), required=True),
+                    NestedField(119, "note", StringType(), required=False),
+                ),
+                True,
+            ),
+            required=False,
+        ),
+        NestedField(
+            104,
+            "attrs",
+            MapType(
+                115,
+                StringType(),
+                116,
+                StructType(
+                    NestedField(117, "speed", DoubleType(), required=False),
+                    NestedField(120, "unit", StringType(), required=False),
+                ),
+                False,
+            ),
+            required=False,
+        ),
+        NestedField(105, "tags", ListType(118, LongType(), element_required=False), required=False),
+    )
+
+
+def arrow_rows(rows: list[dict[str, Any]], fields: list[tuple[str, pa.DataType]]) -> pa.Table:
+    return pa.Table.from_pylist(rows, schema=pa.schema(fields))
+
+
+def nested_arrow_v1(rows: list[dict[str, Any]]) -> pa.Table:
+    gps = pa.struct([("lat", pa.float64()), ("n", pa.int32()), ("legacy", pa.string())])
+    return arrow_rows(
+        rows,
+        [
+            ("ts", pa.timestamp("us", "UTC")),
+            ("gps", gps),
+            ("readings", pa.list_(pa.struct([("value", pa.decimal128(10, 2))]))),
+            ("attrs", pa.map_(pa.string(), pa.struct([("speed", pa.float32())]))),
+            ("tags", pa.list_(pa.int32())),
+        ],
+    )
+
+
+def nested_arrow_v2(rows: list[dict[str, Any]]) -> pa.Table:
+    """Rows as Spark stages them for nested_v2: gps without its removed legacy field."""
+    gps = pa.struct([("lat", pa.float64()), ("n", pa.int64()), ("alt", pa.float64())])
+    reading = pa.struct([("value", pa.decimal128(14, 2)), ("note", pa.string())])
+    return arrow_rows(
+        rows,
+        [
+            ("ts", pa.timestamp("us", "UTC")),
+            ("gps", gps),
+            ("readings", pa.list_(reading)),
+            ("attrs", pa.map_(pa.string(), pa.struct([("speed", pa.float64()), ("unit", pa.string())]))),
+            ("tags", pa.list_(pa.int64())),
+        ],
+    )
+
+
+def append_arrow(table: Table, rows: pa.Table, folder: Path) -> None:
+    files = write_staged_files(table.io, table.schema(), table.spec(), rows, str(folder))
+    with table.transaction() as tx, tx.update_snapshot().fast_append() as fast_append:
+        for f in files:
+            fast_append.append_data_file(data_file(table, f.path))
+
+
+def paths(schema: Schema) -> list[tuple[str, str, bool]]:
+    """Every column and nested part: (dotted path, type if a primitive, required)."""
+    return [
+        (schema.find_column_name(i) or "", str(f.field_type) if f.field_type.is_primitive else "", f.required)
+        for i, f in sorted(schema._lazy_id_to_field.items())
+    ]
+
+
+def test_nested_fields_are_added_widened_made_optional_and_kept_in_one_commit(
+    catalog: SqlCatalog, tmp_path: Path
+) -> None:
+    table = ensure_table(catalog, ID, nested_v1())
+    old = [
+        {
+            "ts": utc(2024, 5, 1),
+            "gps": {"lat": 52.1, "n": -(2**31), "legacy": "x"},
+            "readings": [{"value": Decimal("-99999999.99")}, {"value": Decimal("0.01")}],
+            "attrs": [("a", {"speed": 1.5}), ("b", None), ("c", {"speed": None})],
+            "tags": [2**31 - 1, 0],
+        },
+        {
+            "ts": utc(2024, 5, 2),
+            "gps": {"lat": -0.0, "n": None, "legacy": ""},
+            "readings": [],
+            "attrs": [],
+            "tags": None,
+        },
+    ]
+    append_arrow(table, nested_arrow_v1(old), tmp_path / "b0")
+    before = table.metadata
+    table = ensure_table(catalog, ID, nested_v2())
+
+    assert len(table.metadata.metadata_log) == len(before.metadata_log) + 1  # one commit
+    assert paths(table.schema()) == [
+        ("ts", "timestamptz", True),
+        ("gps", "", True),
+        ("readings", "", False),
+        ("attrs", "", False),
+        ("tags", "", False),
+        ("gps.lat", "double", True),
+        ("gps.n", "long", False),  # widened
+        ("gps.legacy", "string", False),  # removed from the spec: kept, optional
+        ("readings.element", "", True),
+        ("readings.element.value", "decimal(14, 2)", True),  # widened inside a list's element
+        ("attrs.key", "string", True),
+        ("attrs.value", "", False),
+        ("attrs.value.speed", "double", False),  # widened inside a map's value
+        ("tags.element", "long", False),  # a list's element widened and made optional
+        ("gps.alt", "double", False),  # added, optional although the spec requires it
+        ("readings.element.note", "string", False),  # added inside a list's element struct
+        ("attrs.value.unit", "string", False),  # added inside a map's value struct
+    ]
+    relaxed = {table.schema().find_column_name(int(i)) for i in table.properties[RELAXED_PROPERTY].split(",")}
+    assert relaxed == {"gps.alt", "gps.legacy", "tags.element"}
+    location = table.metadata_location
+    assert ensure_table(catalog, ID, nested_v2()).metadata_location == location  # relaxed parts are no conflict
+
+    new = [
+        {
+            "ts": utc(2024, 5, 3),
+            "gps": {"lat": 90.0, "n": 2**40, "alt": 1.25},
+            "readings": [{"value": Decimal("999999999999.99"), "note": "ok"}],
+            "attrs": [("a", {"speed": 1e300, "unit": "m/s"})],
+            "tags": [2**40, None],
+        }
+    ]
+    append_arrow(table, nested_arrow_v2(new), tmp_path / "b1")
+    got = [dict(r, attrs=r["attrs"] and sorted(r["attrs"])) for r in rows_of(catalog.load_table(ID))]
+    assert got == [
+        {
+            "ts": utc(2024, 5, 1),
+            "gps": {"lat": 52.1, "n": -(2**31), "legacy": "x", "alt": None},
+            "readings": [{"value": Decimal("-99999999.99"), "note": None}, {"value": Decimal("0.01"), "note": None}],
+            "attrs": [("a", {"speed": 1.5, "unit": None}), ("b", None), ("c", {"speed": None, "unit": None})],
+            "tags": [2**31 - 1, 0],
+        },
+        {
+            "ts": utc(2024, 5, 2),
+            "gps": {"lat": -0.0, "n": None, "legacy": "", "alt": None},
+            "readings": [],
+            "attrs": [],
+            "tags": None,
+        },
+        {**new[0], "gps": {**new[0]["gps"], "legacy": None}},
+    ]
+
+
+def _replaced(schema: Schema, path: str, new: NestedField) -> Schema:
+    """``schema`` with the top-level column ``path`` replaced by ``new``."""
+    return Schema(*(new if f.name == path else f for f in schema.fields))
+
+
+GPS = nested_v1().find_field("gps")
+READINGS = nested_v1().find_field("readings")
+
+
+@pytest.mark.parametrize(
+    ("column", "replacement", "detail"),
+    [
+        (
+            "tags.element",
+            NestedField(5, "tags", ListType(18, StringType(), element_required=True), required=False),
+            "is int in the table and string in the spec",
+        ),
+        (
+            "tags.element",
+            NestedField(5, "tags", ListType(18, IntegerType(), element_required=True), required=False),
+            None,  # no change: the control case
+        ),
+        (
+            "attrs.key",
+            NestedField(
+                4,
+                "attrs",
+                MapType(15, LongType(), 16, StructType(NestedField(17, "speed", FloatType(), False)), False),
+                required=False,
+            ),
+            "is string in the table and long in the spec (a map's key cannot change)",
+        ),
+        (
+            "attrs.value",
+            NestedField(4, "attrs", MapType(15, StringType(), 16, FloatType(), False), required=False),
+            "is struct<speed: float?> in the table and float in the spec",
+        ),
+        (
+            "gps",
+            NestedField(2, "gps", StringType(), required=True),
+            "is struct<lat: double, n: int?, legacy: string> in the table and string in the spec",
+        ),
+        (
+            "gps.n",
+            NestedField(
+                2,
+                "gps",
+                StructType(*(NestedField(f.field_id, f.name, f.field_type, True) for f in GPS.field_type.fields)),
+                required=True,
+            ),
+            "is optional in the table and required in the spec (optional -> required)",
+        ),
+        (
+            "readings.element.value",
+            NestedField(
+                3, "readings", ListType(13, StructType(NestedField(14, "value", DecimalType(12, 3))), True), False
+            ),
+            "is decimal(10, 2) in the table and decimal(12, 3) in the spec",
+        ),
+        (
+            "readings",
+            NestedField(3, "readings", MapType(13, StringType(), 14, DecimalType(10, 2)), required=False),
+            "is list<struct<value: decimal(10, 2)>> in the table and map<string, decimal(10, 2)> in the spec",
+        ),
+    ],
+)
+def test_nested_changes_iceberg_cannot_make_are_refused_naming_the_path(
+    catalog: SqlCatalog, column: str, replacement: NestedField, detail: str | None
+) -> None:
+    table = ensure_table(catalog, ID, nested_v1())
+    location = table.metadata_location
+    wanted = _replaced(nested_v1(), replacement.name, replacement)
+    if detail is None:
+        assert ensure_table(catalog, ID, wanted).metadata_location == location
+        return
+    with pytest.raises(SchemaConflict) as err:
+        ensure_table(catalog, ID, wanted)
+    assert str(err.value) == (
+        f"table ns.orders: column {column!r} {detail}; nothing was changed. {ALLOWED_CHANGES}: set the field back, or "
+        f"start over in a new table under a new pipeline name {SPEC_CHANGE_RUNBOOK}"
     )
     assert catalog.load_table(ID).metadata_location == location
