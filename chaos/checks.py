@@ -200,7 +200,12 @@ def compare_with_oracle(spec: KrishivSpec, earlier: Sequence[Records] = ()) -> C
 def check_contract(spec: KrishivSpec, latest: dict[str, int], earlier: Sequence[Records] = ()) -> ContractCheck:
     """The whole contract after a scenario: the oracle comparison, plus every offset up to ``latest`` staged
     once, nothing left pending and no staged file gone (``earlier``: see :func:`compare_with_oracle`). A spec of
-    the newer kinds is checked per kind (:func:`check_kinds_contract`)."""
+    the newer kinds is checked per kind (:func:`check_kinds_contract`), the nested pipelines' by
+    ``chaos.nested_checks``."""
+    from chaos.nested_checks import check_nested_contract, is_nested_spec  # it builds on this module
+
+    if is_nested_spec(spec):
+        return check_nested_contract(spec, latest)
     if is_kinds_spec(spec):
         if earlier:
             raise ValueError("the kinds check reads one topic generation")

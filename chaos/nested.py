@@ -554,5 +554,5 @@ def nested_records(
             meant = fault(rng, record)
             kind = "malformed"
         value = dump(record, rng, compact=rng.random() < 0.5).encode()
-        out.append(NestedRecord(n, partition, key, value, kind, meant=meant))
+        out.append(NestedRecord(n, partition, key, value, kind, ts, meant=meant))
     return out

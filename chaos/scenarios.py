@@ -1204,6 +1204,53 @@ def committer_killed_mid_commit(ctx: Context) -> None:
     # It is stopped only once everything is staged and committed: no krishiv commit is needed to finish.
 
 
+# ------------------------------------------------------------------- nested records (issue 36's "done when")
+
+#: Records of the nested scenario (times the size's scale); the compact one's (make test), unscaled.
+NESTED_RECORDS = 5_000
+NESTED_COMPACT_RECORDS = 600
+
+
+def _last_batch(ctx: Context) -> int:
+    """The highest batch id any pipeline's offset log holds (-1 before any)."""
+    return max(Checkpoint(ctx.ws.spec.checkpoint_dir(p)).last_batch_id() for p in ctx.ws.spec.pipelines)
+
+
+def nested_killed(ctx: Context) -> None:
+    """The nested topic (``chaos.nested``: four levels, lists of structs, maps of decimals, edge decimals at every
+    depth, 1% malformed of every nested kind) through ``events``, ``upsert`` keyed by ``device.id`` and ``windowed``
+    grouped by ``meta.site`` in one ``krishiv run``, produced in two random cuts with a random batch size:
+    ``krishiv run --once`` SIGKILLed after a batch's files and again after a batch is recorded, ``krishiv commit``
+    SIGKILLed after a catalog commit, then (the second cut produced) a continuous ``krishiv run`` SIGKILLed before
+    a catalog commit; recovery, and ``krishiv verify``. The contract compares every table with
+    ``chaos.nested_oracle``."""
+    total = max(400, round(NESTED_RECORDS * ctx.size.scale))
+    ctx.ws.write_nested_spec(max_records=max(40, total // ctx.rng.randint(6, 10)))
+    first = total * ctx.rng.randint(45, 70) // 100
+    ctx.ws.produce_nested(first, seed=ctx.rng.randrange(1 << 30))
+    ctx.stage(faults="stage.after_files@1", expect=KILLED)
+    ctx.stage(faults="stage.after_ledger@2", expect=KILLED)
+    ctx.stage()
+    ctx.commit(faults=f"relay.after_catalog_commit@{ctx.batch_with_rows()}", expect=KILLED)
+    ctx.ws.produce_nested(total - first, seed=ctx.rng.randrange(1 << 30))
+    point = f"relay.before_catalog_commit@{_last_batch(ctx) + 1}"
+    if _continuous_run(ctx, point, "the continuous run of the nested pipelines") != KILLED:
+        raise ScenarioError(f"the continuous run of the nested pipelines was not SIGKILLed at {point}")
+    ctx.external_faults.append(f"continuous krishiv run SIGKILLed at {point}")
+    ctx.finish()
+    ctx._step(("verify",), None, 0, None)
+
+
+def nested_killed_once(ctx: Context) -> None:
+    """``nested_killed`` compact, for ``make test``: :data:`NESTED_COMPACT_RECORDS` nested records in three or four
+    batches, ``krishiv run --once`` SIGKILLed once (after batch 1's files), then recovery and ``krishiv verify``."""
+    ctx.ws.write_nested_spec(max_records=NESTED_COMPACT_RECORDS // ctx.rng.randint(3, 4) + 1)
+    ctx.ws.produce_nested(NESTED_COMPACT_RECORDS, seed=ctx.rng.randrange(1 << 30))
+    ctx.stage(faults="stage.after_files@1", expect=KILLED)
+    ctx.finish()
+    ctx._step(("verify",), None, 0, None)
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -1286,6 +1333,14 @@ MATRIX: tuple[Scenario, ...] = (
             "maintenance.after_catalog_commit",
             "orphans.before_delete",
         ),
+    ),
+    # make test: tests/chaos/test_nested.py (the compact one: one SIGKILL, fewer records)
+    Scenario(
+        "nested-records-killed",
+        nested_killed,
+        ("stage.after_files", "stage.after_ledger", "relay.after_catalog_commit", "relay.before_catalog_commit"),
+        long=True,
+        in_ci=False,
     ),
     Scenario(
         "committer-killed-mid-commit",

@@ -258,6 +258,26 @@ class Workspace:
         text = ", ".join(f'"{customer}" = "{table}"' for customer, table in (routes or KINDS_ROUTES).items())
         self._write_spec(KINDS_SPEC_TEMPLATE, routes=text, fields=ORDER_FIELDS)
 
+    def write_nested_spec(self, max_records: int) -> None:
+        """Replace the spec with the three nested pipelines of :mod:`chaos.nested` on the topic (before anything ran),
+        ``max_records`` per batch."""
+        from chaos.nested import NESTED_FIELDS, NESTED_PIPELINES_TEMPLATE
+
+        self.max_records = max_records
+        self._write_spec(SETTINGS_TEMPLATE + NESTED_PIPELINES_TEMPLATE, fields=NESTED_FIELDS)
+
+    def produce_nested(self, records: int, *, seed: int) -> list:
+        """Seeded nested records (:func:`chaos.nested.nested_records`) after everything produced so far."""
+        from chaos.nested import nested_records
+
+        partitions = ensure_topic(self.bootstrap, self.topic, self.spec.kafka.partitions)
+        extra = {"start_ms": self.next_start_ms} if self.next_start_ms is not None else {}
+        events = nested_records(records, seed=seed, partitions=partitions, **extra)
+        produce(self.bootstrap, self.topic, events)
+        last = max(e.event_time_ms for e in events if e.event_time_ms is not None)
+        self.next_start_ms = last + 90_000
+        return events
+
     def write_maintenance(
         self, *, keep_last: int = 1, keep_younger_than: str = "1ms", min_files: int = 2, orphan_grace: str = "10m"
     ) -> None:
