@@ -27,6 +27,7 @@ from pyiceberg.transforms import DayTransform, HourTransform, IdentityTransform,
 from pyiceberg.typedef import Record
 from pyiceberg.types import DateType, IcebergType, TimestampType, TimestamptzType, TimeType
 
+from krishiv_core.arrow_paths import column_at
 from krishiv_core.entries import DATA, StagedFile
 from krishiv_core.errors import SchemaConflict
 
@@ -171,12 +172,13 @@ def _transform_column(field: PartitionField, schema: Schema, column: pa.Array) -
 def partition_keys(spec: PartitionSpec, schema: Schema, rows: pa.Table) -> list[pa.Array]:
     """Per partition field of ``spec``, each row's partition value (Iceberg's internal form).
 
-    ``rows`` holds the partition source columns under their names in ``schema`` (other columns are ignored).
+    ``rows`` holds the partition source columns under their names in ``schema`` (other columns are ignored); a
+    source inside structs (``meta.ts``) is read from its struct column, or from a column named by its path.
     """
     out = []
     for field in spec.fields:
         name = schema.find_column_name(field.source_id)
-        column = rows.column(name)
+        column = column_at(rows, name)
         if isinstance(column, pa.ChunkedArray):
             column = column.combine_chunks()
         out.append(_transform_column(field, schema, column))

@@ -46,14 +46,17 @@ _APPLIES_TO: dict[str, tuple[str, ...]] = {
 FIRST_PARTITION_FIELD_ID = 1000
 
 _COLUMN = r"[A-Za-z_][A-Za-z0-9_]*"
-_BARE = re.compile(rf"^\s*(?P<column>{_COLUMN})\s*$")
+#: A column, or a field inside struct columns by its dotted path (``meta.ts``), as Iceberg names a nested source.
+_PATH = rf"{_COLUMN}(?:\.{_COLUMN})*"
+_BARE = re.compile(rf"^\s*(?P<column>{_PATH})\s*$")
 _CALL = re.compile(rf"^\s*(?P<transform>{_COLUMN})\s*\(\s*(?:(?P<width>[^,()]*?)\s*,\s*)?(?P<column>[^,()]*?)\s*\)\s*$")
 _EXAMPLES = '"customer_id", "day(ts)", "bucket(16, customer_id)" or "truncate(4, name)"'
 
 
 @dataclass(frozen=True)
 class PartitionField:
-    """One partition transform of one output column; ``width`` is the bucket count or the truncation width."""
+    """One partition transform of one output column, or of a field inside struct columns named by its dotted path
+    (``meta.ts``); ``width`` is the bucket count or the truncation width."""
 
     column: str
     transform: str
@@ -68,7 +71,8 @@ class PartitionField:
 
     @property
     def name(self) -> str:
-        """The partition field's name, as Iceberg names it by default: ``ts_day``, ``id_bucket``, ``name_trunc``."""
+        """The partition field's name, as Iceberg names it by default: ``ts_day``, ``id_bucket``, ``name_trunc``; a
+        nested source keeps its path (``meta.ts_day``), as Iceberg's Java and Python builders name it."""
         if self.transform == IDENTITY:
             return self.column
         if self.transform == TRUNCATE:
@@ -134,7 +138,7 @@ def _parse_one(raw: Any, field_name: str, columns: Mapping[str, str]) -> Partiti
             raise ConfigError(field_name, f"the {what} of {transform} must be a positive integer, got {raw!r}")
     elif width_text is not None:
         raise ConfigError(field_name, f"{transform} takes only a column: {transform}(column), got {raw!r}")
-    if not re.fullmatch(_COLUMN, column):
+    if not re.fullmatch(_PATH, column):
         raise ConfigError(field_name, f"expected a column name in {raw!r}, got {column!r}")
     if column not in columns:
         raise ConfigError(

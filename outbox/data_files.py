@@ -18,6 +18,8 @@ registered under a wrong value. The statistics themselves are computed as pyiceb
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.io.pyarrow import (
@@ -33,6 +35,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.typedef import Record
 
+from krishiv_core.arrow_paths import column_at, top_level
 from krishiv_core.errors import SchemaConflict
 from krishiv_core.parquet_files import describe_record, split_by_partition
 from krishiv_core.partitioning import describe_spec
@@ -84,25 +87,48 @@ def data_file(table: Table, path: str) -> DataFile:
 
 def _partition_sources(parquet: pq.ParquetFile, schema: Schema, spec: PartitionSpec) -> pa.Table:
     """The file's partition source columns, named and typed as in ``schema`` (matched by field id, else by name;
-    a column the file predates is null)."""
+    a column the file predates is null). A source inside structs (``meta.ts``) is found in the file by its field id
+    at any depth (else by its path) and comes out as a column named by its path."""
     source_ids = list(dict.fromkeys(f.source_id for f in spec.fields))
     if not source_ids:
         return pa.table({})
     file_schema = parquet.schema_arrow
-    by_id = {int(f.metadata[_FIELD_ID]): f.name for f in file_schema if f.metadata and _FIELD_ID in f.metadata}
+    with_ids = any(f.metadata and _FIELD_ID in f.metadata for f in file_schema)
     wanted = {}
     for source_id in source_ids:
         name = schema.find_column_name(source_id)
-        in_file = by_id.get(source_id) if by_id else (name if name in file_schema.names else None)
+        in_file = _file_path(file_schema, source_id) if with_ids else _named_path(file_schema, name.split("."))
         wanted[source_id] = (name, in_file)
-    read = parquet.read(columns=[f for _, f in wanted.values() if f is not None], use_threads=False)
+    read = parquet.read(columns=top_level([".".join(f) for _, f in wanted.values() if f]), use_threads=False)
     columns, names = [], []
     for source_id, (name, in_file) in wanted.items():
         arrow_type = schema_to_pyarrow(schema.find_field(source_id).field_type, include_field_ids=False)
-        column = read.column(in_file) if in_file is not None else pa.nulls(parquet.metadata.num_rows, arrow_type)
+        column = column_at(read, ".".join(in_file)) if in_file else pa.nulls(parquet.metadata.num_rows, arrow_type)
         columns.append(column.cast(arrow_type) if column.type != arrow_type else column)
         names.append(name)
     return pa.table(columns, names=names)
+
+
+def _file_path(fields: Iterable[pa.Field], field_id: int) -> list[str] | None:
+    """The names leading to the field of ``field_id`` through the file's struct columns (None if it has none)."""
+    for f in fields:
+        if f.metadata and int(f.metadata.get(_FIELD_ID, -1)) == field_id:
+            return [f.name]
+        if pa.types.is_struct(f.type):
+            inner = _file_path(f.type, field_id)
+            if inner:
+                return [f.name, *inner]
+    return None
+
+
+def _named_path(fields: Iterable[pa.Field], names: list[str]) -> list[str] | None:
+    """``names`` if the file's struct columns hold that path (a file written without field ids)."""
+    for f in fields:
+        if f.name == names[0]:
+            if len(names) == 1:
+                return names
+            return names if pa.types.is_struct(f.type) and _named_path(f.type, names[1:]) else None
+    return None
 
 
 def _partition(table: Table, spec: PartitionSpec, schema: Schema, sources: pa.Table, path: str) -> Record:

@@ -14,7 +14,9 @@ at most one data row and one versioned delete per key, and drops what its rememb
 
 How (by a key anti-join rather than pyiceberg's ``delete(filter)``):
 
-1. Read the key (and version) columns of the entry's staged files; refuse null or repeated keys.
+1. Read the key (and version) columns of the entry's staged files; refuse null or repeated keys. A key or version
+   inside structs (``device.id``, docs/spec.md "Paths in keys") is taken out of its struct column
+   (``pc.struct_field``) into a flat column named by its path, on both sides of every join.
 2. Plan the table's files with a coarse filter on the keys (``In`` per key column up to pyiceberg's
    200-value limit of its metrics evaluators, else the column's ``[min, max]``), read their key columns with each
    row's position, less the rows their delete files already delete, and join them with the entry's keys: which
@@ -80,6 +82,7 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import FileScanTask, Table, TableProperties
 from pyiceberg.utils.properties import property_as_int
 
+from krishiv_core.arrow_paths import column_at, top_level
 from krishiv_core.entries import MERGE, OutboxEntry, StagedFile
 from krishiv_core.runbook import runbook
 from outbox.data_files import data_file
@@ -179,14 +182,16 @@ def plan_merge(table: Table, entry: OutboxEntry) -> MergePlan:
     key = list(entry.operation.key)
     version = entry.operation.version
     schema = table.schema()
-    top_level = {f.name for f in schema.fields}
     for column in [*key, *([version] if version else [])]:
-        if column not in top_level:
+        try:  # a column, or a field inside struct columns by its dotted path (``device.id``)
+            schema.find_field(column, case_sensitive=True)
+        except ValueError:
+            columns = ", ".join(sorted(f.name for f in schema.fields))
             raise MergeRefused(
                 f"{entry.table} batch {entry.batch_id}: merge column {column!r} is not in the table's schema "
-                f"({', '.join(sorted(top_level))}); nothing was committed: another engine dropped or renamed it; "
+                f"({columns}); nothing was committed: another engine dropped or renamed it; "
                 f"put it back {runbook('A merge the relay refuses')}"
-            )
+            ) from None
     key_types = _arrow_types(table, key)
     entry_columns = [*key, *([version] if version else [])]
     entry_types = _arrow_types(table, entry_columns)
@@ -257,7 +262,7 @@ def plan_merge(table: Table, entry: OutboxEntry) -> MergePlan:
                 reader = ArrowScan(table.metadata, table.io, schema, AlwaysTrue())
                 for task in (tasks[i] for i in sorted(set(hits[_FILE].to_pylist()))):
                     rows = _read_table_file(table, entry, reader, task)
-                    kept = rows.take(_surviving(_cast(rows.select(key), key_types), deleted_keys, key))
+                    kept = rows.take(_surviving(_cast(rows, key_types), deleted_keys, key))
                     plan.deleted.append(task.file)
                     rewritten = write_data_files(table, kept)
                     plan.rewritten += rewritten
@@ -354,13 +359,18 @@ def _refuse_pyiceberg_retries(table: Table, entry: OutboxEntry) -> None:
 
 
 def _arrow_types(table: Table, columns: Sequence[str]) -> list[pa.Field]:
-    """The columns' Arrow fields as pyiceberg reads them, without metadata (both sides of a join must agree)."""
-    arrow = schema_to_pyarrow(table.schema().select(*columns, case_sensitive=True), include_field_ids=False)
-    return [pa.field(c, arrow.field(c).type) for c in columns]
+    """The columns' Arrow fields as pyiceberg reads them, without metadata (both sides of a join must agree), each
+    named by its path: a key inside structs (``device.id``) is a flat column of the join."""
+    schema = table.schema()
+    return [
+        pa.field(c, schema_to_pyarrow(schema.find_type(c, case_sensitive=True), include_field_ids=False))
+        for c in columns
+    ]
 
 
 def _cast(rows: pa.Table, fields: Sequence[pa.Field]) -> pa.Table:
-    return pa.table([rows[f.name].cast(f.type) for f in fields], schema=pa.schema(fields))
+    """The values at each of ``fields``' paths in ``rows`` (a column, or a field of its structs), as a flat table."""
+    return pa.table([column_at(rows, f.name).cast(f.type) for f in fields], schema=pa.schema(fields))
 
 
 def _empty(fields: Sequence[pa.Field]) -> pa.Table:
@@ -389,10 +399,11 @@ def _read_columns(
     key: Sequence[str],
     fields: Sequence[pa.Field],
 ) -> pa.Table:
-    """``columns`` of a staged file, in the table's Arrow types; a null key refused."""
+    """``columns`` of a staged file (fields inside structs by their paths), as a flat table in the table's Arrow
+    types; a null key (or a null struct holding it) refused."""
     try:
-        rows = _read_staged(table, staged, columns=list(columns))
-    except pa.ArrowInvalid as exc:  # a column missing from the file
+        rows = _cast(_read_staged(table, staged, columns=top_level(columns)), fields)
+    except (pa.ArrowInvalid, KeyError) as exc:  # a column, or a field of a struct, missing from the file
         raise MergeRefused(
             f"{entry.table} batch {entry.batch_id}: staged file {staged.path}: {exc}; remove the batch's staged files "
             f"and run krishiv restage {runbook('A merge the relay refuses')}"
@@ -400,7 +411,7 @@ def _read_columns(
     for column in key:
         if rows[column].null_count:
             raise MergeKeyNull(entry.table, entry.batch_id, column, staged.path)
-    return _cast(rows, fields)
+    return rows
 
 
 def _read_staged(table: Table, staged: StagedFile, columns: list[str] | None = None) -> pa.Table:
