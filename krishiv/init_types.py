@@ -247,8 +247,7 @@ def _arrays(name: str, path: str, seen: Seen) -> Typed:
     if not elements:
         return Typed(
             FieldType(JSON_TEXT),
-            f"json: all {_count(len(arrays), 'sampled array')} were empty, no element to type "
-            '(declare { type = "list", element = ... } once you know)',
+            f"json: all {_count(len(arrays), 'sampled array')} were empty, no element to type (a list once you know)",
         )
     element = _part(name, f"{path}[*]", elements, ELEMENT)
     empty = sum(not array for array, _ in arrays)

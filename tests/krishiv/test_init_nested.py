@@ -1,0 +1,223 @@
+"""``krishiv init`` on nested JSON: structs, maps, lists and ``json`` inferred at any depth from generated samples.
+
+The expected types are written here from the rule (krishiv/init_types.py's docstring, docs/operations.md's init
+row): a struct's key is required when every sampled object holds it non-null; objects are a map when more than 16
+distinct keys appear and an object holds at most half of them on average, or a key is no field name; a list's
+element and a map's value are typed from all of them together, optional when one is null; ``json`` where shapes
+conflict, scalars mix, or every sampled array or object is empty. A decimal holds the widest sampled integer part
+plus four digits and the longest sampled fraction, as at the top level.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import tomllib
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from krishiv.cli import main
+from krishiv_core.spec import load_spec
+
+
+def _decimal(texts: list[str]) -> str:
+    """The rule's decimal for plain-digit texts: the widest integer part (leading zeros aside) plus four, and the
+    longest fraction as written."""
+    whole = max(len(t.lstrip("-").split(".")[0].lstrip("0")) for t in texts)
+    scale = max(len(t.split(".")[1]) if "." in t else 0 for t in texts)
+    return f"decimal({whole + scale + 4},{scale})"
+
+
+def _vans(n: int, seed: int) -> tuple[list[dict], dict[str, str], dict[int, str]]:
+    """``n`` van records (3 levels of structs, lists of structs with lists inside, a map of decimals, empty and null
+    lists, conflicting shapes), the type each field must get, and the lines (1-based) holding a value their field's
+    type cannot read, with the path of that value as the pipeline's rule names it."""
+    r = random.Random(seed)
+    temps: list[str] = []
+    fuels: list[str] = []
+    bad: dict[int, str] = {}
+    rows = []
+    for i in range(n):
+        line = i + 1
+        readings = []
+        for k in range(max(r.randrange(4), line in (1, 40, 211))):
+            temp: float | str = float(f"{r.randint(-30, 45)}.{r.randrange(100):02d}") if line > 1 or k else -0.05
+            if line in (40, 211) and k == 0:
+                temp = "N/A"  # a sensor's bad reading: the record is a reject, the list stays a list of structs
+                bad[line] = "readings[0].temp"
+            else:
+                temps.append(json.dumps(temp))  # the JSON number's text, as the sample holds it
+            flags = [r.choice(["door", "cold", "late"]) for _ in range(r.randrange(3))]
+            readings.append({"at": f"2026-11-26T10:{r.randrange(60):02d}:00Z", "temp": temp, "flags": flags})
+        fuel = {}
+        for _ in range(r.randint(1, 3)):
+            value = f"{r.randrange(500)}.{r.randrange(10)}"
+            if line == 7 and not fuel:
+                value = "123456789012345678901234.000001"  # 30 digits: the map's values are decimal(34,6)
+            fuel[f"tank_{r.randrange(40)}"] = value
+        fuels += list(fuel.values())  # a key drawn twice keeps one value, as JSON does
+        row = {
+            "van": f"v-{i % 20}",
+            "trip": {
+                "id": i,
+                "route": {
+                    "origin": {"site": f"depot-{i % 3}", "dock": i % 9},
+                    "stops": r.randrange(9),
+                    "spare": None,  # null in every record: left out of the struct
+                },
+                **({"driver": {"name": f"d-{i % 5}", "since": "2020-01-0" + str(1 + i % 9)}} if i % 4 else {}),
+            },
+            "readings": readings,
+            "fuel": fuel,
+            "doors": {"front": i % 2 == 0, "rear": i % 3 == 0, **({"side": True} if i % 2 else {})},
+            "tags": None if i % 7 == 0 else [f"t{j}" for j in range(i % 3)],
+            "notes": [r.choice(["ok", "check"]) for _ in range(1 + i % 3)] + ([None] if i % 5 == 0 else []),
+            "extra": {"k": i} if i % 10 else ([i] if i % 20 else 5),
+            "nothing": [],
+            "cells": [i, {"a": i}],
+        }
+        if i % 11 == 5:
+            del row["doors"]  # missing from some records: optional
+        rows.append(row)
+    types = {
+        "van": "string",
+        "trip": "struct<id: long, route: struct<origin: struct<site: string, dock: long>, stops: long>, "
+        "driver: struct<name: string, since: date>?>",
+        "readings": f"list<struct<at: timestamp, temp: {_decimal(temps)}, flags: list<string>>>",
+        "fuel": f"map<string, {_decimal(fuels)}>",
+        "doors": "struct<front: boolean, rear: boolean, side: boolean?>?",
+        "tags": "list<string>?",
+        "notes": "list<string?>",
+        "extra": "json",
+        "nothing": "json",
+        "cells": "list<json>",
+    }
+    return rows, types, bad
+
+
+def test_init_infers_nested_types_and_says_why(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from spark_jobs.record_decoder import Decoding, read_record
+
+    rows, types, bad = _vans(300, seed=36)
+    lines = tmp_path / "vans.jsonl"
+    lines.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    output = tmp_path / "vans.toml"
+    assert main(["init", "--topic", "vans", "--file", str(lines), "--output", str(output), "--sample", "all"]) == 0
+    said = capsys.readouterr().out
+    text = output.read_text()
+
+    fields = load_spec(output, env={}).pipeline().fields
+    assert {f.name: f.shown_type for f in fields} == types
+    assert [f.name for f in fields] == list(types), "the fields in the records' order"
+
+    # The spec's own declarations round-trip: each reads back as the table the loaded type declares.
+    written = tomllib.loads(text)["pipelines"][0]["fields"]
+    assert written == {f.name: f.declaration() for f in fields}
+
+    # Readable: one field, or one part of a long one, a line; each nested part with a comment saying why.
+    declared = text.split("[pipelines.fields]\n")[1].splitlines()
+    assert all(len(line.split("  # ")[0]) <= 100 for line in declared if not line.startswith("#")), declared
+    assert any(line.startswith("readings.element.fields.temp = ") for line in declared), "a long one split"
+    comments = [line for line in declared if line.startswith("#")]
+    assert "# trip: a struct: 2 keys in all 300 objects, 1 in some (optional): driver in 225" in comments
+    assert "# trip.route.spare: left out: null or missing in every one of the 300 sampled objects" in comments
+    fuel_keys = {k for row in rows for k in row["fuel"]}
+    per_object = sum(len(row["fuel"]) for row in rows) / len(rows)
+    assert f"# fuel: a map: {len(fuel_keys)} distinct keys in 300 objects, {per_object:.1f} in one on average" in (
+        comments
+    )
+    assert any(c.startswith("# fuel[*]: numbers sent as strings") for c in comments)
+    doors = [row["doors"] for row in rows if "doors" in row]
+    sides = sum("side" in d for d in doors)
+    assert f"# doors: a struct: 2 keys in all {len(doors)} objects, 1 in some (optional): side in {sides}" in comments
+    assert "# notes[*]: 60 nulls of" in "\n".join(comments)
+    elements = sum(len(row["readings"]) for row in rows)
+    empty = sum(not row["readings"] for row in rows)
+    assert f"# readings: a list: {elements} elements in 300 arrays, {empty} of them empty" in comments
+    assert (
+        'extra = "json"  # json, as the shapes conflict: 270 objects, 15 integers (lines 1, 21, 41 and 12 more), '
+        "15 arrays (lines 11, 31, 51 and 12 more)" in declared
+    )
+    assert any(line.startswith('nothing = "json"  # json: all 300 sampled arrays were empty') for line in declared)
+    assert "# cells[*]: json, as the shapes conflict: 300 integers, 300 objects (lines 1, 2, 3 and 297 more)" in (
+        comments
+    )
+    (temp,) = [c for c in comments if c.startswith("# readings[*].temp: ")]
+    assert "2 of " in temp and '"N/A" (lines 40, 211)' in temp
+    assert all(line in said for line in declared), "init prints what it wrote"
+
+    # The pipeline's own rule reads the spec init wrote: only the records with a bad nested value are rejects,
+    # their reasons naming its path.
+    decoding = Decoding.of(load_spec(output, env={}).pipeline())
+    rejected = {}
+    for n, row in enumerate(rows, 1):
+        reading = read_record(json.dumps(row).encode(), decoding)
+        if reading.reason:
+            rejected[n] = reading.reason
+    assert set(rejected) == set(bad)
+    assert all(f"mistyped field: {bad[n]} (" in reason for n, reason in rejected.items()), rejected
+    one = read_record(json.dumps(rows[6]).encode(), decoding).values
+    assert Decimal("123456789012345678901234.000001") in dict(one["fuel"]).values()
+
+
+@pytest.mark.parametrize(
+    ("distinct", "per_object", "kind"),
+    [(16, 1, "struct"), (17, 8, "map"), (17, 9, "struct"), (40, 3, "map")],
+)
+def test_objects_are_a_map_past_16_distinct_keys_each_holding_at_most_half(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], distinct: int, per_object: int, kind: str
+) -> None:
+    """The threshold's edges: more than 16 distinct keys, an object holding at most half of them on average."""
+    rows = [{"id": i, "by": {f"k{(i + j) % distinct}": j for j in range(per_object)}} for i in range(distinct * 3)]
+    lines = tmp_path / "e.jsonl"
+    lines.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert main(["init", "--topic", "t", "--file", str(lines), "--output", str(tmp_path / "e.toml")]) == 0
+    by = load_spec(tmp_path / "e.toml", env={}).pipeline().fields[1].type
+    assert by.name == kind
+    if kind == "map":
+        assert str(by) == "map<string, long>"
+    else:
+        optional = per_object < distinct
+        assert [(f.name, str(f.type), f.required) for f in by.fields] == [
+            (f"k{j}", "long", not optional) for j in range(distinct)
+        ]
+
+
+def test_keys_that_are_no_field_names_are_a_map_and_top_level_ones_are_left_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [
+        {"id": i, "Content-Type": "x", "daily": {"2026-11-2" + str(d): f"{d}.5" for d in range(1 + i % 3)}}
+        for i in range(10)
+    ]
+    lines = tmp_path / "e.jsonl"
+    lines.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert main(["init", "--topic", "t", "--file", str(lines), "--output", str(tmp_path / "e.toml")]) == 0
+    text = (tmp_path / "e.toml").read_text()
+    fields = load_spec(tmp_path / "e.toml", env={}).pipeline().fields
+    assert [(f.name, str(f.type)) for f in fields] == [("id", "long"), ("daily", "map<string, decimal(6,1)>")]
+    assert '# left out: "Content-Type" is no field name' in text
+    assert '# daily: a map: keys such as "2026-11-20" are no field names' in text
+
+
+def test_a_nested_key_and_event_time_by_their_paths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--key device.id`` names a field inside a struct; a windowed spec takes a time inside one."""
+    rows = [
+        {"device": {"id": f"d-{i % 4}", "meta": {"at": f"2026-11-26T10:00:0{i}Z"}, "opt": 1 if i else None}}
+        for i in range(8)
+    ]
+    lines = tmp_path / "e.jsonl"
+    lines.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    base = ["init", "--topic", "t", "--file", str(lines)]
+    assert main([*base, "--kind", "upsert", "--key", "device.id", "--output", str(tmp_path / "u.toml")]) == 0
+    assert load_spec(tmp_path / "u.toml", env={}).pipeline().key == ("device.id",)
+    for key in ("device.opt", "device.meta", "device.nope"):
+        assert main([*base, "--kind", "upsert", "--key", key, "--output", str(tmp_path / "x.toml")]) == 2
+        assert (
+            f"fields every sampled record has, each one value (a dotted path names one inside a struct: "
+            f"device.id); not {key}" in " ".join(capsys.readouterr().err.split())
+        )
+    assert main([*base, "--kind", "windowed", "--output", str(tmp_path / "w.toml")]) == 0
+    assert load_spec(tmp_path / "w.toml", env={}).pipeline().event_time_field == "device.meta.at"
