@@ -93,6 +93,9 @@ class RecordFormat:
     reader_schema: str | None = None
     #: The registry's id of the schema the fields were taken from; None when the spec lists them.
     fields_schema_id: int | None = None
+    #: Avro and Protobuf fields from the registry with nested records as ``<record>_<field>`` columns (the columns
+    #: Krishiv made before nested types), not structs.
+    flatten: bool = False
 
     @property
     def uses_registry(self) -> bool:
@@ -100,7 +103,16 @@ class RecordFormat:
 
 
 #: The pipeline keys this module parses.
-FORMAT_KEYS = {"format", "key_format", "subject", "envelope", "cdc_position", "decimal_handling", "cdc_columns"}
+FORMAT_KEYS = {
+    "format",
+    "key_format",
+    "subject",
+    "envelope",
+    "cdc_position",
+    "decimal_handling",
+    "cdc_columns",
+    "flatten",
+}
 
 
 def _choice(raw: Mapping[str, Any], name: str, where: str, choices: tuple[str, ...], default: str) -> str:
@@ -128,11 +140,19 @@ def parse_record_format(
     subject = raw.get("subject", f"{topic}-value")
     if not isinstance(subject, str) or not subject:
         raise ConfigError(f"{where}.subject", f"expected the value's subject in the registry, got {subject!r}")
+    flatten = raw.get("flatten", False)
+    if not isinstance(flatten, bool):
+        raise ConfigError(f"{where}.flatten", f"expected true or false, got {flatten!r}")
+    if flatten and value not in (AVRO, PROTOBUF):
+        raise ConfigError(
+            f"{where}.flatten",
+            f"applies to format avro or protobuf (their nested records as <record>_<field> columns), not {value}",
+        )
     cdc_keys = {"cdc_position", "decimal_handling", "cdc_columns"} & set(raw)
     if envelope is None:
         if cdc_keys:
             raise ConfigError(f"{where}.{sorted(cdc_keys)[0]}", 'applies to envelope = "debezium" only')
-        return RecordFormat(value, key, subject)
+        return RecordFormat(value, key, subject, flatten=flatten)
     if envelope != DEBEZIUM:
         raise ConfigError(f"{where}.envelope", f'expected "debezium" (or no envelope), got {envelope!r}')
     if kind != "upsert":
@@ -146,4 +166,4 @@ def parse_record_format(
         raise ConfigError(f"{where}.cdc_columns", f"expected a list of {sorted(CDC_COLUMNS)}, got {columns!r}")
     position_column = "lsn" if position == "lsn" else "ts"
     chosen = tuple(c for c in CDC_COLUMNS if c in columns or c == position_column)
-    return RecordFormat(value, key, subject, DEBEZIUM, CdcOptions(position, handling, chosen))
+    return RecordFormat(value, key, subject, DEBEZIUM, CdcOptions(position, handling, chosen), flatten=flatten)

@@ -34,10 +34,13 @@ from google.protobuf import (
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from krishiv_core.errors import ConfigError
-from krishiv_core.spec_types import EventField, FieldType
+from krishiv_core.spec_types import ELEMENT, JSON_TEXT, LIST, MAP, STRUCT, VALUE, EventField, FieldType
 
 _WELL_KNOWN = (any_pb2, duration_pb2, empty_pb2, struct_pb2, timestamp_pb2, wrappers_pb2)
 TIMESTAMP = "google.protobuf.Timestamp"
+BINARY = "binary"
+#: The well-known types holding any JSON value: ``json``.
+JSON_MESSAGES = ("google.protobuf.Struct", "google.protobuf.Value", "google.protobuf.ListValue")
 #: The wrapper types: their ``value`` field, optional.
 WRAPPERS = {
     f"google.protobuf.{name}Value": name.lower()
@@ -110,25 +113,49 @@ def message_class(descriptor: Descriptor) -> Any:
     return message_factory.GetMessageClass(descriptor)
 
 
-def protobuf_fields(descriptor: Descriptor, prefix: str = "", required: bool = True) -> list[EventField]:
+def protobuf_fields(descriptor: Descriptor) -> list[EventField]:
     """The pipeline fields of a message type (see the module's docstring)."""
-    from krishiv_core.schema_fields import SEPARATOR
+    return _message_fields(descriptor, (descriptor.full_name,))
 
+
+def _message_fields(descriptor: Descriptor, open_types: tuple[str, ...], prefix: str = "") -> list[EventField]:
     fields: list[EventField] = []
     for f in descriptor.fields:
         name = prefix + f.name
-        if f.is_repeated:
-            raise ConfigError(name, "is a repeated Protobuf field (or a map), which Krishiv's tables do not hold")
-        if f.type == FieldDescriptor.TYPE_MESSAGE:
-            full = f.message_type.full_name
-            if full == TIMESTAMP:
-                fields.append(EventField(name, FieldType("timestamp"), False))
-            elif full in WRAPPERS:
-                fields.append(EventField(name, FieldType(_WRAPPED[WRAPPERS[full]]), False))
-            else:
-                fields += protobuf_fields(f.message_type, name + SEPARATOR, required=False)
+        if f.is_repeated and f.type == FieldDescriptor.TYPE_MESSAGE and f.message_type.GetOptions().map_entry:
+            entry = f.message_type
+            key = _one_type(entry.fields_by_name["key"], open_types, name + "{}")
+            value = _one_type(entry.fields_by_name["value"], open_types, name + "{}")
+            # a map's value is never null (an unset message value reads as its defaults)
+            t = FieldType(MAP, key=key, element=EventField(VALUE, value, True))
+            fields.append(EventField(f.name, t, True))
             continue
-        if f.type not in _SCALARS:
-            raise ConfigError(name, f"is a Protobuf {f.type} field, which Krishiv's tables do not hold")
-        fields.append(EventField(name, FieldType(_SCALARS[f.type]), required and not f.has_presence))
+        t = _one_type(f, open_types, name)
+        if f.is_repeated:  # an absent repeated field is an empty list; an element is never null
+            fields.append(EventField(f.name, FieldType(LIST, element=EventField(ELEMENT, t, True)), True))
+            continue
+        optional = f.has_presence or (f.type == FieldDescriptor.TYPE_MESSAGE and f.message_type.full_name in WRAPPERS)
+        fields.append(EventField(f.name, t, not optional))
     return fields
+
+
+def _one_type(f: FieldDescriptor, open_types: tuple[str, ...], name: str) -> FieldType:
+    """One value's type of field ``f`` (an element's, for a repeated field)."""
+    if f.type == FieldDescriptor.TYPE_MESSAGE:
+        full = f.message_type.full_name
+        if full == TIMESTAMP:
+            return FieldType("timestamp")
+        if full in WRAPPERS:
+            return FieldType(_WRAPPED[WRAPPERS[full]])
+        if full in JSON_MESSAGES:
+            return FieldType(JSON_TEXT)
+        if full in open_types:
+            raise ConfigError(name, f"is a Protobuf message {full} that holds itself (recursive), which a table cannot")
+        if full.startswith("google.protobuf."):
+            raise ConfigError(name, f"is a Protobuf {full}, which Krishiv's tables do not hold")
+        return FieldType(STRUCT, fields=tuple(_message_fields(f.message_type, (*open_types, full), name + ".")))
+    if f.type == FieldDescriptor.TYPE_BYTES:
+        return FieldType(BINARY)
+    if f.type not in _SCALARS:
+        raise ConfigError(name, f"is a Protobuf {f.type} field, which Krishiv's tables do not hold")
+    return FieldType(_SCALARS[f.type])

@@ -30,11 +30,12 @@ from typing import Any
 from krishiv_core.errors import ConfigError
 from krishiv_core.formats import AVRO, JSON_SCHEMA, PROTOBUF, RegistrySettings
 from krishiv_core.runbook import runbook
-from krishiv_core.spec_types import EventField, FieldType
+from krishiv_core.spec_types import ELEMENT, JSON_TEXT, LIST, MAP, STRUCT, VALUE, EventField, FieldType
 
 _RUNBOOK = runbook("A Schema Registry that does not answer")
 #: Between a nested record's name and its fields' names, in a flattened field's name.
 SEPARATOR = "_"
+BINARY = "binary"
 
 _AVRO_PRIMITIVES = {
     "string": "string",
@@ -61,6 +62,7 @@ _CONNECT_NAMES = {
     "io.debezium.time.NanoTimestamp": "timestamp",
     "io.debezium.time.ZonedTimestamp": "timestamp",
     "org.apache.kafka.connect.data.Timestamp": "timestamp",
+    "io.debezium.data.Json": JSON_TEXT,
 }
 
 
@@ -68,54 +70,116 @@ class _Unsupported(Exception):
     pass
 
 
-def _avro_type(t: Any, name: str) -> FieldType:
-    if isinstance(t, str):
-        if t in _AVRO_PRIMITIVES:
-            return FieldType(_AVRO_PRIMITIVES[t])
-        raise _Unsupported(f"Avro {t}")
-    kind = t.get("type")
-    connect = t.get("connect.name")
-    if connect in _CONNECT_NAMES:
-        return FieldType(_CONNECT_NAMES[connect])
-    logical = t.get("logicalType")
-    if logical == "decimal":
-        precision, scale = int(t.get("precision", 0)), int(t.get("scale", 0))
-        if not 1 <= precision <= 38:
-            raise _Unsupported(f"Avro decimal({precision},{scale}): Iceberg holds a precision of 1 to 38")
-        return FieldType("decimal", precision, scale)
-    if logical in _AVRO_LOGICAL:
-        return FieldType(_AVRO_LOGICAL[logical])
-    if kind == "enum":
-        return FieldType("string")
-    if isinstance(kind, str) and kind in _AVRO_PRIMITIVES:
-        return FieldType(_AVRO_PRIMITIVES[kind])
-    raise _Unsupported(f"Avro {kind}")
+class _AvroTypes:
+    """Avro types to field types, the schema's named types (records, enums, fixed) remembered where they are defined
+    so that a later reference by name reads the same; ``flatten`` keeps the old ``<record>_<field>`` columns."""
 
+    def __init__(self, flatten: bool) -> None:
+        self.flatten = flatten
+        self.named: dict[str, Any] = {}
+        self.open: set[str] = set()  # the records being read (a record inside itself is recursive)
 
-def _avro_fields(record: Mapping[str, Any], prefix: str = "") -> list[EventField]:
-    fields: list[EventField] = []
-    for f in record.get("fields", []):
-        name = prefix + f["name"]
-        t = f["type"]
+    def remember(self, t: Mapping[str, Any], namespace: str) -> str:
+        name = str(t.get("name", ""))
+        space = t.get("namespace", namespace)
+        full = name if "." in name or not space else f"{space}.{name}"
+        self.named[full] = self.named[name] = t
+        return full
+
+    def resolve(self, t: Any, namespace: str) -> tuple[Any, str]:
+        """A type given by name: its definition (and the namespace it was defined in)."""
+        if isinstance(t, str) and t not in _AVRO_PRIMITIVES and t not in ("bytes", "null"):
+            full = t if "." in t or not namespace else f"{namespace}.{t}"
+            found = self.named.get(full, self.named.get(t))
+            if found is None:
+                raise _Unsupported(f"Avro type {t!r} that the schema does not define")
+            return found, found.get("namespace", namespace)
+        return t, namespace
+
+    def field_type(self, t: Any, where: str, namespace: str) -> tuple[FieldType, bool]:
+        """(the type, whether a value is required: not a union with null) of a field, element or value."""
         branches = t if isinstance(t, list) else [t]
         kept = [b for b in branches if b != "null"]
-        required = len(kept) == len(branches)
         if len(kept) != 1:
-            raise ConfigError(name, "is an Avro union of several types, which a table column cannot hold")
-        only = kept[0]
-        if isinstance(only, dict) and only.get("type") == "record":
-            nested = _avro_fields(only, name + SEPARATOR)
-            fields += nested if required else [EventField(n.name, n.type, False) for n in nested]
-            continue
-        try:
-            fields.append(EventField(name, _avro_type(only, name), required))
-        except _Unsupported as exc:
-            raise ConfigError(name, f"is an {exc}, which Krishiv's tables do not hold") from None
-    return fields
+            shown = ", ".join(b if isinstance(b, str) else str(b.get("type")) for b in kept)
+            raise ConfigError(where, f"is an Avro union of several types ({shown}), which a table column cannot hold")
+        return self.one_type(kept[0], where, namespace), len(kept) == len(branches)
+
+    def one_type(self, t: Any, where: str, namespace: str) -> FieldType:
+        t, namespace = self.resolve(t, namespace)
+        if isinstance(t, str):
+            if t in _AVRO_PRIMITIVES:
+                return FieldType(_AVRO_PRIMITIVES[t])
+            if t == "bytes":
+                return FieldType(BINARY)
+            raise _Unsupported(f"Avro {t}")
+        kind = t.get("type")
+        if isinstance(kind, dict | list):  # {"type": {"type": ...}}: the inner type
+            return self.one_type(kind, where, namespace)
+        if kind in ("record", "enum", "fixed", "error"):
+            full = self.remember(t, namespace)
+            namespace = t.get("namespace", namespace)
+        connect = t.get("connect.name")
+        if connect in _CONNECT_NAMES:
+            return FieldType(_CONNECT_NAMES[connect])
+        logical = t.get("logicalType")
+        if logical == "decimal":
+            precision, scale = int(t.get("precision", 0)), int(t.get("scale", 0))
+            if not 1 <= precision <= 38:
+                raise _Unsupported(f"Avro decimal({precision},{scale}): Iceberg holds a precision of 1 to 38")
+            return FieldType("decimal", precision, scale)
+        if logical in _AVRO_LOGICAL:
+            return FieldType(_AVRO_LOGICAL[logical])
+        if kind == "enum":
+            return FieldType("string")
+        if kind in ("fixed", "bytes"):
+            return FieldType(BINARY)
+        if kind in ("record", "error"):
+            if full in self.open:
+                raise _Unsupported(f"Avro record {full} that holds itself (recursive)")
+            self.open.add(full)
+            fields = tuple(self.fields(t, where + ".", namespace))
+            self.open.discard(full)
+            return FieldType(STRUCT, fields=fields)
+        if kind == "array":
+            element, required = self.field_type(t.get("items"), where + "[]", namespace)
+            return FieldType(LIST, element=EventField(ELEMENT, element, required))
+        if kind == "map":
+            value, required = self.field_type(t.get("values"), where + "{}", namespace)
+            return FieldType(MAP, key=FieldType("string"), element=EventField(VALUE, value, required))
+        if isinstance(kind, str) and kind in _AVRO_PRIMITIVES:
+            return FieldType(_AVRO_PRIMITIVES[kind])
+        raise _Unsupported(f"Avro {kind}")
+
+    def fields(self, record: Mapping[str, Any], prefix: str, namespace: str) -> list[EventField]:
+        fields: list[EventField] = []
+        for f in record.get("fields", []):
+            name = prefix + f["name"]
+            try:
+                t, required = self.field_type(f["type"], name, namespace)
+            except _Unsupported as exc:
+                raise ConfigError(name, f"is an {exc}, which Krishiv's tables do not hold") from None
+            field = EventField(f["name"], t, required)
+            # flatten: the old columns, a nested record's fields as <record>_<field>, optional where the record is
+            fields += _flattened((field,), "") if self.flatten and not prefix else [field]
+        return fields
 
 
-def avro_fields(schema_text: str, debezium: bool) -> tuple[EventField, ...]:
-    """The fields of an Avro record schema (of a Debezium envelope: its ``after`` row's)."""
+def _flattened(fields: tuple[EventField, ...], prefix: str) -> list[EventField]:
+    """Fields with each struct's fields as ``<struct>_<field>`` (to any depth), optional where a struct is."""
+    out: list[EventField] = []
+    for f in fields:
+        if f.type.name == STRUCT:
+            inner = _flattened(f.type.fields, prefix + f.name + SEPARATOR)
+            out += [EventField(n.name, n.type, n.required and f.required) for n in inner]
+        else:
+            out.append(EventField(prefix + f.name, f.type, f.required))
+    return out
+
+
+def avro_fields(schema_text: str, debezium: bool, flatten: bool = False) -> tuple[EventField, ...]:
+    """The fields of an Avro record schema (of a Debezium envelope: its ``after`` row's); ``flatten``: nested
+    records' fields as ``<record>_<field>`` columns, else structs."""
     schema = json.loads(schema_text)
     if debezium:
         # the row's record is defined where it first appears (``before``); ``after`` names it
@@ -123,31 +187,102 @@ def avro_fields(schema_text: str, debezium: bool) -> tuple[EventField, ...]:
         rows = [b for f in sides for b in f.get("type", []) if isinstance(b, dict) and b.get("type") == "record"]
         if not rows:
             raise ConfigError("schema", "is not a Debezium envelope: no after record")
-        schema = rows[0]
+        schema = {**rows[0], "namespace": rows[0].get("namespace", schema.get("namespace", ""))}
     if not isinstance(schema, dict) or schema.get("type") != "record":
         raise ConfigError("schema", "is not an Avro record: its fields cannot be columns")
-    return tuple(_avro_fields(schema))
+    types = _AvroTypes(flatten)
+    namespace = str(schema.get("namespace", ""))
+    types.open.add(types.remember(schema, namespace))
+    return tuple(types.fields(schema, "", namespace))
 
 
 _JSON_TYPES = {"integer": "long", "number": "double", "boolean": "boolean", "string": "string"}
 _JSON_FORMATS = {"date-time": "timestamp", "date": "date"}
 
 
-def json_schema_fields(schema_text: str) -> tuple[EventField, ...]:
-    schema = json.loads(schema_text)
-    required = set(schema.get("required", []))
-    fields = []
-    for name, prop in schema.get("properties", {}).items():
+class _JsonSchemaTypes:
+    """JSON Schema (draft 4 to 2020-12, the parts a table's types can say) to field types: ``$ref`` to the document's
+    own definitions (``#/definitions/X``, ``#/$defs/X``) is followed."""
+
+    def __init__(self, document: Mapping[str, Any]) -> None:
+        self.document = document
+        self.open: list[str] = []
+
+    def deref(self, prop: Any, where: str) -> Any:
+        while isinstance(prop, Mapping) and "$ref" in prop:
+            ref = str(prop["$ref"])
+            if not ref.startswith("#/"):
+                raise ConfigError(
+                    where, f"is a JSON Schema $ref {ref!r} outside the schema, which Krishiv cannot follow"
+                )
+            if ref in self.open:
+                raise ConfigError(where, f"is a JSON Schema {ref} that holds itself (recursive), which a table cannot")
+            target: Any = self.document
+            for part in ref[2:].split("/"):
+                target = target.get(part.replace("~1", "/").replace("~0", "~")) if isinstance(target, Mapping) else None
+            if target is None:
+                raise ConfigError(where, f"is a JSON Schema $ref {ref!r} the schema does not define")
+            prop = target
+        return prop
+
+    def field_type(self, prop: Any, where: str) -> tuple[FieldType, bool]:
+        """(the type, whether it may not be null) of a property, an array's items or a map's values."""
+        ref = prop.get("$ref") if isinstance(prop, Mapping) else None
+        if ref is not None:
+            self.open.append(ref)
+        try:
+            return self._field_type(self.deref(prop, where), where)
+        finally:
+            if ref is not None:
+                self.open.pop()
+
+    def _field_type(self, prop: Any, where: str) -> tuple[FieldType, bool]:
+        if not isinstance(prop, Mapping):
+            return FieldType(JSON_TEXT), prop is not True
         t = prop.get("type")
-        types = [x for x in t if x != "null"] if isinstance(t, list) else [t]
-        optional = isinstance(t, list) and "null" in t
-        if len(types) != 1 or types[0] not in _JSON_TYPES:
-            raise ConfigError(name, f"is a JSON Schema {t}, which Krishiv's tables do not hold")
-        type_name = _JSON_FORMATS.get(prop.get("format", ""), _JSON_TYPES[types[0]]) if types[0] == "string" else None
-        fields.append(
-            EventField(name, FieldType(type_name or _JSON_TYPES[types[0]]), name in required and not optional)
-        )
-    return tuple(fields)
+        listed = t if isinstance(t, list) else [t] if t is not None else []
+        types = [x for x in listed if x != "null"]
+        required = "null" not in listed
+        if len(types) != 1:  # no type, or several: any JSON value
+            return FieldType(JSON_TEXT), required
+        kind = types[0]
+        if kind == "string":
+            return FieldType(_JSON_FORMATS.get(str(prop.get("format", "")), "string")), required
+        if kind in _JSON_TYPES:
+            return FieldType(_JSON_TYPES[kind]), required
+        if kind == "array":
+            items = prop.get("items", {})
+            if isinstance(items, list):  # a tuple's positions: any JSON values
+                return FieldType(LIST, element=EventField(ELEMENT, FieldType(JSON_TEXT), False)), required
+            element, element_required = self.field_type(items, where + "[]")
+            return FieldType(LIST, element=EventField(ELEMENT, element, element_required)), required
+        if kind == "object":
+            extra = prop.get("additionalProperties")
+            if not prop.get("properties") and isinstance(extra, Mapping):
+                value, value_required = self.field_type(extra, where + "{}")
+                return FieldType(
+                    MAP, key=FieldType("string"), element=EventField(VALUE, value, value_required)
+                ), required
+            if not prop.get("properties"):
+                return FieldType(JSON_TEXT), required
+            return FieldType(STRUCT, fields=tuple(self.fields(prop, where + "."))), required
+        return FieldType(JSON_TEXT), required
+
+    def fields(self, schema: Mapping[str, Any], prefix: str) -> list[EventField]:
+        wanted = set(schema.get("required", []))
+        fields = []
+        for name, prop in schema.get("properties", {}).items():
+            t, not_null = self.field_type(prop, prefix + name)
+            fields.append(EventField(name, t, name in wanted and not_null))
+        return fields
+
+
+def json_schema_fields(schema_text: str) -> tuple[EventField, ...]:
+    """The fields of a JSON Schema object: objects with properties are structs, arrays lists, objects with only
+    ``additionalProperties`` maps, anything else (no type, several types) ``json``."""
+    schema = json.loads(schema_text)
+    types = _JsonSchemaTypes(schema)
+    return tuple(types.fields(types.deref(schema, "schema"), ""))
 
 
 class RegistryDown(ConfigError):
@@ -179,17 +314,20 @@ def latest_schema(client: Any, registry: RegistrySettings, subject: str, fmt: st
         ) from None
 
 
-def fields_of(client: Any, schema: Any, schema_id: int, fmt: str, debezium: bool) -> tuple[EventField, ...]:
-    """The fields of a registry schema (a ``Schema``; Protobuf's in serialized format) in format ``fmt``; a
-    :class:`ConfigError` naming a field whose type a table cannot hold."""
+def fields_of(
+    client: Any, schema: Any, schema_id: int, fmt: str, debezium: bool, flatten: bool = False
+) -> tuple[EventField, ...]:
+    """The fields of a registry schema (a ``Schema``; Protobuf's in serialized format) in format ``fmt`` (``flatten``:
+    nested records as ``<record>_<field>`` columns); a :class:`ConfigError` naming a field a table cannot hold."""
     text = schema.schema_str
     if fmt == AVRO:
-        return avro_fields(text, debezium)
+        return avro_fields(text, debezium, flatten)
     if fmt == JSON_SCHEMA:
         return json_schema_fields(text)
     from krishiv_core.protobuf_schemas import message_descriptor, protobuf_fields
 
-    return tuple(protobuf_fields(message_descriptor(client, schema, schema_id, [0])))
+    fields = protobuf_fields(message_descriptor(client, schema, schema_id, [0]))
+    return tuple(_flattened(fields, "") if flatten else fields)
 
 
 def registry_fields(
@@ -199,6 +337,7 @@ def registry_fields(
     debezium: bool,
     env: Mapping[str, str],
     remembered: Path | None = None,
+    flatten: bool = False,
 ) -> tuple[tuple[EventField, ...], str, int]:
     """(the fields, the schema's text, its id) of ``subject``'s latest schema.
 
@@ -226,7 +365,7 @@ def registry_fields(
                 remembered.parent.mkdir(parents=True, exist_ok=True)
                 remembered.write_text(text)
     try:
-        return fields_of(client, schema, schema_id, fmt, debezium), schema.schema_str, schema_id
+        return fields_of(client, schema, schema_id, fmt, debezium, flatten), schema.schema_str, schema_id
     except ConfigError as exc:
         raise ConfigError(
             f"subject {subject} (schema id {schema_id}) field {exc.field}",

@@ -321,7 +321,7 @@ def _fields(
     if "fields" in raw or fmt.value not in REGISTRY_FORMATS or registry is None or fmt.subject is None:
         return parse_fields(raw.get("fields"), f"{where}.fields"), fmt
     fields, schema, schema_id = registry_fields(
-        registry, fmt.subject, fmt.value, fmt.envelope is not None, env, remembered
+        registry, fmt.subject, fmt.value, fmt.envelope is not None, env, remembered, fmt.flatten
     )
     reader = schema if fmt.value == AVRO and fmt.envelope is None else None
     return fields, replace(fmt, reader_schema=reader, fields_schema_id=schema_id)

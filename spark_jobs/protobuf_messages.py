@@ -8,37 +8,47 @@ from datetime import UTC
 from typing import Any
 
 from confluent_kafka.serialization import SerializationError
+from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError
 
-from krishiv_core.protobuf_schemas import TIMESTAMP, WRAPPERS, message_class, message_descriptor
+from krishiv_core.protobuf_schemas import JSON_MESSAGES, TIMESTAMP, WRAPPERS, message_class, message_descriptor
 
 
 def message_values(message: Any, descriptor: Descriptor) -> dict[str, Any]:
     """A message's fields as Python values: an unset field with presence is None, an enum its name, a timestamp a
-    UTC time, a wrapper its value, a nested message a dict, a repeated field a list."""
+    UTC time, a wrapper its value, ``Struct``/``Value``/``ListValue`` their JSON value, a nested message a dict, a
+    repeated field a list, a map a dict (bytes stay bytes)."""
     values: dict[str, Any] = {}
     for f in descriptor.fields:
         if f.has_presence and not message.HasField(f.name):
             values[f.name] = None
             continue
         value = getattr(message, f.name)
-        if f.is_repeated:
-            values[f.name] = list(value)
-        elif f.type == FieldDescriptor.TYPE_ENUM:
-            known = f.enum_type.values_by_number.get(value)
-            values[f.name] = known.name if known is not None else value
-        elif f.type == FieldDescriptor.TYPE_MESSAGE:
-            full = f.message_type.full_name
-            if full == TIMESTAMP:
-                values[f.name] = value.ToDatetime(tzinfo=UTC)
-            elif full in WRAPPERS:
-                values[f.name] = value.value
-            else:
-                values[f.name] = message_values(value, f.message_type)
+        if f.type == FieldDescriptor.TYPE_MESSAGE and f.message_type.GetOptions().map_entry:
+            value_field = f.message_type.fields_by_name["value"]
+            values[f.name] = {k: _one_value(v, value_field) for k, v in value.items()}
+        elif f.is_repeated:
+            values[f.name] = [_one_value(v, f) for v in value]
         else:
-            values[f.name] = value
+            values[f.name] = _one_value(value, f)
     return values
+
+
+def _one_value(value: Any, f: FieldDescriptor) -> Any:
+    if f.type == FieldDescriptor.TYPE_ENUM:
+        known = f.enum_type.values_by_number.get(value)
+        return known.name if known is not None else value
+    if f.type == FieldDescriptor.TYPE_MESSAGE:
+        full = f.message_type.full_name
+        if full == TIMESTAMP:
+            return value.ToDatetime(tzinfo=UTC)
+        if full in WRAPPERS:
+            return value.value
+        if full in JSON_MESSAGES:
+            return json_format.MessageToDict(value)
+        return message_values(value, f.message_type)
+    return value
 
 
 class ProtobufReader:

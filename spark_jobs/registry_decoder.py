@@ -35,7 +35,7 @@ import pyarrow as pa
 from krishiv_core.formats import AVRO, DEBEZIUM, JSON, JSON_SCHEMA, PROTOBUF, STRING
 from krishiv_core.runbook import runbook
 from krishiv_core.schema_fields import SEPARATOR
-from krishiv_core.spec_types import EventField
+from krishiv_core.spec_types import LIST, STRUCT, EventField, FieldType
 from spark_jobs.debezium import Decoded, Unreadable, avro_hints, change_event, decode_columns, unwrap_json
 from spark_jobs.errors import KafkaSourceError, NewWriterSchema
 from spark_jobs.record_decoder import (
@@ -49,7 +49,7 @@ from spark_jobs.record_decoder import (
     read_tombstone_key,
 )
 from spark_jobs.source_lines import say
-from spark_jobs.value_reading import read_row
+from spark_jobs.value_reading import read_row, read_value
 
 _HEADER = 5
 _RUNBOOK = runbook("A Schema Registry that does not answer")
@@ -150,7 +150,9 @@ class _FormatReader:
         self.reader_schema = decoding.reader_schema if field == "value" else None
         #: The schema id the fields were taken from (values only): a later writer schema's fields are checked.
         self.fields_schema_id = decoding.fields_schema_id if field == "value" else None
-        self.field_names = frozenset(f.name for f in decoding.fields)
+        self.fields = decoding.fields
+        # the fields were taken flattened (``flatten = true``) when the schema has records and the fields no struct
+        self.flatten = not any(f.type.name == STRUCT for f in decoding.fields)
         self.debezium = decoding.envelope is not None
         if fmt in (AVRO, PROTOBUF, JSON_SCHEMA):
             assert decoding.registry is not None, "a registry format needs [schema_registry]"
@@ -194,11 +196,16 @@ class _FormatReader:
         from krishiv_core.schema_fields import fields_of
 
         try:
-            fields = fields_of(self.client, schema, schema_id, self.fmt, self.debezium)
+            fields = fields_of(self.client, schema, schema_id, self.fmt, self.debezium, self.flatten)
         except ConfigError as exc:
             new = f"a field Krishiv's tables do not hold ({exc})"
         else:
-            names = [f.name for f in fields if f.name not in self.field_names]
+            known = set(type_paths(self.fields))
+            new_paths = [p.split(": ")[0] for p in type_paths(fields) if p not in known]
+            # each new part once, by its outermost path (``tags``, not also ``tags[]``)
+            names = [
+                p for p in new_paths if not any(p.startswith(q) and p[len(q)] in ".[{" for q in new_paths if q != p)
+            ]
             if not names:
                 return
             new = f"fields the query does not read ({', '.join(names)})"
@@ -274,17 +281,35 @@ def _read_fields(row: Mapping[str, Any], types: Mapping[str, Any], names: Sequen
     return read_row(row, [EventField(n, types[n]) for n in names], required)
 
 
-def flattened(row: Mapping[str, Any], prefix: str = "") -> Mapping[str, Any]:
-    """A decoded record with its nested records' fields as ``<record>_<field>`` (``krishiv_core.schema_fields``)."""
-    if not prefix and not any(isinstance(v, Mapping) for v in row.values()):
+def flattened(row: Mapping[str, Any], names: frozenset[str], prefix: str = "") -> Mapping[str, Any]:
+    """A decoded record with each nested record that is not a field (``names``) as its fields, ``<record>_<field>``
+    (a pipeline with ``flatten = true``, ``krishiv_core.schema_fields``); a field's own value (a struct, a map) is
+    kept whole."""
+    if not prefix and not any(isinstance(v, Mapping) and k not in names for k, v in row.items()):
         return row
     flat: dict[str, Any] = {}
     for name, value in row.items():
-        if isinstance(value, Mapping):
-            flat |= flattened(value, f"{prefix}{name}{SEPARATOR}")
+        if isinstance(value, Mapping) and prefix + name not in names:
+            flat |= flattened(value, names, f"{prefix}{name}{SEPARATOR}")
         else:
             flat[prefix + name] = value
     return flat
+
+
+def type_paths(fields: Sequence[EventField]) -> list[str]:
+    """Every part of the fields in order, named by its path (``gps.lat``, ``tags[].at``, ``attrs{}``) with its type
+    (``gps.lat: double``): a part of one field list the other lacks is a field (or a type) the other does not read."""
+
+    def walk(t: FieldType, path: str) -> list[str]:
+        parts = [f"{path}: {t}" if t.is_decimal else f"{path}: {t.name}"]
+        if t.name == STRUCT:
+            for f in t.fields:
+                parts += walk(f.type, f"{path}.{f.name}")
+        elif t.element is not None:
+            parts += walk(t.element.type, path + ("[]" if t.name == LIST else "{}"))
+        return parts
+
+    return [p for f in fields for p in walk(f.type, f.name)]
 
 
 #: The Python type a deserializer gives a value that certainly fits a field of each type (a decimal's and an
@@ -299,6 +324,7 @@ _PLAIN_TYPES: dict[str, type] = {
     "timestamp": datetime,
     "timestamp_ms": datetime,
     "date": date,
+    "binary": bytes,
 }
 
 
@@ -313,13 +339,15 @@ class RegistryRecordDecoder(RecordDecoder):
         self.keys = _FormatReader(decoding.key_format, decoding, "key", outage_s)
         self._types = {f.name: f.type for f in decoding.fields}
         self._names = tuple(f.name for f in decoding.fields)
+        self._field_names = frozenset(self._names)
         self._row_fields = tuple(f.name for f in decoding.fields if not f.name.startswith(CDC_PREFIX))
         self._cdc_fields = tuple(f.name for f in decoding.fields if f.name.startswith(CDC_PREFIX))
 
     def fast_columns(self, values: Sequence[bytes | None], topic: str) -> tuple[dict[str, Any], list[int]]:
         """The fast path of Avro and Protobuf values, one rule: each value decoded once and each field's column
-        built by Arrow where every value is plainly of its type (:data:`_PLAIN_TYPES`) and fits; any record with
-        anything else (not decodable, a null required field, a value of another type, one Arrow refuses) is left to
+        built by Arrow where every value is plainly of its type (:data:`_PLAIN_TYPES`; a nested or ``json`` value is
+        read by the rule) and fits; any record with anything else (not decodable, a null required field, a value of
+        another type, a nested part that does not fit, one Arrow refuses) is left to
         :meth:`read_slow`, which reads it by the rule, so a record's reading never depends on the path. JSON Schema
         and Debezium records are all read by :meth:`read_slow`."""
         n = len(values)
@@ -337,14 +365,22 @@ class RegistryRecordDecoder(RecordDecoder):
                 slow.add(i)
                 rows.append(empty)
             else:
-                rows.append(flattened(decoded))
+                rows.append(flattened(decoded, self._field_names))
         columns: dict[str, Any] = {}
         for f in self.decoding.fields:
             listed = [row.get(f.name) for row in rows]
-            plain = _PLAIN_TYPES[f.type.name]
+            plain = _PLAIN_TYPES.get(f.type.name)
             required = f.name in self.decoding.required
             for i, v in enumerate(listed):
-                if (v is None and required) or (v is not None and type(v) is not plain):
+                if v is None:
+                    if required:
+                        slow.add(i)
+                elif plain is None:  # nested or json: read by the rule here, a record with any problem is slow
+                    read, problems = read_value(v, f.type, f.name, self.decoding.required)
+                    if problems:
+                        slow.add(i)
+                    listed[i] = None if problems else read
+                elif type(v) is not plain:
                     slow.add(i)
                     listed[i] = None
             if f.name not in self._output:
@@ -369,7 +405,7 @@ class RegistryRecordDecoder(RecordDecoder):
             decoded = self.values.read(value, topic).payload
             if not isinstance(decoded, Mapping):
                 return Reading(f"expected a record, got {type(decoded).__name__} {str(decoded)[:SHOWN]}", {})
-            return _read_fields(flattened(decoded), self._types, self._names, self.decoding.required)
+            return _read_fields(flattened(decoded, self._field_names), self._types, self._names, self.decoding.required)
         except (_Reject, Unreadable) as reject:
             return Reading(str(reject), {})
 
