@@ -86,13 +86,13 @@ class _AvroTypes:
         self.named[full] = self.named[name] = t
         return full
 
-    def resolve(self, t: Any, namespace: str) -> tuple[Any, str]:
+    def resolve(self, t: Any, namespace: str, where: str) -> tuple[Any, str]:
         """A type given by name: its definition (and the namespace it was defined in)."""
         if isinstance(t, str) and t not in _AVRO_PRIMITIVES and t not in ("bytes", "null"):
             full = t if "." in t or not namespace else f"{namespace}.{t}"
             found = self.named.get(full, self.named.get(t))
             if found is None:
-                raise _Unsupported(f"Avro type {t!r} that the schema does not define")
+                raise ConfigError(where, f"is an Avro type {t!r} that the schema does not define")
             return found, found.get("namespace", namespace)
         return t, namespace
 
@@ -106,7 +106,7 @@ class _AvroTypes:
         return self.one_type(kept[0], where, namespace), len(kept) == len(branches)
 
     def one_type(self, t: Any, where: str, namespace: str) -> FieldType:
-        t, namespace = self.resolve(t, namespace)
+        t, namespace = self.resolve(t, namespace, where)
         if isinstance(t, str):
             if t in _AVRO_PRIMITIVES:
                 return FieldType(_AVRO_PRIMITIVES[t])
@@ -215,8 +215,6 @@ class _JsonSchemaTypes:
                 raise ConfigError(
                     where, f"is a JSON Schema $ref {ref!r} outside the schema, which Krishiv cannot follow"
                 )
-            if ref in self.open:
-                raise ConfigError(where, f"is a JSON Schema {ref} that holds itself (recursive), which a table cannot")
             target: Any = self.document
             for part in ref[2:].split("/"):
                 target = target.get(part.replace("~1", "/").replace("~0", "~")) if isinstance(target, Mapping) else None
@@ -229,6 +227,8 @@ class _JsonSchemaTypes:
         """(the type, whether it may not be null) of a property, an array's items or a map's values."""
         ref = prop.get("$ref") if isinstance(prop, Mapping) else None
         if ref is not None:
+            if ref in self.open:
+                raise ConfigError(where, f"is a JSON Schema {ref} that holds itself (recursive), which a table cannot")
             self.open.append(ref)
         try:
             return self._field_type(self.deref(prop, where), where)
@@ -243,8 +243,8 @@ class _JsonSchemaTypes:
         listed = t if isinstance(t, list) else [t] if t is not None else []
         types = [x for x in listed if x != "null"]
         required = "null" not in listed
-        if len(types) != 1:  # no type, or several: any JSON value
-            return FieldType(JSON_TEXT), required
+        if len(types) != 1:  # no type (null too), or several: any JSON value
+            return FieldType(JSON_TEXT), required and bool(types)
         kind = types[0]
         if kind == "string":
             return FieldType(_JSON_FORMATS.get(str(prop.get("format", "")), "string")), required
