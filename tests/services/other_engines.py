@@ -1,7 +1,7 @@
 """Iceberg readers written by others, in a virtualenv of their own, so their dependencies never reach ``.venv``.
 
 The engines a user reads Krishiv's tables with: polars (``polars[iceberg]``: its native Parquet reader, with scans
-planned by its ``polars-iceberg`` plugin or by pyiceberg) and DuckDB with its Iceberg extension from PyPI. The
+planned by its ``polars-iceberg`` plugin or by pyiceberg), DuckDB with its Iceberg extension from PyPI, and daft. The
 virtualenv is made once, with the uv beside this interpreter, under pytest's cache folder, named after the Python
 and the pinned packages (so a change of either makes a new one); pytest-xdist workers that make it at the same time
 each build their own copy and the first to finish keeps its. :meth:`OtherEngines.read` runs
@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import sys
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,14 +30,15 @@ PACKAGES = (
     "polars[iceberg]==2.1.0",
     "polars-iceberg==0.1.0",
     "pyiceberg==0.12.0",
-    "pyarrow==26.0.1",
+    "pyarrow==25.0.1",  # daft 0.7.26 takes pyarrow < 26
     "duckdb==1.5.5",
     "duckdb-extension-iceberg==1.5.5",
     "duckdb-extension-avro==1.5.5",
+    "daft==0.7.26",
 )
 #: The engines ``engine_reader.py`` reads with: polars' native reader planned by its plugin and by pyiceberg (each
-#: told to fail rather than fall back to reading with pyiceberg), and DuckDB's ``iceberg_scan``.
-ENGINES = ("polars-plugin", "polars-pyiceberg", "duckdb")
+#: told to fail rather than fall back to reading with pyiceberg), DuckDB's ``iceberg_scan`` and daft's reader.
+ENGINES = ("polars-plugin", "polars-pyiceberg", "duckdb", "daft")
 READER = Path(__file__).with_name("engine_reader.py")
 INSTALL_TIMEOUT_S = 600.0
 READ_TIMEOUT_S = 300.0
@@ -47,11 +48,23 @@ READ_TIMEOUT_S = 300.0
 class OtherEngines:
     python: Path  # the virtualenv's interpreter
 
-    def read(self, tables: Mapping[str, str], folder: Path) -> dict[str, dict[str, pa.Table]]:
-        """The rows of each table (name -> its metadata file's location) as each of :data:`ENGINES` reads them:
+    def read(
+        self, tables: Mapping[str, str], folder: Path, engines: tuple[str, ...] = ENGINES
+    ) -> dict[str, dict[str, pa.Table]]:
+        """The rows of each table (name -> its metadata file's location) as each of ``engines`` reads them:
         name -> engine -> rows, in one process; ``folder`` receives a Parquet file per table and engine."""
+        self._run(str(folder), *engines, *(f"{n}={m}" for n, m in tables.items()))
+        return {n: {e: pq.read_table(folder / n / f"{e}.parquet") for e in engines} for n in tables}
+
+    def duckdb_sql(self, statements: Sequence[str], out: Path) -> pa.Table:
+        """The rows of the last of ``statements``, run in one DuckDB connection with its Iceberg extension loaded
+        (``out`` receives them as Parquet)."""
+        self._run("--sql", str(out), *statements)
+        return pq.read_table(out)
+
+    def _run(self, *arguments: str) -> None:
         done = subprocess.run(
-            [str(self.python), str(READER), str(folder), *ENGINES, *(f"{n}={m}" for n, m in tables.items())],
+            [str(self.python), str(READER), *arguments],
             capture_output=True,
             text=True,
             timeout=READ_TIMEOUT_S,
@@ -59,7 +72,6 @@ class OtherEngines:
             env={k: v for k, v in os.environ.items() if not k.startswith(("POLARS_", "PYICEBERG_", "VIRTUAL_ENV"))},
         )
         assert done.returncode == 0, f"{READER.name} failed:\n{done.stdout}\n{done.stderr}"
-        return {n: {e: pq.read_table(folder / n / f"{e}.parquet") for e in ENGINES} for n in tables}
 
 
 @pytest.fixture(scope="session")
