@@ -296,3 +296,57 @@ def test_avro_with_schema_registry(cdc_database: LogicalPostgres, tmp_path: Path
         ("POST", f"/subjects/{topic}-value/versions"),
         ("POST", f"/subjects/{topic}-value/versions"),
     ]
+
+
+def test_arrays_json_jsonb_and_a_composite_type(cdc_database: LogicalPostgres, tmp_path: Path) -> None:
+    """What the connector emits for PostgreSQL arrays (one and two dimensions, empty, null, null elements),
+    ``json``/``jsonb`` and a composite type (with ``include.unknown.datatypes``): docs/formats.md's table."""
+    pg = cdc_database
+    with pg.connect() as conn:
+        conn.execute("CREATE TYPE point2 AS (x numeric(6,2), label text)")
+        conn.execute(
+            "CREATE TABLE t (id int PRIMARY KEY, ints int[], nums numeric(10,3)[], grid int[][], j json, jb jsonb, "
+            "pt point2)"
+        )
+        conn.execute(
+            "INSERT INTO t VALUES (1, '{1,NULL,3}', '{1.5,NULL,-2.125}', '{{1,2},{3,4}}', "
+            """'{"b": 1.10, "a": [1, 2.50], "b": 2}', '{"b": 1.10, "a": [1, 2.50], "n": {"y": 1e3}}', ROW(1.25, 'p'))"""
+        )
+    extra = {"include.unknown.datatypes": "true"}
+    with start_capture(pg, "t", out_dir=tmp_path / "capture", extra_properties=extra) as capture:
+        capture.wait(1)
+        with pg.connect() as conn:
+            conn.execute("""INSERT INTO t (id, ints, nums, jb) VALUES (2, '{}', NULL, 'null')""")
+        records = capture.wait(2)
+    first, second = (r.value_json() for r in records)
+    after = next(f for f in first["schema"]["fields"] if f["field"] == "after")
+    columns = {f["field"]: f for f in after["fields"]}
+    assert columns["ints"] == {
+        "type": "array",
+        "items": {"type": "int32", "optional": True},
+        "optional": True,
+        "field": "ints",
+    }
+    assert columns["nums"]["items"]["name"] == "org.apache.kafka.connect.data.Decimal"
+    assert columns["nums"]["items"]["parameters"] == {"scale": "3", "connect.decimal.precision": "10"}
+    assert columns["grid"]["items"] == {"type": "int32", "optional": True}  # the same schema as a 1-D array
+    for name in ("j", "jb"):
+        assert columns[name]["type"] == "string" and columns[name]["name"] == "io.debezium.data.Json"
+    assert columns["pt"] == {"type": "bytes", "optional": True, "field": "pt"}
+
+    row = first["payload"]["after"]
+    assert row["ints"] == [1, None, 3]
+    assert [None if v is None else _unscaled(v, 3) for v in row["nums"]] == [Decimal("1.5"), None, Decimal("-2.125")]
+    assert row["grid"] == [None, None]  # a 2-D array: its values are lost
+    assert row["j"] == '{"b": 1.10, "a": [1, 2.50], "b": 2}'  # json: the text as written
+    assert row["jb"] == '{"a": [1, 2.50], "b": 1.10, "n": {"y": 1000}}'  # jsonb: PostgreSQL's normalised text
+    assert base64.b64decode(row["pt"]) == b"(1.25,p)"  # a composite: PostgreSQL's text of it
+    row = second["payload"]["after"]
+    assert (row["ints"], row["nums"], row["grid"], row["j"], row["jb"], row["pt"]) == (
+        [],
+        None,
+        None,
+        None,
+        "null",
+        None,
+    )
