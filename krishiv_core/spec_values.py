@@ -31,7 +31,7 @@ from krishiv_core.spec_types import (
 )
 
 _DECIMAL = re.compile(r"^decimal\((\d+),\s*(\d+)\)$")
-_SCALAR_TYPES = ("string", "long", "int", "double", "boolean", "timestamp_ms", "timestamp", "date")
+_SCALAR_TYPES = ("string", "long", "int", "double", "boolean", "timestamp_ms", "timestamp", "date", "binary")
 _DURATION = re.compile(r"^(\d+)\s*(ms|s|m|h|d)$")
 _DURATION_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _SIZE = re.compile(r"^(\d+)\s*(B|KiB|MiB|GiB|KB|MB|GB)?$")

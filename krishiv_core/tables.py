@@ -91,6 +91,7 @@ def iceberg_type(t: FieldType, ids: Callable[[], int] | None = None) -> IcebergT
     return {
         "string": StringType(),
         JSON_TEXT: StringType(),
+        "binary": BinaryType(),
         "long": LongType(),
         "int": IntegerType(),
         "double": DoubleType(),
@@ -116,6 +117,7 @@ def spark_type(t: FieldType) -> str:
     return {
         "string": "string",
         JSON_TEXT: "string",
+        "binary": "binary",
         "long": "bigint",
         "int": "int",
         "double": "double",

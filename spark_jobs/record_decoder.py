@@ -25,10 +25,12 @@ except in a windowed pipeline, whose late events keep theirs (``Decoding.keep_va
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime
 from decimal import Context, Decimal
 from typing import Annotated, Any
@@ -93,6 +95,7 @@ def arrow_type(t: FieldType) -> pa.DataType:
         return pa.map_(arrow_type(t.key), value)
     return {
         JSON_TEXT: pa.string(),
+        "binary": pa.binary(),
         "string": pa.string(),
         "long": pa.int64(),
         "int": pa.int32(),
@@ -142,17 +145,21 @@ class Decoding:
     ) -> Decoding:
         from krishiv_core.spec import EVENTS, UPSERT, WINDOWED
 
-        required = {f.name for f in pipeline.fields if f.required or f.name == pipeline.event_time_field}
+        fields = pipeline.fields
+        if pipeline.event_time_field:  # the event time is required, and so every struct on its path
+            fields = _required_at(fields, pipeline.event_time_field.split("."))
+        required = {f.name for f in fields if f.required}
         if pipeline.kind in (EVENTS, UPSERT):
-            output = tuple(f.name for f in pipeline.fields)
-        else:
+            output = tuple(f.name for f in fields)
+        else:  # the top-level fields the aggregations, the group-by and the event time read
             read = {a.field for a in pipeline.aggregations if a.field} | set(pipeline.group_by)
             read.add(pipeline.event_time_field or "")
-            output = tuple(f.name for f in pipeline.fields if f.name in read)
+            tops = {name.split(".")[0] for name in read}
+            output = tuple(f.name for f in fields if f.name in tops)
         key = tuple(pipeline.key) if pipeline.kind == UPSERT else None
         fmt = pipeline.record_format
         return cls(
-            tuple(pipeline.fields),
+            tuple(fields),
             frozenset(required),
             output,
             key,
@@ -234,10 +241,23 @@ class Decoding:
         )
 
 
+def _required_at(fields: tuple[EventField, ...], parts: list[str]) -> tuple[EventField, ...]:
+    """``fields`` with the field at the path ``parts`` and every struct on the way required."""
+    out = []
+    for f in fields:
+        if f.name == parts[0]:
+            t = f.type
+            if len(parts) > 1 and t.name == STRUCT:
+                t = replace(t, fields=_required_at(t.fields, parts[1:]))
+            f = EventField(f.name, t, True)
+        out.append(f)
+    return tuple(out)
+
+
 # --- the rule, one token at a time -----------------------------------------------------------------------------
 
 
-class _Malformed(Exception):
+class Malformed(Exception):
     """The record is not one JSON object (or a string in it is not valid UTF-8)."""
 
 
@@ -271,7 +291,7 @@ def read_token(token: bytes, t: FieldType) -> tuple[Any, str | None]:
         try:
             value = _ANY.decode(token)
         except (msgspec.DecodeError, UnicodeDecodeError):
-            raise _Malformed from None
+            raise Malformed from None
         got = f"a JSON string {json.dumps(value, ensure_ascii=False)[:SHOWN]}"
     elif first in (b"t", b"f"):
         got = f"a JSON boolean {token.decode()}"
@@ -298,6 +318,11 @@ def read_token(token: bytes, t: FieldType) -> tuple[Any, str | None]:
         why = "exponent notation" if exponent else "not an integer" if fraction else "out of range"
     elif name == "double" and is_number:
         return float(spelling), None
+    elif name == "binary" and first == b'"':
+        data = read_binary(value)
+        if data is not None:
+            return data, None
+        why = "not base64"
     elif name == "date" and first == b'"':
         try:
             return date.fromisoformat(value), None
@@ -321,6 +346,14 @@ def read_token(token: bytes, t: FieldType) -> tuple[Any, str | None]:
     return None, f"({t}, got {got}" + (f": {why})" if why else ")")
 
 
+def read_binary(text: str) -> bytes | None:
+    """A ``binary`` value's bytes from base64 (RFC 4648, standard alphabet, padded), else None."""
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
 @dataclass(frozen=True)
 class Reading:
     """One record as the rule reads it: the reason (None when valid) and the fields' values (a valid record's)."""
@@ -335,26 +368,17 @@ def read_record(value: bytes, decoding: Decoding) -> Reading:
         doc = _RAW_OBJECT.decode(value)
     except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
         return Reading("malformed JSON", {})
-    values: dict[str, Any] = {}
-    mistyped: list[str] = []
-    absent: list[str] = []
+    from spark_jobs.nested_json import Problems, read_fields
+
+    problems = Problems()
     try:
-        for f in decoding.fields:
-            raw = doc.get(f.name)
-            if raw is None or bytes(raw) == b"null":
-                if f.name in decoding.required:
-                    absent.append(f"{'missing' if raw is None else 'null'} field: {f.name}")
-                continue
-            read, why = read_token(bytes(raw), f.type)
-            if why is not None:
-                mistyped.append(f"{f.name} {why}")
-            values[f.name] = read
-    except _Malformed:
+        values = read_fields(doc, decoding.fields, "", problems, decoding.required)
+    except Malformed:
         return Reading("malformed JSON", {})
-    if mistyped:
-        return Reading("mistyped field: " + ", ".join(mistyped), {})
-    if absent:
-        return Reading(absent[0], {})
+    if problems.mistyped:
+        return Reading("mistyped field: " + ", ".join(problems.mistyped), {})
+    if problems.absent:
+        return Reading(problems.absent[0], {})
     return Reading(None, values)
 
 
@@ -393,7 +417,7 @@ def read_tombstone_key(key: bytes | None, decoding: Decoding) -> Reading:
             continue
         try:
             read, why = read_token(token, decoding.field(name).type)
-        except _Malformed:
+        except Malformed:
             return without
         if why is not None:
             mistyped.append(f"{name} {why}")
@@ -412,13 +436,18 @@ def _struct_type(f: EventField, required: bool) -> tuple[Any, Any]:
     """(msgspec type, default) a field decodes as on the fast path; a required field has no default and no null, so
     a record without it fails there and is read by the rule."""
     t = f.type
-    if t.is_decimal:
+    if t.is_decimal or t.name == JSON_TEXT:
         return msgspec.Raw, (msgspec.NODEFAULT if required else msgspec.Raw(b"null"))
+    if t.is_nested:
+        from spark_jobs.nested_json import fast_type
+
+        nested = fast_type(t)
+        return (nested, msgspec.NODEFAULT) if required else (nested | None, None)
     if t.name in INTEGER_RANGES:
         low, high = INTEGER_RANGES[t.name]
         base: Any = Annotated[int, msgspec.Meta(ge=low, le=high)]
     else:
-        base = {"string": str, "timestamp": str, "date": str, "double": float, "boolean": bool}[t.name]
+        base = {"string": str, "timestamp": str, "date": str, "binary": str, "double": float, "boolean": bool}[t.name]
     return (base, msgspec.NODEFAULT) if required else (base | None, None)
 
 
@@ -437,7 +466,7 @@ class RecordDecoder:
         self._decode = msgspec.json.Decoder(struct).decode
         # a record the fast path cannot decode: every field absent (the rule reads it)
         self._empty = struct(
-            **{f"f{i}": msgspec.Raw(b"null") if f.type.is_decimal else None for i, f in enumerate(decoding.fields)}
+            **{f"f{i}": msgspec.Raw(b"null") if _raw(f.type) else None for i, f in enumerate(decoding.fields)}
         )
         self._attr = {f.name: f"f{i}" for i, f in enumerate(decoding.fields)}
         self._output = set(decoding.output)
@@ -445,8 +474,11 @@ class RecordDecoder:
         self._checked = [
             f
             for f in decoding.fields
-            if f.name in self._output or f.type.is_decimal or f.type.name in ("timestamp", "date")
+            if f.name in self._output or f.type.is_decimal or f.type.name in _CONVERTED or f.type.is_nested
         ]
+        from spark_jobs.nested_json import fast_converter
+
+        self._convert = {f.name: fast_converter(f.type) for f in self._checked if _converted(f.type)}
 
     def decode(
         self,
@@ -482,6 +514,8 @@ class RecordDecoder:
                 column, bad = _fast_decimals(listed, f.type, f.name in self.decoding.required)
             elif f.type.name in ("timestamp", "date"):
                 column, bad = _fast_times(listed, dates=f.type.name == "date")
+            elif f.name in self._convert:
+                column, bad = _converted_column(listed, self._convert[f.name], f.type.name == JSON_TEXT)
             else:
                 column, bad = listed, []
             slow.update(bad)
@@ -585,6 +619,37 @@ class RecordDecoder:
             for (topic, partition), rows in groups.items()
         ]
         return pa.Table.from_batches(batches, schema=self.schema)
+
+
+#: Types whose fast-path value the rule still checks or converts (besides decimals and nested types).
+_CONVERTED = ("timestamp", "date", "binary", JSON_TEXT)
+
+
+def _raw(t: FieldType) -> bool:
+    """A type the fast path decodes as its raw token."""
+    return t.is_decimal or t.name == JSON_TEXT
+
+
+def _converted(t: FieldType) -> bool:
+    return t.is_nested or t.name in ("binary", JSON_TEXT)
+
+
+def _converted_column(listed: list[Any], convert: Any, raw: bool) -> tuple[list[Any], list[int]]:
+    """A nested, ``json`` or ``binary`` column's values from the fast path's, and the rows left to the rule."""
+    from spark_jobs.nested_json import NotPlain
+
+    column: list[Any] = []
+    bad = []
+    for i, value in enumerate(listed):
+        if value is None or (raw and bytes(value) == b"null"):
+            column.append(None)
+            continue
+        try:
+            column.append(convert(value))
+        except (NotPlain, Malformed):
+            column.append(None)
+            bad.append(i)
+    return column, bad
 
 
 def _typed(column: list[Any], t: FieldType) -> pa.Array:
