@@ -12,8 +12,9 @@ Avro: ``string``, ``enum`` and ``uuid`` are ``string``; ``int`` ``int``; ``long`
 ``timestamp-micros`` and their ``local-`` forms ``timestamp``; ``date`` ``date``. A union with ``null`` is an
 optional field, any other field required. A nested record's fields are flattened into ``<record>_<field>``
 (:data:`SEPARATOR`). Debezium's envelope (``envelope = "debezium"``) gives the fields of its ``after`` row, with
-the column types Debezium names (``io.debezium.time.*``, Connect's ``Decimal``). JSON Schema: a ``properties``
-object's ``string`` (``format: date-time`` a ``timestamp``, ``date`` a ``date``), ``integer`` (``long``),
+the column types Debezium names (``io.debezium.time.*``, Connect's ``Decimal``, ``io.debezium.data.Json`` a
+``json``; a PostgreSQL array is an Avro array, so a ``list``; ``VariableScaleDecimal`` is refused). JSON Schema: a
+``properties`` object's ``string`` (``format: date-time`` a ``timestamp``, ``date`` a ``date``), ``integer`` (``long``),
 ``number`` (``double``), ``boolean``; ``required`` lists the required fields. Protobuf: the subject's first
 message type, by ``krishiv_core.protobuf_schemas``. A type Krishiv's tables do not
 hold (an array, a map, bytes, a union of two types) stops the load naming the field: list the fields to keep under
@@ -64,6 +65,8 @@ _CONNECT_NAMES = {
     "org.apache.kafka.connect.data.Timestamp": "timestamp",
     "io.debezium.data.Json": JSON_TEXT,
 }
+#: Debezium's ``numeric`` without precision and scale: a record ``{scale, value}`` that no one decimal type holds.
+_VARIABLE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
 
 
 class _Unsupported(Exception):
@@ -122,6 +125,11 @@ class _AvroTypes:
         connect = t.get("connect.name")
         if connect in _CONNECT_NAMES:
             return FieldType(_CONNECT_NAMES[connect])
+        if connect == _VARIABLE_DECIMAL:
+            raise _Unsupported(
+                "unbounded numeric (Debezium's VariableScaleDecimal: a PostgreSQL numeric without precision and scale, "
+                "its scale varying by value; declare it as a decimal(p,s) that holds its values)"
+            )
         logical = t.get("logicalType")
         if logical == "decimal":
             precision, scale = int(t.get("precision", 0)), int(t.get("scale", 0))

@@ -389,3 +389,54 @@ def test_avro_hints_reach_array_elements() -> None:
         "nums": ("array", {"element": ("org.apache.kafka.connect.data.Decimal", decimal["connect.parameters"])}),
         "jb": ("io.debezium.data.Json", {}),
     }
+
+
+def test_fields_from_a_debezium_avro_schema_are_lists_and_json() -> None:
+    """The fields of Debezium's Avro envelope for (id int, ints int[], nums numeric(10,3)[], jb jsonb, anynums
+    numeric[]), its schema as the Avro converter registered it: arrays are lists of optional elements, jsonb json; a
+    numeric without precision and scale is refused in one line."""
+    from krishiv_core.errors import ConfigError
+    from krishiv_core.schema_fields import avro_fields
+
+    decimal = {
+        "type": "bytes",
+        "scale": 3,
+        "precision": 10,
+        "connect.version": 1,
+        "connect.parameters": {"scale": "3", "connect.decimal.precision": "10"},
+        "connect.name": "org.apache.kafka.connect.data.Decimal",
+        "logicalType": "decimal",
+    }
+    columns = [
+        {"name": "id", "type": "int"},
+        {"name": "ints", "type": ["null", {"type": "array", "items": ["null", "int"]}], "default": None},
+        {"name": "nums", "type": ["null", {"type": "array", "items": ["null", decimal]}], "default": None},
+        {
+            "name": "jb",
+            "type": ["null", {"type": "string", "connect.version": 1, "connect.name": "io.debezium.data.Json"}],
+            "default": None,
+        },
+    ]
+
+    def envelope(columns: list[dict]) -> str:
+        row = {"type": "record", "name": "Value", "namespace": "krishiv.public.t", "fields": columns}
+        fields = [{"name": "before", "type": ["null", row], "default": None}]
+        fields.append({"name": "after", "type": ["null", "Value"], "default": None})
+        return json.dumps({"type": "record", "name": "Envelope", "namespace": "krishiv.public.t", "fields": fields})
+
+    assert avro_fields(envelope(columns), debezium=True) == (
+        EventField("id", FieldType("int")),
+        EventField("ints", _optional(FieldType("int")), False),
+        EventField("nums", _optional(FieldType("decimal", 10, 3)), False),
+        EventField("jb", FieldType("json"), False),
+    )
+    variable = {
+        "type": "record",
+        "name": "VariableScaleDecimal",
+        "namespace": "io.debezium.data",
+        "fields": [{"name": "scale", "type": "int"}, {"name": "value", "type": "bytes"}],
+        "connect.name": "io.debezium.data.VariableScaleDecimal",
+    }
+    anynums = {"name": "anynums", "type": ["null", {"type": "array", "items": ["null", variable]}], "default": None}
+    with pytest.raises(ConfigError, match=r"^anynums: is an unbounded numeric \(Debezium's VariableScaleDecimal"):
+        avro_fields(envelope([*columns, anynums]), debezium=True)
