@@ -3,8 +3,8 @@
 Spark stages an upsert pipeline (the latest order per customer, partitioned by bucket) and per-customer hopping
 windows in update mode from one topic, both merged on read; the tables are compacted, and one more run merges into
 them again, in two batches (so a merge deletes rows of several files of one partition: the compacted file and the
-last batch's). polars' native reader (its scan planned by its plugin, and by pyiceberg) and DuckDB then read both
-tables in a virtualenv of their own (``tests/services/other_engines.py``), and each must equal the oracle folded
+last batch's). polars' native reader (its scan planned by its plugin, and by pyiceberg), DuckDB and daft then read
+both tables in a virtualenv of their own (``tests/services/other_engines.py``), and each must equal the oracle folded
 from the topic (``chaos.kinds_oracle``: the upsert rule and the windowed rule of docs/spec.md).
 """
 
