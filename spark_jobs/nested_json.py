@@ -4,11 +4,11 @@
 recursively by the scalar rule (:func:`spark_jobs.record_decoder.read_token`), each problem named by the part's
 path (``gps.lat``, ``tags[3]``, ``attrs["speed"]``). :func:`canonical_json` is a ``json`` field's text.
 
-:func:`fast_type` and :func:`fast_converter` are the fast path's side of the same rule, as for flat fields:
-msgspec's typed decoder takes a nested value whose every part is plainly valid, and a converter turns what it gave
-into the values Arrow takes, raising :class:`NotPlain` for anything it cannot settle (a decimal that may not fit, a
-time that is not ISO 8601, a map key to read), which sends the record to the rule. So a value's reading never
-depends on the path that took it.
+:func:`fast_type` and :func:`fast_column` are the fast path's side of the same rule, as for flat fields:
+msgspec's typed decoder takes a nested value whose every part is plainly of its type, and the column is built from
+what it gave a level at a time (decimals and times by the flat fast path's Arrow kernels), leaving to the rule
+every record with a part it cannot settle (a decimal that may not fit, a time that is not ISO 8601, a map key that
+is not its type, a required raw part null). So a value's reading never depends on the path that took it.
 
 Values as Arrow takes them: a struct a ``dict``, a list a ``list``, a map a list of ``(key, value)`` pairs, a time a
 ``datetime`` in UTC, a decimal a ``Decimal``, ``json`` its canonical text, ``binary`` ``bytes``.
@@ -18,22 +18,22 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
 from collections.abc import Set as AbstractSet
-from datetime import UTC, date, datetime, timedelta
-from decimal import Decimal
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 import msgspec
+import numpy as np
+import pyarrow as pa
 
 from krishiv_core.spec_types import JSON_TEXT, LIST, MAP, STRUCT, EventField, FieldType
 from spark_jobs.record_decoder import (
-    EXACT,
     INTEGER_RANGES,
     SHOWN,
     Malformed,
-    decimal_excess,
-    iso_time,
+    arrow_type,
+    fast_decimals,
+    fast_times,
     read_binary,
     read_token,
 )
@@ -196,10 +196,6 @@ def map_key(key: str, t: FieldType) -> tuple[Any, str | None]:
 # --- the fast path -----------------------------------------------------------------------------------------------
 
 
-class NotPlain(Exception):
-    """A nested value the fast path cannot settle: the record is read by the rule."""
-
-
 def fast_type(t: FieldType) -> Any:
     """The msgspec type a plainly valid value of ``t`` decodes as (a required part without null, so a null there
     fails and the rule names it)."""
@@ -207,16 +203,18 @@ def fast_type(t: FieldType) -> Any:
         specs = []
         for i, f in enumerate(t.fields):
             inner = fast_type(f.type)
+            raw = f.type.is_decimal or f.type.name == JSON_TEXT
             if f.required:
                 specs.append((f"f{i}", inner))
             else:  # (msgspec cannot join a raw token with None: an absent raw part is the token null)
-                specs.append((f"f{i}", inner, msgspec.Raw(b"null")) if _raw(f.type) else (f"f{i}", inner | None, None))
+                specs.append((f"f{i}", inner, msgspec.Raw(b"null")) if raw else (f"f{i}", inner | None, None))
         rename = {f"f{i}": f.name for i, f in enumerate(t.fields)}
         return msgspec.defstruct("Part", specs, kw_only=True, rename=rename, gc=False)
     if t.name in (LIST, MAP):
         assert t.element is not None
         inner = fast_type(t.element.type)
-        inner = inner if t.element.required or _raw(t.element.type) else inner | None
+        raw = t.element.type.is_decimal or t.element.type.name == JSON_TEXT
+        inner = inner if t.element.required or raw else inner | None
         return list[inner] if t.name == LIST else dict[str, inner]
     if t.is_decimal or t.name == JSON_TEXT:
         return msgspec.Raw
@@ -226,127 +224,65 @@ def fast_type(t: FieldType) -> Any:
     return {"string": str, "timestamp": str, "date": str, "binary": str, "double": float, "boolean": bool}[t.name]
 
 
-def fast_converter(t: FieldType) -> Callable[[Any], Any]:
-    """What turns :func:`fast_type`'s value of ``t`` (not None) into the value Arrow takes; :class:`NotPlain` when
-    the rule must read it."""
+def fast_column(values: list[Any], part: EventField, rows: np.ndarray | None = None) -> tuple[pa.Array, set[int]]:
+    """The Arrow column of a part's values as :func:`fast_type` decoded them (None under a null parent), built a
+    level at a time (a list's or a map's parts flattened, decimals and times read by Arrow's kernels), and the rows
+    (of ``rows``: each value's record) the rule must read."""
+    rows = np.arange(len(values)) if rows is None else rows
+    t = part.type
+    bad: set[int] = set()
     if t.name == STRUCT:
-        parts = [(f"f{i}", f.name, _part(f)) for i, f in enumerate(t.fields)]
-
-        def struct(value: Any) -> dict[str, Any]:
-            return {name: convert(getattr(value, attr)) for attr, name, convert in parts}
-
-        return struct
-    if t.name == LIST:
+        children = []
+        for i, f in enumerate(t.fields):
+            attr = f"f{i}"
+            child, more = fast_column([None if v is None else getattr(v, attr) for v in values], f, rows)
+            children.append(child)
+            bad |= more
+        mask = pa.array([v is None for v in values], pa.bool_())
+        return pa.StructArray.from_arrays(children, fields=list(arrow_type(t)), mask=mask), bad
+    if t.name in (LIST, MAP):
         assert t.element is not None
-        if _identity(t.element.type):
-            return list
-        element = _part(t.element)
-        return lambda items: [element(v) for v in items]
-    if t.name == MAP:
-        assert t.element is not None and t.key is not None
-        value_of = _part(t.element)
+        lengths = np.fromiter((0 if v is None else len(v) for v in values), dtype=np.int64, count=len(values))
+        offsets = pa.array(
+            np.concatenate([[0], np.cumsum(lengths)]),
+            pa.int32(),
+            mask=np.array([v is None for v in values] + [False], dtype=bool),
+        )
+        inner = np.repeat(rows, lengths)
+        if t.name == LIST:
+            child, bad = fast_column([x for v in values if v for x in v], t.element, inner)
+            return pa.ListArray.from_arrays(offsets, child, type=arrow_type(t)), bad
+        assert t.key is not None
+        keys = [k for v in values if v for k in v]
+        items, bad = fast_column([x for v in values if v for x in v.values()], t.element, inner)
         if t.key.name != "string":
-            key_type = t.key
-
-            def key_of(key: str) -> Any:
-                read, why = map_key(key, key_type)
-                if why is not None:
-                    raise NotPlain
-                return read
-        else:
-            key_of = None  # type: ignore[assignment]
-        plain_values = _identity(t.element.type)
-
-        def mapping(value: dict[str, Any]) -> list[tuple[Any, Any]]:
-            return [
-                (
-                    k if key_of is None else key_of(k),
-                    v if plain_values else value_of(v),
-                )
-                for k, v in value.items()
-            ]
-
-        return mapping
-    if t.is_decimal:
-        return _fast_decimal(t)
-    if t.name == JSON_TEXT:
-        return lambda raw: canonical_json(bytes(raw))
-    if t.name == "timestamp":
-        return _fast_time
-    if t.name == "date":
-        return _fast_date
+            read = [map_key(k, t.key) for k in keys]
+            bad |= {int(inner[i]) for i, (_, why) in enumerate(read) if why is not None}
+            keys = [value for value, _ in read]
+        key_column = pa.array(keys, arrow_type(t.key))
+        return pa.MapArray.from_arrays(offsets, key_column, items, type=arrow_type(t)), bad
+    if t.is_decimal or t.name == JSON_TEXT:  # raw tokens: None under a null parent, the token null a null
+        nulls = [i for i, v in enumerate(values) if v is not None and bytes(v) == b"null"]
+        if part.required:
+            bad |= {int(rows[i]) for i in nulls}
+        if t.is_decimal:
+            column, misfits = fast_decimals([b"null" if v is None else bytes(v) for v in values], t, False)
+            return column, bad | {int(rows[i]) for i in misfits}
+        texts: list[str | None] = []
+        for i, v in enumerate(values):
+            try:
+                texts.append(None if v is None or bytes(v) == b"null" else canonical_json(bytes(v)))
+            except Malformed:
+                texts.append(None)
+                bad.add(int(rows[i]))
+        return pa.array(texts, pa.string()), bad
+    if t.name in ("timestamp", "date"):
+        times, misfits = fast_times(values, dates=t.name == "date")
+        return pa.array(times, arrow_type(t)), {int(rows[i]) for i in misfits}
     if t.name == "timestamp_ms":
-        return lambda ms: _EPOCH + timedelta(milliseconds=ms)
+        return pa.array(values, pa.int64()).cast(pa.timestamp("ms")).cast(pa.timestamp("us", tz="UTC")), bad
     if t.name == "binary":
-        return _fast_binary
-    return _same
-
-
-def _part(part: EventField) -> Callable[[Any], Any]:
-    """A struct field's, a list element's or a map value's converter, None where it is null (a required part
-    decodes null only as a raw token: the rule names it)."""
-    convert = fast_converter(part.type)
-    if not _raw(part.type):
-        return lambda v: None if v is None else convert(v)
-    required = part.required
-
-    def raw(v: Any) -> Any:
-        if bytes(v) == b"null":
-            if required:
-                raise NotPlain
-            return None
-        return convert(v)
-
-    return raw
-
-
-def _raw(t: FieldType) -> bool:
-    """A type the fast path decodes as its raw token (checked, or kept as written, by the converter)."""
-    return t.is_decimal or t.name == JSON_TEXT
-
-
-def _identity(t: FieldType) -> bool:
-    return t.name in ("string", "long", "int", "double", "boolean")
-
-
-def _same(value: Any) -> Any:
-    return value
-
-
-_PLAIN_DECIMAL = re.compile(rb'"?-?[0-9]+(\.[0-9]+)?"?')
-
-
-def _fast_decimal(t: FieldType) -> Callable[[Any], Decimal]:
-    quantum = Decimal(1).scaleb(-t.scale)
-
-    def decimal_of(raw: Any) -> Decimal:
-        token = bytes(raw)
-        if not _PLAIN_DECIMAL.fullmatch(token) or (token[:1] == b'"') != (token[-1:] == b'"'):
-            raise NotPlain
-        digits = token.strip(b'"').decode()
-        if decimal_excess(digits, t) is not None:
-            raise NotPlain
-        return Decimal(digits).quantize(quantum, context=EXACT)
-
-    return decimal_of
-
-
-def _fast_time(text: str) -> datetime:
-    moment = iso_time(text)
-    if moment is None:
-        raise NotPlain
-    return moment
-
-
-def _fast_date(text: str) -> date:
-    try:
-        return date.fromisoformat(text)
-    except ValueError:
-        raise NotPlain from None
-
-
-def _fast_binary(text: str) -> bytes:
-    data = read_binary(text)
-    if data is None:
-        raise NotPlain
-    return data
+        data = [None if v is None else read_binary(v) for v in values]
+        bad = {int(rows[i]) for i, (v, d) in enumerate(zip(values, data, strict=True)) if v is not None and d is None}
+        return pa.array(data, pa.binary()), bad
+    return pa.array(values, arrow_type(t)), bad

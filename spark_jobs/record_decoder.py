@@ -476,9 +476,9 @@ class RecordDecoder:
             for f in decoding.fields
             if f.name in self._output or f.type.is_decimal or f.type.name in _CONVERTED or f.type.is_nested
         ]
-        from spark_jobs.nested_json import fast_converter
+        from spark_jobs.nested_json import fast_column
 
-        self._convert = {f.name: fast_converter(f.type) for f in self._checked if _converted(f.type)}
+        self._fast_column = fast_column
 
     def decode(
         self,
@@ -511,11 +511,11 @@ class RecordDecoder:
         for f in self._checked:
             listed = [getattr(r, self._attr[f.name]) for r in rows]
             if f.type.is_decimal:
-                column, bad = _fast_decimals(listed, f.type, f.name in self.decoding.required)
+                column, bad = fast_decimals(listed, f.type, f.name in self.decoding.required)
             elif f.type.name in ("timestamp", "date"):
-                column, bad = _fast_times(listed, dates=f.type.name == "date")
-            elif f.name in self._convert:
-                column, bad = _converted_column(listed, self._convert[f.name], f.type.name == JSON_TEXT)
+                column, bad = fast_times(listed, dates=f.type.name == "date")
+            elif _by_column(f.type):  # nested, json, binary: an Arrow column of the plainly valid values
+                column, bad = self._fast_column(listed, f)
             else:
                 column, bad = listed, []
             slow.update(bad)
@@ -630,26 +630,8 @@ def _raw(t: FieldType) -> bool:
     return t.is_decimal or t.name == JSON_TEXT
 
 
-def _converted(t: FieldType) -> bool:
+def _by_column(t: FieldType) -> bool:
     return t.is_nested or t.name in ("binary", JSON_TEXT)
-
-
-def _converted_column(listed: list[Any], convert: Any, raw: bool) -> tuple[list[Any], list[int]]:
-    """A nested, ``json`` or ``binary`` column's values from the fast path's, and the rows left to the rule."""
-    from spark_jobs.nested_json import NotPlain
-
-    column: list[Any] = []
-    bad = []
-    for i, value in enumerate(listed):
-        if value is None or (raw and bytes(value) == b"null"):
-            column.append(None)
-            continue
-        try:
-            column.append(convert(value))
-        except (NotPlain, Malformed):
-            column.append(None)
-            bad.append(i)
-    return column, bad
 
 
 def _typed(column: list[Any], t: FieldType) -> pa.Array:
@@ -658,7 +640,7 @@ def _typed(column: list[Any], t: FieldType) -> pa.Array:
     return pa.array(column, arrow_type(t))
 
 
-def _fast_decimals(raws: list[Any], t: FieldType, required: bool) -> tuple[pa.Array, list[int]]:
+def fast_decimals(raws: list[Any], t: FieldType, required: bool) -> tuple[pa.Array, list[int]]:
     """The decimals of the raw tokens that plainly fit ``t`` (bare or quoted plain digits), and the rows left to the
     rule: any other token, a null of a required field, a value that does not fit."""
     text = pa.array([bytes(r) for r in raws], pa.binary())
@@ -684,7 +666,7 @@ def _fast_decimals(raws: list[Any], t: FieldType, required: bool) -> tuple[pa.Ar
     return values, bad
 
 
-def _fast_times(texts: list[str | None], dates: bool) -> tuple[list[Any], list[int]]:
+def fast_times(texts: list[str | None], dates: bool) -> tuple[list[Any], list[int]]:
     """The ISO-8601 times (or dates) of ``texts`` (None stays None), and the rows whose text is not one (left to
     the rule)."""
     try:
