@@ -38,9 +38,10 @@ from pyiceberg.manifest import DataFileContent, ManifestEntryStatus
 from pyiceberg.table import Table
 
 from krishiv.lineage import lineage, maintenance_of
+from krishiv_core.arrow_paths import flat_table, top_level
 from krishiv_core.entries import MERGE
 from krishiv_core.spec import EVENTS, KAFKA_METADATA_PREFIX, UPSERT, WINDOWED, PipelineSpec
-from krishiv_core.tables import WINDOW_END, WINDOW_START, OutputTable
+from krishiv_core.tables import WINDOW_END, WINDOW_START, OutputTable, group_columns
 from outbox.compaction import SUMMARY_MAINTENANCE
 from outbox.ledger import Ledger
 from outbox.position_deletes import DeletedPositions, delete_files_by_data_file
@@ -87,7 +88,7 @@ def row_key(pipeline: PipelineSpec, output: OutputTable) -> tuple[str, ...]:
     if output.rejects:
         return ()
     if pipeline.kind == WINDOWED:
-        return (WINDOW_START, WINDOW_END, *pipeline.group_by)
+        return (WINDOW_START, WINDOW_END, *group_columns(pipeline))
     if pipeline.kind == UPSERT:
         return tuple(pipeline.key)
     if pipeline.kind == EVENTS and set(OFFSET_KEY) <= set(pipeline.metadata_columns):
@@ -133,9 +134,10 @@ def _without_nulls(rows: pa.Table, key: Sequence[str]) -> pa.Table:
 
 
 def _key_counts(table: Table, key: Sequence[str], columns: Sequence[str] | None = None) -> pa.Table:
-    """Each non-null key of ``table`` with how many rows hold it (``columns``: the key's names in this table)."""
+    """Each non-null key of ``table`` with how many rows hold it (``columns``: the key's names in this table; a
+    key inside structs by its dotted path, ``device.id``)."""
     columns = tuple(columns or key)
-    rows = table.scan(selected_fields=columns).to_arrow().select(list(columns)).rename_columns(list(key))
+    rows = flat_table(table.scan(selected_fields=columns).to_arrow(), list(columns)).rename_columns(list(key))
     return _without_nulls(rows, key).group_by(list(key)).aggregate([([], "count_all")])
 
 
@@ -209,7 +211,7 @@ def _keys_in(
     """The keys of data file ``path``'s rows, less those its position deletes (``delete_files``, by data file, in
     the snapshot looked at) delete: a merge-on-read merge replaced them."""
     with table.io.new_input(path).open() as stream:
-        rows = pq.read_table(stream, columns=list(key))
+        rows = flat_table(pq.read_table(stream, columns=top_level(list(key))), list(key))
     deletes = delete_files.get(path)
     if deletes:
         dead = DeletedPositions(table.io).of(deletes, path).to_numpy()

@@ -136,6 +136,12 @@ def _numbered(fields: list[NestedField], identifiers: Sequence[str] = ()) -> Sch
     return assign_fresh_schema_ids(Schema(*fields, identifier_field_ids=ids))
 
 
+def group_columns(pipeline: PipelineSpec) -> tuple[str, ...]:
+    """A windowed table's group-by columns: each ``group_by`` path with ``_`` for each dot (``meta.site`` gives
+    ``meta_site``; a top-level field keeps its name)."""
+    return tuple(pipeline.path(name).column for name in pipeline.group_by)
+
+
 def aggregate_table_schema(pipeline: PipelineSpec) -> Schema:
     """A windowed pipeline's table: the window, the group-by fields, then one column per aggregation."""
     fields = [
@@ -192,7 +198,7 @@ def output_tables(pipeline: PipelineSpec) -> tuple[OutputTable, ...]:
         schema = aggregate_table_schema(pipeline)
         operation = CommitOperation()
         if pipeline.output_mode == "update":  # a window's row is replaced as its events arrive
-            operation = CommitOperation(MERGE, (WINDOW_START, WINDOW_END, *pipeline.group_by))
+            operation = CommitOperation(MERGE, (WINDOW_START, WINDOW_END, *group_columns(pipeline)))
     elif pipeline.kind == EVENTS:
         schema, operation = event_table_schema(pipeline), CommitOperation(APPEND)
     elif pipeline.kind == UPSERT:

@@ -3,7 +3,8 @@
 By the upsert rule (docs/spec.md, PROTOCOL.md invariant 13) a ``delete_field`` event that applies removes its key's row
 and the key keeps the delete's version: a later event of a lower version is ignored. The table no longer holds a
 row to compare with, so phase 1 remembers those versions itself: one row per key whose state is a delete with a
-non-null version (the key columns and the version). A row that applies, or a tombstone, makes the key forget.
+non-null version (the key and the version, each a column named by its path: ``id``, or ``device.id`` inside a
+struct). A row that applies, or a tombstone, makes the key forget.
 Only a pipeline with both a ``version_field`` and a ``delete_field`` needs it: without a version every event
 applies, and without a delete field only tombstones delete, and they forget.
 

@@ -126,7 +126,11 @@ def build_output(events: DataFrame, pipeline: PipelineSpec) -> DataFrame:
             *_reject_columns(reason),
         )
     is_reject = F.col("reason").isNotNull()
-    read = sorted({a.field for a in pipeline.aggregations if a.field} | set(pipeline.group_by))
+    # the top-level fields holding what the aggregations and groups read (``meta`` of ``meta.site``): the sink reads
+    # a path inside them with ``F.col("meta.site")``
+    read = sorted(
+        {p.split(".", 1)[0] for p in [*(a.field for a in pipeline.aggregations if a.field), *pipeline.group_by]}
+    )
     return events.select(
         F.when(~is_reject, F.col(pipeline.event_time_field)).alias(EVENT_TIME),
         *read,

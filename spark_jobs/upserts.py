@@ -26,7 +26,8 @@ content; phase 2 merges them in one commit.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, Window
@@ -132,7 +133,8 @@ class UpsertShape:
         remembered = before is not None and before.num_rows > 0
         if remembered:
             assert before is not None and self.pipeline.version_field
-            winners = winners.join(F.broadcast(self._memory_frame(valid, before)), key, "left")
+            memory = F.broadcast(self._memory_frame(valid, before))
+            winners = winners.join(memory, _same_key(winners, memory, key), "left").drop(*_key_columns(key))
         winners = winners.withColumn(_BLOCKED, _blocked(self.pipeline, remembered))
         if self.memory is not None:
             winners = winners.persist()
@@ -147,22 +149,39 @@ class UpsertShape:
         return BatchResult(records, files={self.target.output.name: tuple(f for w in writes for f in files[w.name])})
 
     def _memory_frame(self, valid: DataFrame, memory: pa.Table) -> DataFrame:
-        """The remembered deletes as a DataFrame of the key columns and ``__remembered``, in the batch's types."""
+        """The remembered deletes as a DataFrame of the key (``__key0``…, a key inside structs taken out of them) and
+        ``__remembered``, in the batch's types. The memory's file names its columns by the key and version paths."""
         assert self.pipeline.version_field
-        fields = {f.name: f for f in valid.schema.fields}
-        version = fields[self.pipeline.version_field]
-        schema = StructType([*(fields[k] for k in self.pipeline.key), StructField(_REMEMBERED, version.dataType)])
-        return valid.sparkSession.createDataFrame(memory.rename_columns(schema.fieldNames()), schema=schema)
+        paths = [*self.pipeline.key, self.pipeline.version_field]
+        types = valid.select(*[F.col(p) for p in paths]).schema.fields
+        names = [*_key_columns(self.pipeline.key), _REMEMBERED]
+        schema = StructType([StructField(n, t.dataType) for n, t in zip(names, types, strict=True)])
+        return valid.sparkSession.createDataFrame(memory.rename_columns(names), schema=schema)
 
     def _memory_after(self, valid: DataFrame, winners: DataFrame, before: pa.Table | None) -> pa.Table:
         """The remembered deletes after the batch: a key the batch decided (a tombstone, or a ``w`` that applied)
-        remembers its ``w``'s version if ``w`` is a delete with a version, nothing otherwise; the others keep theirs."""
+        remembers its ``w``'s version if ``w`` is a delete with a version, nothing otherwise; the others keep theirs.
+        Its columns are named by the key and version paths (``device.id``, ``meta.seq``)."""
         assert self.pipeline.version_field
         key = list(self.pipeline.key)
         version = self.pipeline.version_field
+        names = _key_columns(key)
+        keys = [F.col(k).alias(n) for k, n in zip(key, names, strict=True)]
         decided = winners.where(~F.col(_BLOCKED))
-        new = decided.where(F.col(_CANDIDATE) & F.col(DELETE) & F.col(version).isNotNull()).select(*key, version)
+        new = decided.where(F.col(_CANDIDATE) & F.col(DELETE) & F.col(version).isNotNull())
+        new = new.select(*keys, F.col(version).alias(_REMEMBERED))
         if before is not None and before.num_rows:
-            kept = self._memory_frame(valid, before).join(decided.select(*key), key, "left_anti")
-            new = new.unionByName(kept.withColumnRenamed(_REMEMBERED, version))
-        return new.toArrow()
+            kept = self._memory_frame(valid, before).join(decided.select(*keys), names, "left_anti")
+            new = new.unionByName(kept)
+        return new.toArrow().rename_columns([*key, version])
+
+
+def _key_columns(key: Sequence[str]) -> list[str]:
+    """Flat names of the key's values beside a batch's rows (a key path such as ``device.id`` is no column name)."""
+    return [f"__key{i}" for i in range(len(key))]
+
+
+def _same_key(rows: DataFrame, memory: DataFrame, key: Sequence[str]) -> Column:
+    """``rows``' key (its paths) equals ``memory``'s key columns (:func:`_key_columns`)."""
+    same = [rows[k] == memory[n] for k, n in zip(key, _key_columns(key), strict=True)]
+    return functools.reduce(lambda a, b: a & b, same)

@@ -43,7 +43,7 @@ from pyspark.sql import functions as F
 from krishiv_core.runbook import runbook
 from krishiv_core.spec import WINDOWED, Aggregation, PipelineSpec
 from krishiv_core.table_purpose import SPEC_CHANGE, SpecChangeRefused
-from krishiv_core.tables import WINDOW_END, WINDOW_START, aggregate_type
+from krishiv_core.tables import WINDOW_END, WINDOW_START, aggregate_type, group_columns
 from spark_jobs.batch_state_files import save_batch_file
 from spark_jobs.checkpoint import Checkpoint
 from spark_jobs.errors import WindowStateMissing
@@ -170,8 +170,9 @@ def merge(previous: pa.Table | None, partials: pa.Table, pipeline: PipelineSpec)
 
 
 def window_key(pipeline: PipelineSpec) -> list[str]:
-    """The columns naming one row of a windowed table: the window, then the group-by fields."""
-    return [WINDOW_START, WINDOW_END, *pipeline.group_by]
+    """The columns naming one row of a windowed table: the window, then the group-by columns (a path's with ``_``
+    for each dot: ``meta_site``)."""
+    return [WINDOW_START, WINDOW_END, *group_columns(pipeline)]
 
 
 def close(state: pa.Table, watermark_ms: int) -> tuple[pa.Table, pa.Table]:

@@ -27,7 +27,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from krishiv_core.spec import PipelineSpec
-from krishiv_core.tables import WINDOW_END, WINDOW_START
+from krishiv_core.tables import WINDOW_END, WINDOW_START, group_columns
 from spark_jobs.checkpoint import BatchOffsets
 from spark_jobs.staging import QUERY_REJECT_COLUMNS, BatchResult, Target
 from spark_jobs.transform import EVENT_TIME
@@ -94,7 +94,10 @@ class WindowedShape:
             .groupBy(
                 F.col("__window.start").alias(WINDOW_START),
                 F.col("__window.end").alias(WINDOW_END),
-                *self.pipeline.group_by,
+                *[
+                    F.col(path).alias(column)
+                    for path, column in zip(self.pipeline.group_by, group_columns(self.pipeline), strict=True)
+                ],
                 late.alias(_LATE),
                 is_last.alias(_LAST),
                 is_reject.alias(_IS_REJECT),
