@@ -42,7 +42,7 @@ import pyarrow.compute as pc
 
 from krishiv_core.formats import JSON, STRING
 from krishiv_core.spec import EventField, FieldType, PipelineSpec
-from krishiv_core.spec_types import ELEMENT, JSON_TEXT, LIST, MAP, STRUCT, VALUE
+from krishiv_core.spec_types import ELEMENT, JSON_TEXT, LIST, MAP, STRUCT, VALUE, field_paths
 from krishiv_core.tables import spark_type
 
 #: The epoch milliseconds of a ``timestamp_ms`` field: 0001-01-01 to 9999-12-31, as Spark's timestamps.
@@ -82,17 +82,19 @@ _ANY = msgspec.json.Decoder()
 
 
 def arrow_type(t: FieldType) -> pa.DataType:
+    """The Arrow type the source hands Spark a field as. Every nested part is nullable, as Spark's DDL types of the
+    query declare them (the rule has already refused a null where a part is required, and staging checks it again
+    against the table's schema)."""
     if t.is_decimal:
         return pa.decimal128(t.precision, t.scale)
     if t.name == STRUCT:
-        return pa.struct([pa.field(f.name, arrow_type(f.type), nullable=not f.required) for f in t.fields])
+        return pa.struct([pa.field(f.name, arrow_type(f.type)) for f in t.fields])
     if t.name == LIST:
         assert t.element is not None
-        return pa.list_(pa.field(ELEMENT, arrow_type(t.element.type), nullable=not t.element.required))
+        return pa.list_(pa.field(ELEMENT, arrow_type(t.element.type)))
     if t.name == MAP:
         assert t.element is not None and t.key is not None
-        value = pa.field(VALUE, arrow_type(t.element.type), nullable=not t.element.required)
-        return pa.map_(arrow_type(t.key), value)
+        return pa.map_(arrow_type(t.key), pa.field(VALUE, arrow_type(t.element.type)))
     return {
         JSON_TEXT: pa.string(),
         "binary": pa.binary(),
@@ -384,29 +386,32 @@ def read_record(value: bytes, decoding: Decoding) -> Reading:
 
 def read_tombstone_key(key: bytes | None, decoding: Decoding) -> Reading:
     """A tombstone's key fields from its Kafka key: the key itself for a one-field key (a string key as its text, a
-    time key as ISO 8601 text, any other as its JSON token), else a JSON object holding the key fields."""
+    time key as ISO 8601 text, any other as its JSON token), else a JSON object holding the key fields, each at its
+    path (``{"device": {"id": 7}, "site": "north"}`` for ``device.id`` and ``site``). The values come back at their
+    paths: ``device.id`` as ``{"device": {"id": 7}}`` (the struct's other fields null)."""
     names = decoding.tombstone_key or ()
     without = Reading(f"tombstone without a key: expected the Kafka key to hold {', '.join(names)}", {})
     if key is None:
         return without
+    paths = field_paths(decoding.fields)
     text = key.decode("utf-8", errors="replace")
     if len(names) == 1:
-        f = decoding.field(names[0])
-        if f.type.name == "string":
-            return Reading(None, {f.name: text})
-        if f.type.name == "timestamp":
+        name, t = names[0], paths[names[0]].type
+        if t.name == "string":
+            return Reading(None, _at_paths({name: text}))
+        if t.name == "timestamp":
             moment = iso_time(text)
             if moment is None:
-                return Reading(f"mistyped field: {f.name} ({f.type}, got {text[:SHOWN]}: not an ISO-8601 time)", {})
-            return Reading(None, {f.name: moment})
-        tokens = {f.name: text.strip().encode()}
+                return Reading(f"mistyped field: {name} ({t}, got {text[:SHOWN]}: not an ISO-8601 time)", {})
+            return Reading(None, _at_paths({name: moment}))
+        tokens = {name: text.strip().encode()}
         try:
-            _ANY.decode(tokens[f.name])
+            _ANY.decode(tokens[name])
         except (msgspec.DecodeError, UnicodeDecodeError):
             return without
     else:
         try:
-            tokens = {n: bytes(raw) for n, raw in _RAW_OBJECT.decode(key).items()}
+            tokens = _tokens_at_paths(key, names)
         except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
             return without
     values: dict[str, Any] = {}
@@ -416,7 +421,7 @@ def read_tombstone_key(key: bytes | None, decoding: Decoding) -> Reading:
         if token is None or token == b"null":
             continue
         try:
-            read, why = read_token(token, decoding.field(name).type)
+            read, why = read_token(token, paths[name].type)
         except Malformed:
             return without
         if why is not None:
@@ -426,7 +431,37 @@ def read_tombstone_key(key: bytes | None, decoding: Decoding) -> Reading:
         return Reading("mistyped field: " + ", ".join(mistyped), {})
     if len(values) < len(names):
         return without
-    return Reading(None, values)
+    return Reading(None, _at_paths(values))
+
+
+def _tokens_at_paths(key: bytes, names: tuple[str, ...]) -> dict[str, bytes]:
+    """Each dotted path's JSON token in a JSON object (``{"device": {"id": 7}}`` holds ``device.id``); a path whose
+    structs are missing, null or not objects has none."""
+    top = {n: bytes(raw) for n, raw in _RAW_OBJECT.decode(key).items()}
+    out: dict[str, bytes] = {}
+    for name in names:
+        first, *inner = name.split(".")
+        token = top.get(first)
+        for part in inner:
+            try:
+                token = None if token is None else bytes(_RAW_OBJECT.decode(token).get(part, b"null"))
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                token = None
+        if token is not None:
+            out[name] = token
+    return out
+
+
+def _at_paths(values: dict[str, Any]) -> dict[str, Any]:
+    """Values at dotted paths as top-level values: ``{"device.id": 7}`` is ``{"device": {"id": 7}}``."""
+    out: dict[str, Any] = {}
+    for path, value in values.items():
+        *structs, last = path.split(".")
+        at = out
+        for name in structs:
+            at = at.setdefault(name, {})
+        at[last] = value
+    return out
 
 
 # --- the fast path -----------------------------------------------------------------------------------------------

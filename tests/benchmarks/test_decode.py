@@ -11,7 +11,8 @@ def test_a_tiny_decode_run_writes_every_formats_figures(tmp_path) -> None:
     out = tmp_path / "decode.json"
     assert decode.main(["--records", "300", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
-    formats = {"json", "avro", "json_schema", "protobuf", "debezium_json"}
+    formats = {"json", "json_nested", "json_flat_same_values", "avro", "json_schema", "protobuf", "debezium_json"}
     assert set(doc["records_per_s_one_core"]) == formats
     assert all(v > 0 for v in doc["records_per_s_one_core"].values())
     assert doc["relative_to_json"]["json"] == 1.0
+    assert doc["nested_relative_to_flat_same_values"] > 0
