@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from datetime import datetime
 from decimal import Decimal
 
 import pytest
@@ -14,6 +15,7 @@ from krishiv.operations import commit_pipelines, run_pipelines
 from krishiv.produce import OrderEvent, ensure_topic, produce
 from krishiv_core.catalog import load_catalog, qualified
 from krishiv_core.spec import load_spec
+from tests.docs.pages import DOCS, blocks_under
 
 
 def _records(n: int) -> list[dict]:
@@ -149,21 +151,62 @@ def test_a_debezium_topic_is_recognised_and_its_rows_fields_and_key_are_taken() 
     assert 'name = { type = "string", required = false }' in text and 'born = "date"' in text
 
 
-def test_the_first_hour_from_a_users_own_file(tmp_path, broker, spark, topic, capsys, monkeypatch):
-    """init from the file, produce the file, check, run, commit, verify: the table holds every line once."""
+def _page_payments() -> tuple[list[str], str]:
+    """The quickstart's own-topic file: the lines its first block writes, and the one line a later block appends."""
+    shell = "".join(b.text for b in blocks_under(DOCS / "quickstart.md", "Your own topic") if b.language == "bash")
+    written = shell.split("cat > payments.jsonl <<'EOF'\n", 1)[1].split("\nEOF\n", 1)[0].splitlines()
+    (appended,) = re.findall(r"^echo '(\{.*\})' >> payments.jsonl$", shell, flags=re.MULTILINE)
+    return written, appended
+
+
+def _folded(line: str) -> dict | None:
+    """A payment's row by docs/spec.md's rule for the types init gives the page's file (decimal(10,2), timestamp, a
+    struct of brand, last4 and an optional wallet, a list of structs of sku and qty), or None for a reject."""
+    event = json.loads(line)
+    amount = event["amount"]
+    if not re.fullmatch(r"-?\d{1,8}(\.\d{1,2})?", amount):
+        return None
+    card = event["card"]
+    return {
+        "payment_id": event["payment_id"],
+        "customer": event["customer"],
+        "amount": Decimal(amount),
+        "paid_at": datetime.fromisoformat(event["paid_at"].replace("Z", "+00:00")),
+        "card": {"brand": card["brand"], "last4": card["last4"], "wallet": card.get("wallet")},
+        "items": [{"sku": item["sku"], "qty": item["qty"]} for item in event["items"]],
+        "note": event.get("note"),
+    }
+
+
+def test_the_first_hour_from_a_users_own_nested_file(tmp_path, broker, spark, topic, capsys, monkeypatch):
+    """The quickstart's own-topic path with its nested file: init from the file, produce it, check, run, commit,
+    verify; the table holds each valid line once, its card a struct and its items a list of structs, equal to the
+    rule's fold of the file, and the line the rule rejects is the reject."""
     monkeypatch.chdir(tmp_path)
+    written, appended = _page_payments()
     lines = tmp_path / "payments.jsonl"
-    lines.write_text("".join(json.dumps({"payment_id": f"p-{i}", "amount": f"{i}.5"}) + "\n" for i in range(30)))
+    lines.write_text("".join(line + "\n" for line in written))
     assert main(["init", "--topic", topic, "--file", str(lines), "--bootstrap", broker.bootstrap]) == 0
-    assert f"from all 30 lines of {lines}; its fields:" in capsys.readouterr().out
+    assert f"from all {len(written)} lines of {lines}; its fields:" in capsys.readouterr().out
+    spec = load_spec(tmp_path / "krishiv.toml", env={})
+    assert {f.name: f.shown_type for f in spec.pipeline().fields if f.type.is_nested} == {
+        "card": "struct<brand: string, last4: string, wallet: string?>",
+        "items": "list<struct<sku: string, qty: long>>",
+    }
+    lines.write_text(lines.read_text() + appended + "\n")
     assert main(["produce", "--file", str(lines), "--key", "payment_id"]) == 0
     assert main(["check"]) == 0
-    spec = load_spec(tmp_path / "krishiv.toml", env={})
     run_pipelines(spec, list(spec.pipelines), once=True)
     for command in ("commit", "verify"):
         assert main([command]) == 0
-    table = load_catalog(spec).load_table(qualified(spec, spec.pipeline().table)).scan().to_arrow()
-    assert sorted(table.column("payment_id").to_pylist()) == sorted(f"p-{i}" for i in range(30))
+    catalog = load_catalog(spec)
+    folded = {line: _folded(line) for line in [*written, appended]}
+    expected = sorted((row for row in folded.values() if row), key=lambda r: r["payment_id"])
+    table = catalog.load_table(qualified(spec, spec.pipeline().table)).scan().to_arrow()
+    rows = sorted(table.drop_columns(["_kafka_partition", "_kafka_offset"]).to_pylist(), key=lambda r: r["payment_id"])
+    assert rows == expected
+    rejects = catalog.load_table(qualified(spec, spec.pipeline().rejects_table)).scan().to_arrow().to_pylist()
+    assert [r["value"].decode() for r in rejects] == [line for line, row in folded.items() if row is None]
 
 
 def test_a_sample_with_a_stray_value_says_what_it_could_not_decide(tmp_path, capsys) -> None:
