@@ -24,7 +24,8 @@ import msgspec
 
 from krishiv.init_types import FieldGuess, json_kind
 from krishiv_core.errors import ConfigError
-from krishiv_core.spec_types import EventField, FieldPath, FieldType, field_paths
+from krishiv_core.schema_fields import connect_field, envelope_row
+from krishiv_core.spec_types import EventField, FieldPath, field_paths
 from spark_jobs.record_decoder import iso_time
 
 KINDS = ("events", "upsert", "windowed")
@@ -83,6 +84,9 @@ class Sample:
     fields: dict[str, FieldGuess] = field(default_factory=dict)
     key_fields: list[str] = field(default_factory=list)  # the Kafka key's JSON object keys, when it is one
     not_objects: list[str] = field(default_factory=list)  # where the records that are no JSON object were: rejects
+    #: The columns of Debezium's row in the first sampled envelope that carries its Connect schema (JSON converter
+    #: with ``schemas.enable``): they type the fields they name, as the Avro schema would.
+    connect_row: dict[str, Any] = field(default_factory=dict)
 
 
 def _object(raw: bytes | msgspec.Raw | None) -> dict[str, bytes] | None:
@@ -117,6 +121,12 @@ def analyse(values: Sequence[bytes | None], keys: Sequence[bytes | None], where:
         envelope = doc if {"op", "after"} <= set(doc) else payload if {"op", "after"} <= set(payload or {}) else None
         if envelope is not None:
             sample.debezium += 1
+            if envelope is payload and not sample.connect_row:
+                try:
+                    columns = envelope_row(json.loads(doc["schema"]))
+                    sample.connect_row = {c["field"]: c for c in columns if isinstance(c, dict) and "field" in c}
+                except (ConfigError, ValueError, TypeError, KeyError, AttributeError):
+                    pass
             doc = _object(envelope.get("after")) or _object(envelope.get("before")) or {}
         docs.append((doc, place))
     sample.json_objects = len(docs)
@@ -206,14 +216,20 @@ def spec_text(
     pipeline = name or re.sub(r"[^A-Za-z0-9_]", "_", topic)
     if not re.match(r"^[A-Za-z_]", pipeline):
         pipeline = f"p_{pipeline}"
-    kept: list[tuple[FieldGuess, FieldType, str]] = []
+    kept: list[tuple[EventField, str, Sequence[tuple[str, str]]]] = []
     left: list[str] = []
     for g in sample.fields.values():
+        if g.name in sample.connect_row:  # Debezium's schema says the column's type: its encoding is not the type
+            try:
+                kept.append((connect_field(sample.connect_row[g.name]), "Debezium's schema", ()))
+            except ConfigError as exc:
+                left.append(f"{g.name}: left out: Debezium's schema says it {str(exc).split(': ', 1)[1]}")
+            continue
         t, note = g.spec_type()
         if t is None:
             left.append(note)
         else:
-            kept.append((g, t, note))
+            kept.append((EventField(g.name, t, not g.missing_or_null), note, g.parts))
     lines = [
         f"# Written by krishiv init from {source or f'{sample.records} sampled records of topic {topic}'}.",
         *([f"# {not_objects(sample)}"] if sample.not_objects else []),
@@ -245,8 +261,8 @@ def spec_text(
             'function = "count"',
         ]
     lines += ["", "[pipelines.fields]"]
-    for g, t, note in kept:
-        lines += field_lines(EventField(g.name, t, not g.missing_or_null), note, g.parts)
+    for f, note, parts in kept:
+        lines += field_lines(f, note, parts)
     lines += [f"# {note}" for note in left]
     return "\n".join(lines) + "\n"
 

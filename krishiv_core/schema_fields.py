@@ -285,6 +285,81 @@ class _JsonSchemaTypes:
         return fields
 
 
+_CONNECT_TYPES = {
+    "int8": "int",
+    "int16": "int",
+    "int32": "int",
+    "int64": "long",
+    "float": "double",
+    "double": "double",
+    "boolean": "boolean",
+    "string": "string",
+    "bytes": BINARY,
+}
+_CONNECT_DECIMAL = "org.apache.kafka.connect.data.Decimal"
+
+
+def _connect_type(schema: Mapping[str, Any]) -> FieldType:
+    """A Kafka Connect schema (as the JSON converter embeds it) as a field type."""
+    name = schema.get("name")
+    if name in _CONNECT_NAMES:
+        return FieldType(_CONNECT_NAMES[name])
+    if name == _VARIABLE_DECIMAL:
+        raise _Unsupported(
+            "unbounded numeric (Debezium's VariableScaleDecimal: a PostgreSQL numeric without precision and scale, "
+            "its scale varying by value; declare it as a decimal(p,s) that holds its values)"
+        )
+    kind = schema.get("type")
+    if name == _CONNECT_DECIMAL:
+        params = schema.get("parameters") or {}
+        precision, scale = int(params.get("connect.decimal.precision", 0)), int(params.get("scale", 0))
+        if not 1 <= precision <= 38:
+            shown = precision or "unknown"
+            raise _Unsupported(f"out-of-range Connect decimal of precision {shown} (Iceberg holds 1 to 38)")
+        return FieldType("decimal", precision, scale)
+    if kind == "array":
+        items = schema.get("items") or {}
+        return FieldType(LIST, element=EventField(ELEMENT, _connect_type(items), not items.get("optional", False)))
+    if kind == "map":
+        values = schema.get("values") or {}
+        element = EventField(VALUE, _connect_type(values), not values.get("optional", False))
+        return FieldType(MAP, key=_connect_type(schema.get("keys") or {}), element=element)
+    if kind == "struct":
+        return FieldType(STRUCT, fields=_connect_fields(schema.get("fields", [])))
+    if kind in _CONNECT_TYPES:
+        return FieldType(_CONNECT_TYPES[kind])
+    raise _Unsupported(f"unknown Connect type {kind}")
+
+
+def connect_field(column: Mapping[str, Any]) -> EventField:
+    """One column of a Connect struct schema as a field; a :class:`ConfigError` naming it when no column holds it."""
+    try:
+        t = _connect_type(column)
+    except _Unsupported as exc:
+        raise ConfigError(column["field"], f"is an {exc}, which Krishiv's tables do not hold") from None
+    return EventField(column["field"], t, not column.get("optional", False))
+
+
+def _connect_fields(columns: Any) -> tuple[EventField, ...]:
+    return tuple(connect_field(f) for f in columns)
+
+
+def envelope_row(envelope: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The columns of a Debezium envelope's row in its Connect schema (its ``after``, else ``before``, struct)."""
+    rows = [f for f in envelope.get("fields", []) if isinstance(f, Mapping) and f.get("field") in ("after", "before")]
+    if not rows:
+        raise ConfigError("schema", "is not a Debezium envelope: no after row")
+    return list(rows[0].get("fields", []))
+
+
+def connect_fields(envelope: Mapping[str, Any]) -> tuple[EventField, ...]:
+    """The fields of a Debezium envelope's row from its Kafka Connect schema (the JSON converter's ``schema`` with
+    ``schemas.enable = true``), by the same mapping as its Avro schema's: Connect's integer, float, boolean, string
+    and bytes types, ``Decimal`` with its precision, Debezium's time and ``Json`` names, arrays as lists, maps and
+    structs; a column is optional where its schema is."""
+    return _connect_fields(envelope_row(envelope))
+
+
 def json_schema_fields(schema_text: str) -> tuple[EventField, ...]:
     """The fields of a JSON Schema object: objects with properties are structs, arrays lists, objects with only
     ``additionalProperties`` maps, anything else (no type, several types) ``json``."""

@@ -279,3 +279,39 @@ def test_a_debezium_stream_with_array_and_jsonb_columns_lands_in_nested_columns_
     assert any(r["tags"] == [] for r in expected.values()) and any(r["tags"] is None for r in expected.values())
     assert _table_rows(spec, "readings_json") == expected
     assert _table_rows(spec, "readings_avro") == expected
+
+
+def test_init_types_a_debezium_json_sample_by_the_envelopes_schema(tmp_path: Path) -> None:
+    """With ``schemas.enable``, ``krishiv init`` takes each column's type from Debezium's Connect schema, not from
+    its encoding (a decimal's base64, a date's days, jsonb's text); a column no type holds is left out, saying why."""
+    from krishiv.init_spec import analyse, spec_text
+
+    decimal = {"name": "org.apache.kafka.connect.data.Decimal", "parameters": {"scale": "3"}, "type": "bytes"}
+    decimal["parameters"]["connect.decimal.precision"] = "12"
+    variable = {"type": "struct", "name": "io.debezium.data.VariableScaleDecimal", "optional": True, "fields": []}
+    columns = [
+        {"type": "int32", "optional": False, "field": "id"},
+        {"type": "array", "items": {**decimal, "optional": True}, "optional": True, "field": "amounts"},
+        {"type": "array", "items": {"type": "int32", "name": "io.debezium.time.Date", "optional": True}, "field": "d"},
+        {"type": "string", "optional": True, "name": "io.debezium.data.Json", "field": "doc"},
+        {"type": "array", "items": variable, "optional": True, "field": "anynums"},
+    ]
+    row = {"type": "struct", "fields": columns, "optional": True, "field": "after"}
+    schema = {"type": "struct", "fields": [{**row, "field": "before"}, row], "name": "krishiv.public.t.Envelope"}
+    after = {"id": 1, "amounts": ["Bdw=", None], "d": [19724], "doc": '{"a": 1.10}', "anynums": None}
+    payload = {"op": "c", "before": None, "after": after, "source": {"lsn": 5}}
+    sample = analyse([json.dumps({"schema": schema, "payload": payload}).encode()], [b'{"id": 1}'])
+    text = spec_text(sample, "krishiv.public.t", "upsert", "127.0.0.1:9092", ["id"])
+    assert (
+        "# anynums: left out: Debezium's schema says it is an unbounded numeric (Debezium's VariableScaleDecimal: a "
+        "PostgreSQL numeric without precision and scale, its scale varying by value; declare it as a decimal(p,s) "
+        "that holds its values), which Krishiv's tables do not hold"
+    ) in text.splitlines()
+    (tmp_path / "krishiv.toml").write_text(text)
+    fields = [f for f in load_spec(tmp_path / "krishiv.toml", env={}).pipeline().fields if not f.name.startswith("_")]
+    assert fields == [
+        EventField("id", FieldType("int")),
+        EventField("amounts", _optional_list(FieldType("decimal", 12, 3)), False),
+        EventField("d", FieldType("list", element=EventField("element", FieldType("date"), False))),
+        EventField("doc", FieldType("json"), False),
+    ]
