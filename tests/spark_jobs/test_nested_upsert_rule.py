@@ -27,6 +27,7 @@ from krishiv_core.tables import output_tables
 from spark_jobs.checkpoint import Checkpoint
 from spark_jobs.delete_memory import DeleteMemoryStore
 from spark_jobs.job import shape_of
+from spark_jobs.record_decoder import Decoding, Reading, read_tombstone_key
 from spark_jobs.staging import BatchStager, Target
 from spark_jobs.transform import build_output
 from tests.spark_jobs.pipeline_helpers import decoded_frame
@@ -130,3 +131,47 @@ def test_any_cut_of_a_stream_keyed_inside_structs_gives_the_table_of_the_rule(tm
     shown = "\n".join(f"  {e}" for e in events)
     for way, pipeline in zip(WAYS, spec.pipelines, strict=True):
         assert _table(spec, pipeline) == want, f"{way}; the stream:\n{shown}"
+
+
+KEYED = """
+[[pipelines]]
+name = "k"
+kind = "upsert"
+topic = "t"
+key = {key}
+
+[pipelines.fields]
+site = "string"
+device = {{ type = "struct", fields = {{ id = "long", label = {{ type = "string", required = false }} }} }}
+"""
+
+
+def _decoding(tmp_path: Path, key: list[str]) -> Decoding:
+    path = tmp_path / f"{len(key)}.toml"
+    path.write_text(KEYED.format(key=json.dumps(key)))
+    return Decoding.of(load_spec(path, env={}).pipelines[0])
+
+
+def test_a_tombstones_kafka_key_holds_a_key_inside_structs_at_its_path(tmp_path: Path) -> None:
+    one = _decoding(tmp_path, ["device.id"])
+    assert read_tombstone_key(b"7", one) == Reading(None, {"device": {"id": 7}})  # the key's value itself
+    assert read_tombstone_key(b" -7 ", one).values == {"device": {"id": -7}}
+    assert read_tombstone_key(b'"7"', one).reason == 'mistyped field: device.id (long, got a JSON string "7")'
+    assert read_tombstone_key(b"7.5", one).reason.startswith("mistyped field: device.id (long, got a JSON number 7.5")
+    assert read_tombstone_key(None, one).reason == "tombstone without a key: expected the Kafka key to hold device.id"
+
+    two = _decoding(tmp_path, ["device.id", "site"])
+    held = b'{"site": "north", "device": {"label": "x", "id": 7}, "other": 1}'
+    assert read_tombstone_key(held, two) == Reading(None, {"device": {"id": 7}, "site": "north"})
+    without = "tombstone without a key: expected the Kafka key to hold device.id, site"
+    for key in (
+        b'{"site": "north", "device": {}}',
+        b'{"site": "north", "device": null}',
+        b'{"site": "north"}',
+        b'{"site": "north", "device": 7}',
+        b'{"site": "north", "device.id": 7}',
+        b"7",
+        b"{",
+    ):
+        assert read_tombstone_key(key, two).reason == without, key
+    assert read_tombstone_key(b'{"site": 5, "device": {"id": 2}}', two).reason.startswith("mistyped field: site (")
