@@ -82,17 +82,19 @@ _ANY = msgspec.json.Decoder()
 
 
 def arrow_type(t: FieldType) -> pa.DataType:
+    """The Arrow type the source hands Spark a field as. Every nested part is nullable, as Spark's DDL types of the
+    query declare them (the rule has already refused a null where a part is required, and staging checks it again
+    against the table's schema)."""
     if t.is_decimal:
         return pa.decimal128(t.precision, t.scale)
     if t.name == STRUCT:
-        return pa.struct([pa.field(f.name, arrow_type(f.type), nullable=not f.required) for f in t.fields])
+        return pa.struct([pa.field(f.name, arrow_type(f.type)) for f in t.fields])
     if t.name == LIST:
         assert t.element is not None
-        return pa.list_(pa.field(ELEMENT, arrow_type(t.element.type), nullable=not t.element.required))
+        return pa.list_(pa.field(ELEMENT, arrow_type(t.element.type)))
     if t.name == MAP:
         assert t.element is not None and t.key is not None
-        value = pa.field(VALUE, arrow_type(t.element.type), nullable=not t.element.required)
-        return pa.map_(arrow_type(t.key), value)
+        return pa.map_(arrow_type(t.key), pa.field(VALUE, arrow_type(t.element.type)))
     return {
         JSON_TEXT: pa.string(),
         "binary": pa.binary(),
