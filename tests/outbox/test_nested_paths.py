@@ -8,6 +8,7 @@ staged files registered with the partition values their nested sources hold, pru
 
 from __future__ import annotations
 
+import json
 import random
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -36,6 +37,9 @@ from krishiv_core.entries import (
 from krishiv_core.errors import ConfigError, SchemaConflict
 from krishiv_core.parquet_files import partition_keys, write_staged_files
 from krishiv_core.partitioning import parse_partition_by, partition_spec
+from krishiv_core.spec import PipelineSpec, load_spec
+from krishiv_core.table_purpose import KEY as KEY_PROPERTY
+from krishiv_core.table_purpose import VERSION_FIELD, SpecChangeRefused, check_purpose, purpose_properties
 from outbox.data_files import data_file
 from outbox.errors import MergeKeyNull, MergeRefused
 from outbox.merge import merge_commit
@@ -285,3 +289,38 @@ def test_a_file_spanning_days_of_a_nested_source_is_refused(table: Table, tmp_pa
     pq.write_table(pa.Table.from_pylist([event(1, "a", 1, 1.0), event(2, "a", 1, 1.0, hours=30)], schema=arrow), path)
     with pytest.raises(SchemaConflict, match=r"holds rows of 2 partitions \(meta.ts_day="):
         data_file(table, str(path))
+
+
+# ------------------------------------------------------------------------------------------- a table's purpose
+
+UPSERT_SPEC = """
+[[pipelines]]
+name = "devices"
+kind = "upsert"
+topic = "t"
+key = {key}
+version_field = "{version}"
+
+[pipelines.fields]
+site = "string"
+device = {{ type = "struct", fields = {{ id = "long", serial = "string" }} }}
+meta = {{ type = "struct", fields = {{ seq = "long", rev = "long" }} }}
+"""
+
+
+def _pipeline(tmp_path: Path, key: list[str], version: str) -> PipelineSpec:
+    path = tmp_path / "krishiv.toml"
+    path.write_text(UPSERT_SPEC.format(key=json.dumps(key), version=version))
+    return load_spec(path, env={}).pipelines[0]
+
+
+def test_a_tables_key_and_version_are_recorded_and_compared_by_their_paths(tmp_path: Path) -> None:
+    created = purpose_properties(_pipeline(tmp_path, ["device.id", "site"], "meta.seq"))
+    assert (created[KEY_PROPERTY], created[VERSION_FIELD]) == ("device.id,site", "meta.seq")
+    check_purpose(_pipeline(tmp_path, ["device.id", "site"], "meta.seq"), "krishiv.devices", created)
+    with pytest.raises(
+        SpecChangeRefused, match=r"keyed by \('device\.id', 'site'\) and the spec's key is \('device\.serial', 'site'\)"
+    ):
+        check_purpose(_pipeline(tmp_path, ["device.serial", "site"], "meta.seq"), "krishiv.devices", created)
+    with pytest.raises(SpecChangeRefused, match=r"version_field 'meta\.seq' and the spec now says 'meta\.rev'"):
+        check_purpose(_pipeline(tmp_path, ["device.id", "site"], "meta.rev"), "krishiv.devices", created)
