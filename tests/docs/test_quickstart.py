@@ -45,7 +45,7 @@ def test_the_quickstart_runs_as_written_and_makes_the_table_it_shows(tmp_path: P
     shell += [b for b in blocks_under(PAGE, "Reading the tables") if b.language == "bash"]
     python = [b for b in blocks_under(PAGE, "Reading the tables") if b.language == "python"]
     shown = [b for b in blocks_under(PAGE, "Your own topic") if b.language == "text"]
-    assert len(shell) >= 5 and len(python) == 1 and len(shown) == 2, "the page's blocks are not the ones this reads"
+    assert len(shell) >= 5 and len(python) == 1 and len(shown) == 3, "the page's blocks are not the ones this reads"
     script = "set -euo pipefail\ntrap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n" + "".join(
         f"echo '>>> {b.where}'\n{b.text}" for b in shell
     )
