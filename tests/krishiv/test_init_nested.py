@@ -221,3 +221,78 @@ def test_a_nested_key_and_event_time_by_their_paths(tmp_path: Path, capsys: pyte
         )
     assert main([*base, "--kind", "windowed", "--output", str(tmp_path / "w.toml")]) == 0
     assert load_spec(tmp_path / "w.toml", env={}).pipeline().event_time_field == "device.meta.at"
+
+
+def _shape(r: random.Random, depth: int) -> tuple:
+    """A random nested shape: ("struct", {key: (shape, how often present, how often null)}), ("list", element shape,
+    how often an element is null), ("map", value shape), or a scalar's generator's name."""
+    pick = r.choice(["struct", "list", "map", "scalar", "scalar"] if depth < 4 else ["scalar"])
+    if pick == "struct":
+        keys = {
+            f"f{n}_{r.choice(['x', 'at', 'n'])}": (_shape(r, depth + 1), r.choice([1, 1, 0.7]), r.choice([0, 0, 0.2]))
+            for n in range(r.randint(1, 4))
+        }
+        return ("struct", keys)
+    if pick == "list":
+        return ("list", _shape(r, depth + 1), r.choice([0, 0, 0.1]))
+    if pick == "map":
+        return ("map", _shape(r, depth + 1))
+    return (r.choice(["string", "long", "decimal", "number", "boolean", "timestamp", "date", "huge", "exp"]),)
+
+
+def _value(r: random.Random, shape: tuple) -> object:
+    kind = shape[0]
+    if kind == "struct":
+        out = {}
+        for key, (inner, present, null) in shape[1].items():
+            if r.random() < present:
+                out[key] = None if r.random() < null else _value(r, inner)
+        return out
+    if kind == "list":
+        return [None if r.random() < shape[2] else _value(r, shape[1]) for _ in range(r.choice([0, 1, 3]))]
+    if kind == "map":
+        return {f"id-{r.randrange(50)}": _value(r, shape[1]) for _ in range(r.randint(0, 3))}
+    return {
+        "string": lambda: r.choice(["a", "b c", "ünï", "12", ""]),
+        "long": lambda: r.randint(-(2**63), 2**63 - 1),
+        "decimal": lambda: f"{r.randint(-999999, 999999)}.{r.randrange(10**6):06d}"[: r.randint(3, 12)].rstrip("."),
+        "number": lambda: Decimal(f"{r.randint(-99, 99)}.{r.randrange(1000):03d}"),
+        "boolean": lambda: r.random() < 0.5,
+        "timestamp": lambda: f"2026-11-{r.randint(10, 28)}T10:00:00.{r.randrange(1000):03d}+05:30",
+        "date": lambda: f"2026-11-{r.randint(10, 28)}",
+        "huge": lambda: r.randint(10**20, 10**30),
+        "exp": lambda: float(f"{r.randint(1, 9)}e{r.randint(-30, 30)}"),
+    }[kind]()
+
+
+def _dumps(value: object) -> str:
+    """JSON with Decimals written as plain numbers."""
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k)}: {_dumps(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_dumps(v) for v in value) + "]"
+    return json.dumps(value, ensure_ascii=False)
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_a_clean_random_nested_sample_is_read_whole_by_the_spec_init_writes(seed: int) -> None:
+    """Random nested shapes 4 levels deep, each place's values of one kind (keys missing or null at random, empty
+    lists, null elements): the spec init writes loads, round-trips, and the pipeline's rule reads every sampled
+    record (a type that reads every value of a place is the one init takes)."""
+    from krishiv.init_spec import analyse, spec_text
+    from krishiv_core.spec import parse_spec
+    from spark_jobs.record_decoder import Decoding, read_record
+
+    r = random.Random(seed)
+    top = _shape(r, 0)
+    fields = {"id": (("long",), 1, 0), **(top[1] if top[0] == "struct" else {"v": (top, 0.9, 0.1)})}
+    shape = ("struct", fields)
+    records = [_dumps(_value(r, shape)).encode() for _ in range(120)]
+    text = spec_text(analyse(records, [None] * len(records)), "t", "events", "127.0.0.1:9092")
+    pipeline = parse_spec(tomllib.loads(text), env={}).pipelines[0]
+    assert tomllib.loads(text)["pipelines"][0]["fields"] == {f.name: f.declaration() for f in pipeline.fields}
+    decoding = Decoding.of(pipeline)
+    reasons = {n: read_record(v, decoding).reason for n, v in enumerate(records, 1)}
+    assert not any(reasons.values()), (text, {n: why for n, why in reasons.items() if why})
