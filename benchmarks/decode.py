@@ -29,7 +29,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from krishiv_core.spec_types import ELEMENT, LIST, MAP, STRUCT, VALUE, EventField, FieldType
+from benchmarks.workload import NESTED_FIELDS, nested_order
+from krishiv_core.spec_types import EventField, FieldType
 from spark_jobs.record_decoder import Decoding
 from spark_jobs.registry_decoder import decoder_for, registry_client
 
@@ -113,54 +114,8 @@ def _json(rows: list[Order]) -> Case:
     return Case("json", _decoding(None), values, [None] * len(rows))
 
 
-#: The nested case's fields: the orders' own, with the customer and the event time inside structs, two order lines
-#: (a list of structs with a decimal each) and a map of decimals beside them (docs/spec.md, "Nested fields").
-NESTED_FIELDS = (
-    EventField("order_id", FieldType("string")),
-    EventField(
-        "customer",
-        FieldType(
-            STRUCT,
-            fields=(
-                EventField("id", FieldType("string")),
-                EventField("address", FieldType(STRUCT, fields=(EventField("city", FieldType("string")),))),
-            ),
-        ),
-    ),
-    EventField("amount", FieldType("decimal", 12, 2)),
-    EventField(
-        "lines",
-        FieldType(
-            LIST,
-            element=EventField(
-                ELEMENT,
-                FieldType(
-                    STRUCT,
-                    fields=(
-                        EventField("sku", FieldType("string")),
-                        EventField("qty", FieldType("long")),
-                        EventField("price", FieldType("decimal", 12, 2)),
-                    ),
-                ),
-            ),
-        ),
-    ),
-    EventField(
-        "attrs", FieldType(MAP, key=FieldType("string"), element=EventField(VALUE, FieldType("decimal", 20, 6)))
-    ),
-    EventField("meta", FieldType(STRUCT, fields=(EventField("event_time", FieldType("timestamp")),))),
-)
-
-
 def _nested(o: Order) -> dict[str, Any]:
-    return {
-        "order_id": o.order_id,
-        "customer": {"id": o.customer_id, "address": {"city": f"city-{o.customer_id[-1]}"}},
-        "amount": str(o.amount),
-        "lines": [{"sku": "s-1", "qty": 1, "price": str(o.amount)}, {"sku": "s-2", "qty": 2, "price": "0.50"}],
-        "attrs": {"speed": "1.500000", "load": "-0.25"},
-        "meta": {"event_time": o.event_time.isoformat()},
-    }
+    return nested_order(o.order_id, o.customer_id, o.amount, o.event_time)
 
 
 def _flattened(nested: dict[str, Any]) -> dict[str, Any]:

@@ -73,6 +73,22 @@ def _kind(run: EventsRun | None, limit: RawConsumeResult) -> dict[str, Any] | No
     }
 
 
+NESTED_SHAPE = "customer a struct of a struct, 2 lines (a list of structs), a map of decimals, event time in a struct"
+
+
+def nested_kind(run: EventsRun, flat_events_per_s: float | None, limit: RawConsumeResult | None) -> dict[str, Any]:
+    """The events kind over the nested orders, beside the flat events kind measured on the same run (its ratio)."""
+    return {
+        **{k: v for k, v in asdict(run).items() if k != "peak_rss"},
+        "seconds": round(run.seconds, 2),
+        "commit_s": round(run.commit_s, 2),
+        "events_per_s": round(run.events_per_s),
+        "vs_limit": None if limit is None else round(run.events_per_s / limit.events_per_s, 3),
+        "vs_flat_events": None if not flat_events_per_s else round(run.events_per_s / flat_events_per_s, 3),
+        "shape": NESTED_SHAPE,
+    }
+
+
 def _target(name: str, value: float | None, op: str, target: float, unit: str = "") -> dict[str, Any]:
     met = value is not None and value == value and (value <= target if op == "<=" else value >= target)
     return {"name": name, "value": _round(value, 3), "target": f"{op} {target:g}{unit}", "met": met}
@@ -156,6 +172,9 @@ def to_json(res: BenchResults) -> dict[str, Any]:
         "relay_maintained": [_relay(r, res.options.relay_depths) for r in res.relay_maintained],
         "events": _kind(res.events, res.limit),
         "upsert": _kind(res.upserts, res.limit),
+        "events_nested": None
+        if res.nested_events is None
+        else nested_kind(res.nested_events, res.events.events_per_s if res.events else None, res.limit),
         "merge_cost": res.merge_cost,
         "freshness": {
             "rate": f.rate,
@@ -217,6 +236,9 @@ def table_rows(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
                 f"{ev['vs_limit']} x limit",
             )
         )
+    nested = doc.get("events_nested")
+    if nested:
+        rows.append(("2 events kind, nested orders", f"{nested['events_per_s']:,} ev/s", _nested_detail(nested)))
     up = doc.get("upsert")
     if up:
         rows.append(
@@ -312,6 +334,22 @@ def table_rows(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
             )
         )
     return rows
+
+
+def _nested_detail(nested: dict[str, Any]) -> str:
+    text = f"{nested['rows_written']:,} rows in {nested['seconds']} s ({nested['commit_s']} s the relay)"
+    apart = nested.get("measured_apart")
+    if nested.get("vs_flat_events") is not None:
+        text += f", {nested['vs_flat_events']} x the flat events kind" + (" of the same run" if apart else "")
+    text += f"; {nested['shape']}"
+    if apart:
+        load = ", ".join(str(v) for v in apart["load_average"])
+        sha = (apart.get("commit") or "unknown")[:12] + (" (uncommitted changes)" if apart.get("dirty") else "")
+        text += (
+            f"; measured apart on {apart['date']} from commit {sha}, best of {apart['repeat']}, load average "
+            f"{load} at the end, the flat events kind {apart['flat_events_per_s']:,} ev/s there"
+        )
+    return text
 
 
 def target_lines(doc: dict[str, Any]) -> list[str]:

@@ -23,14 +23,16 @@ from benchmarks.throughput import (
     PipelineRun,
     bench_spec,
     events_spec,
+    nested_events_spec,
     run_baseline,
     run_events,
     run_krishiv,
+    run_nested_events,
     run_scan_only,
     run_upserts,
 )
 from benchmarks.upsert_merge import merge_costs
-from benchmarks.workload import produce_orders
+from benchmarks.workload import produce_nested_orders, produce_orders
 from krishiv.state_folder import BENCH_MARKER, reset_folder
 from krishiv_core.spec import KrishivSpec
 
@@ -57,6 +59,7 @@ class BenchOptions:
     merge_sizes: tuple[int, ...] = (1_000_000, 10_000_000)  # table sizes the merge cost is measured at
     merge_batch_keys: int = 10_000
     merge_batches: int = 3
+    nested: bool = True  # the events kind over the nested orders too (benchmarks.workload.NESTED_FIELDS)
 
 
 @dataclass
@@ -78,6 +81,7 @@ class BenchResults:
     dagster_freshness: DagsterFreshnessResult | None = None
     upserts: EventsRun | None = None
     merge_cost: dict[str, Any] | None = None  # :func:`benchmarks.upsert_merge.merge_costs`
+    nested_events: EventsRun | None = None  # the events kind over the nested orders
 
 
 def machine() -> dict[str, Any]:
@@ -158,6 +162,14 @@ def run_bench(spec: KrishivSpec, options: BenchOptions, folder: Path, console: C
 
         step("the events kind: raw ingestion of the same orders, one row each")
         events_run = run_events(spark, events_spec(spec_for("events-1x", "orders-1x")), options.events)
+        nested_run = None
+        if options.nested:
+            step(f"the events kind over {options.events:,} nested orders (structs, lists of structs, maps)")
+            produce_nested_orders(
+                broker.bootstrap, "orders-nested-1x", options.events, seed=options.seed, partitions=options.partitions
+            )
+            nested = nested_events_spec(spec_for("events-nested-1x", "orders-nested-1x"), "orders-nested-1x")
+            nested_run = run_nested_events(spark, nested, options.events)
         step("the upsert kind: the same orders merged again into a full table (one row per order), merge-on-read")
         upsert_run = run_upserts(spark, spec_for("upserts-1x", "orders-1x"), options.events)
         step(f"the relay's merge cost per {options.merge_batch_keys:,}-key batch at each table size")
@@ -232,6 +244,7 @@ def run_bench(spec: KrishivSpec, options: BenchOptions, folder: Path, console: C
         dagster_freshness,
         upsert_run,
         merge_cost,
+        nested_run,
     )
 
 

@@ -25,6 +25,7 @@ from krishiv_core.tables import WINDOW_START
 
 BASELINE_TABLE = "baseline_windows"
 EVENTS_TABLE = "orders_raw"
+NESTED_EVENTS_TABLE = "orders_nested_raw"
 UPSERTS_TABLE = "orders_latest"
 
 
@@ -68,6 +69,25 @@ def events_spec(spec: KrishivSpec) -> KrishivSpec:
     """``spec`` (from :func:`bench_spec`) with its pipeline as the ``events`` kind: every valid order one row of
     :data:`EVENTS_TABLE`, raw ingestion with the same source, batch size and fields."""
     pipeline = replace(spec.pipeline(), name=EVENTS_TABLE, table=EVENTS_TABLE, kind=EVENTS, aggregations=())
+    return replace(spec, pipelines=(pipeline,))
+
+
+def nested_events_spec(spec: KrishivSpec, topic: str) -> KrishivSpec:
+    """``spec`` (from :func:`bench_spec`) with its pipeline as the ``events`` kind over ``topic``'s nested orders
+    (:data:`benchmarks.workload.NESTED_FIELDS`, the event time at ``meta.event_time``) into
+    :data:`NESTED_EVENTS_TABLE`: the same source and batch sizes as :func:`events_spec`."""
+    from benchmarks.workload import NESTED_EVENT_TIME, NESTED_FIELDS
+
+    pipeline = replace(
+        spec.pipeline(),
+        name=NESTED_EVENTS_TABLE,
+        table=NESTED_EVENTS_TABLE,
+        topic=topic,
+        kind=EVENTS,
+        aggregations=(),
+        fields=NESTED_FIELDS,
+        event_time_field=NESTED_EVENT_TIME,
+    )
     return replace(spec, pipelines=(pipeline,))
 
 
@@ -160,6 +180,17 @@ def run_events(spark: SparkSession, spec: KrishivSpec, events: int, pipeline: Pi
         run.peak_rss,
         run.commit_s,
     )
+
+
+def run_nested_events(spark: SparkSession, spec: KrishivSpec, events: int) -> EventsRun:
+    """The ``events`` kind over the nested orders (``spec`` a :func:`nested_events_spec` whose topic holds ``events``
+    of them, every one valid), timed like :func:`run_events`; its table must hold one row per record."""
+    run = run_events(spark, spec, events)
+    if run.rows_written != events or run.rejects:
+        raise RuntimeError(
+            f"the nested events table holds {run.rows_written:,} rows ({run.rejects:,} rejects) of {events:,} orders"
+        )
+    return run
 
 
 def run_upserts(spark: SparkSession, spec: KrishivSpec, events: int) -> EventsRun:

@@ -17,6 +17,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks import docs_table
+from benchmarks.memory import PeakRss
+from benchmarks.nested import merged
+from benchmarks.throughput import EventsRun
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
@@ -74,6 +77,9 @@ def test_a_tiny_benchmark_prints_all_seven_measurements(tmp_path: Path, postgres
         assert r["maintenance"]["keep_last"] == 5 and r["maintenance"]["runs"] >= 1 and r["conflicts"] >= 0
     assert doc["events"]["rows_written"] > 0 and doc["events"]["events_per_s"] > 0
     valid = doc["events"]["rows_written"]
+    nested = doc["events_nested"]
+    assert nested["rows_written"] == 6000 and nested["rejects"] == 0, "every nested order one row"
+    assert nested["vs_flat_events"] > 0 and "measured_apart" not in nested
     assert doc["upsert"]["rows_written"] == valid, "every order's row replaced once: one row per order id"
     assert doc["limit_default_settings"]["records"] == 6000 and doc["limit"]["settings"]["queued.min.messages"] > 0
     costs = {(c["table_rows"], c["layout"]): c for c in doc["merge_cost"]["costs"]}
@@ -98,6 +104,7 @@ def test_a_tiny_benchmark_prints_all_seven_measurements(tmp_path: Path, postgres
         "4 relay on postgresql",
         "4 relay on sqlite, maintained",
         "2 events kind",
+        "2 events kind, nested orders",
         "5 freshness",
         "6 peak RSS at 2x",
         "7 scaling 2x",
@@ -137,6 +144,22 @@ RESULTS = {
     "baseline": {"events_per_s": 58_096, "seconds": 17.21, "batches": 5},
     "spark_scan_only": {"events_per_s": 105_485},
     "events": {"events_per_s": 230_000, "rows_written": 990_000, "seconds": 4.35, "commit_s": 0.5, "vs_limit": 0.518},
+    "events_nested": {
+        "events_per_s": 120_000,
+        "rows_written": 1_000_000,
+        "seconds": 8.33,
+        "commit_s": 0.6,
+        "vs_flat_events": 0.522,
+        "shape": "nested orders",
+        "measured_apart": {
+            "date": "2026-11-28T22:00:00+00:00",
+            "commit": "fedcba9876543210fedcba9876543210fedcba98",
+            "dirty": False,
+            "load_average": [9.5, 8.0, 7.25],
+            "repeat": 2,
+            "flat_events_per_s": 229_885,
+        },
+    },
     "ratios": {"krishiv_vs_limit": 0.112, "krishiv_vs_baseline": 0.857},
     "results_agree": True,
     "relay": [
@@ -204,6 +227,10 @@ def test_the_docs_table_is_rendered_from_the_results_and_check_catches_a_hand_ed
     assert "| 4 relay on sqlite | p50 31.2 ms, p99 88.4 ms |" in table
     assert "| 4 relay on postgresql, maintained | last 1,000: p50 24.1 ms, p99 65.3 ms |" in table
     assert "| 2 events kind (raw ingestion) | 230,000 ev/s |" in table
+    nested_row = next(line for line in table.splitlines() if line.startswith("| 2 events kind, nested orders |"))
+    assert "| 120,000 ev/s | 1,000,000 rows in 8.33 s (0.6 s the relay), 0.522 x the flat events kind" in nested_row
+    assert "measured apart on 2026-11-28T22:00:00+00:00 from commit fedcba987654, best of 2" in nested_row
+    assert "load average 9.5, 8.0, 7.25 at the end, the flat events kind 229,885 ev/s there" in nested_row
     assert "* relay p99 on sqlite (ms): 88.4 (target <= 250): met" in table
     assert "* Krishiv vs baseline: 0.857 (target >= 1x): missed" in table
     outside = before.split(docs_table.BEGIN)[0], before.split(docs_table.END)[1]
@@ -224,3 +251,18 @@ def test_the_committed_docs_table_is_the_committed_results():
     if not docs_table.LATEST.exists():
         pytest.skip("no benchmarks/results/latest.json committed yet")
     assert docs_table.main(["--check"]) == 0, "run python -m benchmarks.docs_table after make bench"
+
+
+def test_the_nested_figure_measured_apart_replaces_only_events_nested():
+    rss = PeakRss(0.0, 0.0, 0.0)
+    flat = EventsRun(1_000_000, 4.0, 999_900, 100, 1, 1, rss, 0.3)
+    nested = EventsRun(1_000_000, 5.0, 1_000_000, 0, 1, 1, rss, 0.4)
+    doc = merged(RESULTS, flat, nested, 3)
+    assert {k: v for k, v in doc.items() if k != "events_nested"} == {
+        k: v for k, v in RESULTS.items() if k != "events_nested"
+    }
+    figure = doc["events_nested"]
+    assert figure["events_per_s"] == 200_000 and figure["vs_flat_events"] == 0.8 and figure["vs_limit"] is None
+    apart = figure["measured_apart"]
+    assert apart["flat_events_per_s"] == 250_000 and apart["repeat"] == 3 and apart["date"].endswith("+00:00")
+    assert len(apart["load_average"]) == 3 and len(apart["commit"]) == 40
