@@ -56,7 +56,7 @@ def to_table_schema(rows: pa.Table, schema: Schema) -> pa.Table:
                 path, count = nulls
                 raise SchemaConflict(f"staged rows hold {count} nulls in column {path!r}, which the table requires")
             if column.type != field.type:
-                column = column.cast(field.type)
+                column = _cast(column, field.type)
         elif field.nullable:
             column = pa.nulls(rows.num_rows, field.type)
         else:
@@ -66,6 +66,75 @@ def to_table_schema(rows: pa.Table, schema: Schema) -> pa.Table:
             )
         columns.append(column)
     return pa.Table.from_arrays(columns, schema=target)
+
+
+def _cast(column: pa.Array | pa.ChunkedArray, target: pa.DataType) -> pa.Array | pa.ChunkedArray:
+    """``column`` as ``target``, a nested type part by part. Arrow's own cast, and Parquet's writer, refuse a null in
+    a required part even where it lies under a null struct (an absent optional struct's required field), which is
+    no null at all: such a slot gets a placeholder value the struct's null hides (:func:`_filled`)."""
+    if isinstance(column, pa.ChunkedArray):
+        return pa.chunked_array([_cast(chunk, target) for chunk in column.chunks], target)
+    if column.type == target:
+        return column
+    mask = column.is_null() if column.null_count else None
+    if pa.types.is_struct(target) and pa.types.is_struct(column.type):
+        children = []
+        for part in target:
+            index = column.type.get_field_index(part.name)
+            child = column.field(index) if index >= 0 else pa.nulls(len(column), part.type)
+            child = _cast(child, part.type)
+            children.append(child if part.nullable else _filled(child))
+        return pa.StructArray.from_arrays(children, fields=list(target), mask=mask)
+    if (pa.types.is_map(target) and pa.types.is_map(column.type)) or (_is_list(target) and _is_list(column.type)):
+        # fresh offsets over the present entries: a slice's own offsets take no null mask in from_arrays, and
+        # pyiceberg's Arrow schema has large lists (64-bit offsets) where a staged column may have either
+        large = pa.types.is_large_list(target)
+        if pa.types.is_map(column.type):  # a map is laid out as a list of (key, value) structs
+            entries = pa.struct([column.type.key_field, column.type.item_field])
+            column = column.view(pa.list_(pa.field("entries", entries, nullable=False)))
+        lengths = pc.fill_null(pc.list_value_length(column), 0).cast(pa.int64())
+        offsets = pa.concat_arrays([pa.array([0], pa.int64()), pc.cumulative_sum(lengths)])
+        offsets = offsets.cast(pa.int64() if large else pa.int32())
+        present = column.flatten()
+        if pa.types.is_map(target):
+            keys = _cast(present.field(0), target.key_type)
+            items = _cast(present.field(1), target.item_type)
+            items = items if target.item_field.nullable else _filled(items)
+            return pa.MapArray.from_arrays(offsets, keys, items, type=target, mask=mask)
+        values = _cast(present, target.value_type)
+        values = values if target.value_field.nullable else _filled(values)
+        array_type = pa.LargeListArray if large else pa.ListArray
+        return array_type.from_arrays(offsets, values, type=target, mask=mask)
+    return column.cast(target)
+
+
+def _filled(array: pa.Array) -> pa.Array:
+    """``array`` with a placeholder in each null slot (a zero, an empty string or list, a struct of placeholders):
+    for a required part under a null struct, where a reader never sees it (a null elsewhere was refused before)."""
+    if not array.null_count:
+        return array
+    t = array.type
+    if pa.types.is_struct(t):
+        children = [_filled(array.field(i)) if not f.nullable else array.field(i) for i, f in enumerate(t)]
+        return pa.StructArray.from_arrays(children, fields=list(t))
+    if pa.types.is_map(t) or _is_list(t):
+        return pc.if_else(array.is_null(), _empty(t, len(array)), array)
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return pc.fill_null(array, "")
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return pc.fill_null(array, b"")
+    if pa.types.is_boolean(t):
+        return pc.fill_null(array, False)
+    return pc.fill_null(array, pa.scalar(0, pa.int64()).cast(t))
+
+
+def _empty(t: pa.DataType, n: int) -> pa.Array:
+    """``n`` empty lists (or maps) of type ``t``."""
+    large = pa.types.is_large_list(t)
+    offsets = pa.array([0] * (n + 1), pa.int64() if large else pa.int32())
+    if pa.types.is_map(t):
+        return pa.MapArray.from_arrays(offsets, pa.array([], t.key_type), pa.array([], t.item_type), type=t)
+    return (pa.LargeListArray if large else pa.ListArray).from_arrays(offsets, pa.array([], t.value_type), type=t)
 
 
 def _required_nulls(column: pa.Array | pa.ChunkedArray, field: pa.Field, path: str) -> tuple[str, int] | None:

@@ -25,6 +25,7 @@ from typing import Annotated, Any
 import msgspec
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from krishiv_core.spec_types import JSON_TEXT, LIST, MAP, STRUCT, EventField, FieldType
 from spark_jobs.record_decoder import (
@@ -224,6 +225,15 @@ def fast_type(t: FieldType) -> Any:
     return {"string": str, "timestamp": str, "date": str, "binary": str, "double": float, "boolean": bool}[t.name]
 
 
+def _zero(t: FieldType) -> pa.Scalar:
+    """A placeholder of a map key's type (a map's key cannot be null, even in a row the rule will read again)."""
+    if t.name == "boolean":
+        return pa.scalar(False)
+    if t.name == "binary":
+        return pa.scalar(b"")
+    return pa.scalar(0, pa.int64()).cast(arrow_type(t))
+
+
 def fast_column(values: list[Any], part: EventField, rows: np.ndarray | None = None) -> tuple[pa.Array, set[int]]:
     """The Arrow column of a part's values as :func:`fast_type` decoded them (None under a null parent), built a
     level at a time (a list's or a map's parts flattened, decimals and times read by Arrow's kernels), and the rows
@@ -255,11 +265,11 @@ def fast_column(values: list[Any], part: EventField, rows: np.ndarray | None = N
         assert t.key is not None
         keys = [k for v in values if v for k in v]
         items, bad = fast_column([x for v in values if v for x in v.values()], t.element, inner)
-        if t.key.name != "string":
+        key_column = pa.array(keys, pa.string())
+        if t.key.name != "string":  # a key that is not its type: its record goes to the rule, a placeholder here
             read = [map_key(k, t.key) for k in keys]
             bad |= {int(inner[i]) for i, (_, why) in enumerate(read) if why is not None}
-            keys = [value for value, _ in read]
-        key_column = pa.array(keys, arrow_type(t.key))
+            key_column = pc.fill_null(pa.array([value for value, _ in read], arrow_type(t.key)), _zero(t.key))
         return pa.MapArray.from_arrays(offsets, key_column, items, type=arrow_type(t)), bad
     if t.is_decimal or t.name == JSON_TEXT:  # raw tokens: None under a null parent, the token null a null
         nulls = [i for i, v in enumerate(values) if v is not None and bytes(v) == b"null"]

@@ -355,3 +355,52 @@ def test_nulls_under_a_null_struct_or_list_are_no_conflict(tmp_path: Path) -> No
     rows = nested_rows([{"id": 1, "gps": None, "tags": None, "readings": [None, {"value": 1, "note": None}]}])
     (staged,) = write_staged_files(load_io({}, str(tmp_path)), NESTED, PartitionSpec(), rows, str(tmp_path))
     assert pq.read_table(staged.path).column("readings").to_pylist() == [[None, {"value": 1, "note": None}]]
+
+
+def test_an_absent_optional_struct_inside_a_required_one_writes_and_reads_back(tmp_path: Path) -> None:
+    """meta (required) > origin (optional) > host (required): where origin is null, host has no value, though
+    Spark's column holds a null there (Arrow's cast and Parquet's writer refused it, the chaos scenario found)."""
+    schema = Schema(
+        NestedField(1, "id", LongType(), required=True),
+        NestedField(
+            2,
+            "meta",
+            StructType(
+                NestedField(3, "seq", LongType(), required=True),
+                NestedField(
+                    4,
+                    "origin",
+                    StructType(
+                        NestedField(5, "host", StringType(), required=True),
+                        NestedField(
+                            6, "rack", StructType(NestedField(7, "row", IntegerType(), required=True)), required=True
+                        ),
+                        NestedField(8, "tags", ListType(9, StringType(), element_required=True), required=True),
+                        NestedField(
+                            10, "attrs", MapType(11, StringType(), 12, LongType(), value_required=True), required=True
+                        ),
+                    ),
+                    required=False,
+                ),
+            ),
+            required=True,
+        ),
+    )
+    origin = pa.struct(
+        [
+            ("host", pa.string()),
+            ("rack", pa.struct([("row", pa.int32())])),
+            ("tags", pa.list_(pa.string())),
+            ("attrs", pa.map_(pa.string(), pa.int64())),
+        ]
+    )
+    spark = pa.schema([("id", pa.int64()), ("meta", pa.struct([("seq", pa.int64()), ("origin", origin)]))])
+    rows = [
+        {"id": 1, "meta": {"seq": 1, "origin": {"host": "h", "rack": {"row": 2}, "tags": ["a"], "attrs": [("k", 3)]}}},
+        {"id": 2, "meta": {"seq": 2, "origin": None}},
+        {"id": 3, "meta": {"seq": 3, "origin": {"host": "", "rack": {"row": -1}, "tags": [], "attrs": []}}},
+    ]
+    batch = pa.Table.from_pylist(rows, schema=spark)
+    sliced = pa.concat_tables([batch.slice(0, 1), batch.slice(1)])  # Spark hands a task's rows in several chunks
+    (staged,) = write_staged_files(load_io({}, str(tmp_path)), schema, PartitionSpec(), sliced, str(tmp_path))
+    assert pq.read_table(staged.path).to_pylist() == rows

@@ -332,6 +332,7 @@ def test_the_docs_examples():
         b'{"gps": {"lon": 4.3}, "tags": []}',
         b'{"gps": "52.1,4.3", "tags": {}}',
         b'{"gps": {}, "tags": [], "attrs": {"1": null, "x": 2, "-3": 4}}',
+        b'{"gps": {"lat": 1, "lon": 2}, "tags": [], "attrs": {"1": null, "x": 2, "-3": 4}}',  # the key alone
         b'{"gps": {"lat": 1, "lon": 2, "alt": 3}, "tags": ["a"], "attrs": {}, '
         b'"extra": {"b": [1, 2.50, 1e5], "a": "\xc3\xa9\\n", "a": {"z": null}}}',
     ]
@@ -344,6 +345,7 @@ def test_the_docs_examples():
         "missing field: gps.lat",
         'mistyped field: gps (struct<lat: double, lon: double>, got a JSON string "52.1,4.3"), '
         "tags (list<string>, got a JSON object)",
+        'mistyped field: attrs["x"] (map key long, got "x")',
         'mistyped field: attrs["x"] (map key long, got "x")',
         None,
     ]
