@@ -102,6 +102,29 @@ def _keyed(name: str, rows: list[dict], key) -> tuple[dict, list[str]]:
     return out, [f"{name}: {len(twice)} keys held by more than one row, e.g. {twice[:NAMED]}"] if twice else []
 
 
+def as_pyiceberg_reads(value: Any, t: Type) -> Any:
+    """An expected value as pyiceberg 0.12 reads it back: a null list of structs as an empty list (its reader
+    rebuilds such a list without the null mask, apache/iceberg-python#3833; the file holds the null, which DuckDB
+    and Spark read; ``tests/outbox/test_pyiceberg_null_lists.py`` is the canary that says when this can go)."""
+    if t.name == "list":
+        assert t.element is not None
+        if value is None:
+            return [] if t.element.type.name == "struct" else None
+        return [as_pyiceberg_reads(v, t.element.type) for v in value]
+    if value is None:
+        return None
+    if t.name == "struct":
+        return {f.name: as_pyiceberg_reads(value.get(f.name), f.type) for f in t.fields}
+    if t.name == "map":
+        assert t.element is not None
+        return {k: as_pyiceberg_reads(v, t.element.type) for k, v in value.items()}
+    return value
+
+
+def _as_read(rows: dict[Hashable, Any], fields: tuple[Part, ...]) -> dict[Hashable, Any]:
+    return {k: {f.name: as_pyiceberg_reads(row.get(f.name), f.type) for f in fields} for k, row in rows.items()}
+
+
 def _scan(spec: KrishivSpec, catalog, table: str) -> list[dict]:
     return catalog.load_table(qualified(spec, table)).scan().to_arrow().to_pylist()
 
@@ -115,7 +138,7 @@ def _compare(
     if p.kind == EVENTS:
         rows, v = _keyed(p.table, _scan(spec, catalog, p.table), lambda r: (r["_kafka_partition"], r["_kafka_offset"]))
         got = {k: row_of(r, fields) for k, r in rows.items()}
-        v += differences(f"{p.table} rows (partition, offset)", got, fold_events(records, fields))
+        v += differences(f"{p.table} rows (partition, offset)", got, _as_read(fold_events(records, fields), fields))
     elif p.kind == UPSERT:
         (key,) = p.key
         first, _, rest = key.partition(".")
@@ -123,7 +146,7 @@ def _compare(
         got = {k: row_of(r, fields) for k, r in rows.items()}
         assert p.version_field is not None
         want = fold_upsert(records, keys, batches, fields, key, p.version_field)
-        v += differences(f"{p.table} rows by {key}", got, want)
+        v += differences(f"{p.table} rows by {key}", got, _as_read(want, fields))
     else:
         (group,) = p.group_by
         column = group.replace(".", "_")

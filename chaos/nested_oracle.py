@@ -29,7 +29,7 @@ import tomllib
 from collections.abc import Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
-from decimal import Decimal
+from decimal import Context, Decimal
 from typing import Any
 
 from chaos.kinds_oracle import UpsertEvent, fold_upserts
@@ -152,14 +152,19 @@ _PLAIN = re.compile(r"-?[0-9]+(\.[0-9]+)?")
 _EXPONENT = re.compile(r"-?[0-9]+(\.[0-9]+)?[eE][-+]?[0-9]+")
 _INTEGER = re.compile(r"-?[0-9]+")
 _MISSING = object()
+#: A shown token's most characters, and sums exactly (Python's default context keeps 28 digits; a sum of
+#: decimal(28,8) values has up to 38).
+SHOWN = 40
+EXACT = Context(prec=100)
 
 
 def got(token: Any) -> str:
-    """The token as a reason shows it: ``a JSON string "…"``, ``a JSON number 1.005``."""
+    """The token as a reason shows it: ``a JSON string "…"``, ``a JSON number 1.005``, cut to its first 40
+    characters (docs/spec.md, "Field types")."""
     if isinstance(token, str):
-        return f"a JSON string {json.dumps(token, ensure_ascii=False)}"
+        return f"a JSON string {json.dumps(token, ensure_ascii=False)[:SHOWN]}"
     if isinstance(token, Number):
-        return f"a JSON number {token.text}"
+        return f"a JSON number {token.text[:SHOWN]}"
     if isinstance(token, bool):
         return f"a JSON boolean {'true' if token else 'false'}"
     if isinstance(token, Pairs):
@@ -440,7 +445,7 @@ def fold_windows(
                 continue
             agg = state.setdefault((start, start + window_ms, _path(row, group)), [0, Decimal(0)])
             agg[0] += 1
-            agg[1] += _path(row, field)
+            agg[1] = EXACT.add(agg[1], _path(row, field))
         if latest is not None:
             watermark = latest - delay_ms if watermark is None else max(watermark, latest - delay_ms)
     return {k: (v[0], v[1]) for k, v in state.items()}, late
