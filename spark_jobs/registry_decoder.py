@@ -312,17 +312,6 @@ def type_paths(fields: Sequence[EventField]) -> list[str]:
     return [p for f in fields for p in walk(f.type, f.name)]
 
 
-def loose(t: pa.DataType) -> pa.DataType:
-    """``t`` with every nested part nullable (Spark's view of a struct, list or map from its DDL)."""
-    if pa.types.is_struct(t):
-        return pa.struct([pa.field(f.name, loose(f.type)) for f in t])
-    if pa.types.is_map(t):
-        return pa.map_(loose(t.key_type), pa.field(t.item_field.name, loose(t.item_type)))
-    if pa.types.is_list(t):
-        return pa.list_(pa.field(t.value_field.name, loose(t.value_type)))
-    return t
-
-
 #: The Python type a deserializer gives a value that certainly fits a field of each type (a decimal's and an
 #: integer's range are Arrow's to check); the fast path takes a value only of this exact type.
 _PLAIN_TYPES: dict[str, type] = {
@@ -351,25 +340,8 @@ class RegistryRecordDecoder(RecordDecoder):
         self._types = {f.name: f.type for f in decoding.fields}
         self._names = tuple(f.name for f in decoding.fields)
         self._field_names = frozenset(self._names)
-        self._spark_schema: pa.Schema | None = None
         self._row_fields = tuple(f.name for f in decoding.fields if not f.name.startswith(CDC_PREFIX))
         self._cdc_fields = tuple(f.name for f in decoding.fields if f.name.startswith(CDC_PREFIX))
-
-    def decode(
-        self,
-        keys: Sequence[bytes | None],
-        values: Sequence[bytes | None],
-        topic: str,
-        partition: int,
-        offsets: Sequence[int],
-        timestamps_ms: Sequence[int],
-    ) -> pa.RecordBatch:
-        """:meth:`RecordDecoder.decode`, the batch's nested parts all nullable as Spark's schema of the source has them
-        (its DDL cannot say a nested part is required; the rule has already refused a null where one is)."""
-        batch = super().decode(keys, values, topic, partition, offsets, timestamps_ms)
-        if self._spark_schema is None:
-            self._spark_schema = pa.schema([pa.field(f.name, loose(f.type), f.nullable) for f in batch.schema])
-        return batch if batch.schema == self._spark_schema else batch.cast(self._spark_schema)
 
     def fast_columns(self, values: Sequence[bytes | None], topic: str) -> tuple[dict[str, Any], list[int]]:
         """The fast path of Avro and Protobuf values, one rule: each value decoded once and each field's column
