@@ -94,7 +94,8 @@ def demo_orders(
 def file_events(lines: Iterable[str], partitions: int, key_field: str | None, where: str) -> list[OrderEvent]:
     """One record per non-empty line of a JSON lines file, its text as the value, sent as it is (a line that is not
     a JSON object is produced too: Krishiv makes it a reject with its reason). With ``key_field`` the Kafka key is
-    that field of the line (a string as its text, any other value as its JSON), and the partition the key's CRC32
+    that field of the line (or the value at a dotted path, ``van.id``: a string as its text, any other value as its
+    JSON), and the partition the key's CRC32
     modulo the partition count, as librdkafka's default partitioner puts a key; without one, lines go round the
     partitions in turn. A line that is not a JSON object, or has no such field (or a null), is sent as it is without a
     key, round the partitions too: it becomes a reject, or an event without a key, as the pipeline reads it. Blank
@@ -110,12 +111,14 @@ def file_events(lines: Iterable[str], partitions: int, key_field: str | None, wh
 
 
 def _key_of(text: str, field: str) -> bytes | None:
-    """The Kafka key of a JSON line: its ``field`` (a string as its text, any other value as its JSON), or None."""
+    """The Kafka key of a JSON line: its ``field``, or the value at a dotted path into its objects (``van.id``), a
+    string as its text, any other value as its JSON; or None."""
     try:
-        document = json.loads(text)
+        value = json.loads(text)
     except ValueError:
         return None
-    value = document.get(field) if isinstance(document, dict) else None
+    for part in field.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
     if value is None:
         return None
     return (value if isinstance(value, str) else json.dumps(value)).encode()

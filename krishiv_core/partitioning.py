@@ -141,6 +141,14 @@ def _parse_one(raw: Any, field_name: str, columns: Mapping[str, str]) -> Partiti
     if not re.fullmatch(_PATH, column):
         raise ConfigError(field_name, f"expected a column name in {raw!r}, got {column!r}")
     if column not in columns:
+        parts = column.split(".")
+        for through in (".".join(parts[:end]) for end in range(1, len(parts))):
+            if columns.get(through) in ("list", "map"):
+                raise ConfigError(
+                    field_name,
+                    f"{column!r} in {raw!r} goes through {through}, a {columns[through]}: a path can name a field "
+                    "inside a struct, not inside a list or map",
+                )
         raise ConfigError(
             field_name, f"unknown column {column!r} in {raw!r}; the table's columns are {', '.join(columns)}"
         )

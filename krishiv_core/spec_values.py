@@ -132,6 +132,13 @@ def _declaration(decl: Any, where: str, allow_required: bool = True) -> tuple[Fi
         return parse_field_type(decl, where), True
     kind = decl.get("type")
     parts = _NESTED_KEYS.get(kind, set()) if isinstance(kind, str) else set()
+    nested_keys = set(decl) & (_NESTED_KEYS[STRUCT] | _NESTED_KEYS[LIST] | _NESTED_KEYS[MAP])
+    if nested_keys and not parts:  # {type = "strcut", fields = ...}: the type word is what is wrong
+        kinds = [k for k, keys in _NESTED_KEYS.items() if nested_keys <= keys]
+        raise ConfigError(
+            f"{where}.type",
+            f"expected {' or '.join(map(repr, kinds or NESTED))} beside {', '.join(sorted(nested_keys))}, got {kind!r}",
+        )
     allowed = {"type"} | parts | ({"required"} if allow_required else set())
     unknown = set(decl) - allowed
     if unknown:

@@ -38,6 +38,17 @@ def cmd_produce(args: argparse.Namespace, spec: KrishivSpec) -> int:
             lines = sys.stdin.readlines() if args.file == "-" else Path(args.file).read_text().splitlines()
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError("--file", f"cannot read {args.file}: {exc}") from None
+        where = "standard input" if args.file == "-" else args.file
+        if (
+            args.key
+            and all(e.key is None for e in file_events(lines, 1, args.key, where))
+            and any(map(str.strip, lines))
+        ):
+            raise ConfigError(
+                "--key",
+                f"no line of {where} has {args.key} (a field, or a dotted path into objects such as van.id): nothing "
+                "was sent; name a field the lines hold, or leave --key out to send them round the partitions",
+            )
     check_broker(spec)  # one line naming the address, not librdkafka's retries
     pipeline = spec.pipeline(args.pipeline)
     settings = spec.kafka.client_settings()  # [kafka.properties]: security, secrets resolved
@@ -46,7 +57,6 @@ def cmd_produce(args: argparse.Namespace, spec: KrishivSpec) -> int:
     if args.rate:
         extra = {"start_ms": int(time.time() * 1000), "spacing_ms": max(1, int(1000 / args.rate)), "jitter_ms": 0}
     if lines is not None:
-        where = "standard input" if args.file == "-" else args.file
         events = file_events(lines, partitions, args.key, where)
     else:
         events = demo_orders(

@@ -63,3 +63,20 @@ def test_a_users_own_file_lands_in_the_table_and_its_bad_lines_are_rejects(tmp_p
     assert all(r["_kafka_partition"] == zlib.crc32(r["_kafka_key"]) % 3 for r in table)
     [reject] = catalog.load_table(qualified(spec, "payments_rejects")).scan().to_arrow().to_pylist()
     assert reject["reason"] == 'mistyped field: amount (decimal(10,2), got a JSON string "lots": not a number)'
+
+
+def test_a_key_at_a_dotted_path_keys_the_line_and_a_key_no_line_holds_sends_nothing(tmp_path, capsys) -> None:
+    lines = ['{"van": {"id": "v-1"}, "n": 1}', '{"van": {"id": 7}}', '{"van": "v-2"}', '{"n": 2}']
+    sent = file_events(lines, 4, "van.id", "f.jsonl")
+    assert [e.key for e in sent] == [b"v-1", b"7", None, None]
+    assert sent[0].partition == zlib.crc32(b"v-1") % 4
+    path = tmp_path / "krishiv.toml"
+    settings = SETTINGS_TEMPLATE.format(
+        bootstrap="127.0.0.1:1", partitions=3, catalog_uri="sqlite:///catalog.db", warehouse="w", topic="t"
+    )
+    path.write_text(settings + PIPELINE.format(topic="t"))
+    events = tmp_path / "payments.jsonl"
+    events.write_text('{"payment_id": "p-1", "amount": 1}\n')
+    assert main(["--spec", str(path), "produce", "--file", str(events), "--key", "van.id"]) == 2
+    out = capsys.readouterr()
+    assert f"no line of {events} has van.id" in out.out + out.err and "nothing was sent" in out.out + out.err
