@@ -28,9 +28,16 @@ Nested values are typed by the same rule at every depth (``infer``), each part n
   distinct keys with an object holding at most half of them on average, or a key that is no field name (``"c-17"``,
   ``"2026-11-26"``); its values typed together, optional when one is null;
 - arrays are a **list**, its element typed from every element of every sampled array, optional when one is null;
-- ``json`` where the shapes conflict (an object in some records, an array or a scalar in others, or elements of
-  mixed shapes), where every sampled object or array was empty (no key or element to type: a list of unknown
-  elements is better kept whole than typed ``string`` and rejected later), or every element or value was null.
+- shapes by the same majority rule as scalar types: when more than half of a place's values are objects (or
+  arrays, or scalars), the type is inferred from those, and the values of another shape are named as rejects
+  (``4 of 500 sampled values are not objects and will be rejects: 4 numbers with a fraction (lines …)``);
+- ``json`` where no shape has a majority (as many objects as arrays or scalars, or elements of mixed shapes), where
+  every sampled object or array was empty (no key or element to type: a list of unknown elements is better kept
+  whole than typed ``string`` and rejected later), or every element or value was null; and for a **free-form**
+  object: one whose keys vary (a key missing from some objects) and whose struct would have a field rejecting
+  more than ``FREE_FORM_REJECTS`` (5%) of that field's sampled values by the field rule (``extra.a`` a string in
+  some objects and a number in others): ``json`` rejects none of them, a struct would reject records for keys the
+  producer never fixed.
 """
 
 from __future__ import annotations
@@ -62,6 +69,8 @@ _RAW_ARRAY = msgspec.json.Decoder(list[msgspec.Raw])
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: Objects with more distinct keys than this, each holding at most half of them on average, are a map.
 MAP_KEYS = 16
+#: Objects whose keys vary are ``json`` when a struct's field would reject more than this share of its values.
+FREE_FORM_REJECTS = 0.05
 
 
 def json_kind(token: bytes) -> str:
@@ -137,7 +146,8 @@ def _candidates(name: str, values: Sequence[_Value]) -> list[Candidate]:
         notes = ["integers beyond long"] if beyond else []
         if strings:
             notes.append("numbers sent as strings" if strings == len(plains) else "numbers, some sent as strings")
-        out.append(judged(_decimal([v.plain or "" for v in plains]), "; ".join(notes) or "or double"))
+        exact = 'numbers with a fraction, kept exact (or declare "double")'
+        out.append(judged(_decimal([v.plain or "" for v in plains]), "; ".join(notes) or exact))
     if any(v.kind == "number" and v.plain is None for v in values):
         out.append(judged(FieldType("double"), "exponent notation in the sample"))
     elif sum(v.too_long for v in values) * 2 > len(values):
@@ -166,14 +176,31 @@ def infer(name: str, path: str, seen: Seen) -> Typed:
     """The type of the non-null values ``seen`` at ``path`` (``name``: the key they came under, which may say time).
 
     Objects are a struct or a map, arrays a list, both typed by this rule at every depth; scalars get the scalar
-    candidate reading most of them; ``json`` where the values' shapes conflict or no type reads more than half."""
+    candidate reading most of them. Of mixed shapes, the one of more than half the values is typed from them, the
+    others named as rejects; ``json`` where no shape or no type reads more than half."""
     if not seen:
         return Typed(None, f"left out: {path} was null in every sampled value")
     kinds: dict[str, list[str]] = {}
+    shapes: dict[str, list[tuple[bytes, str]]] = {}
     for token, where in seen:
-        kinds.setdefault(json_kind(token), []).append(where)
-    if len(kinds) > 1 and kinds.keys() & {"object", "array"}:
-        return Typed(FieldType(JSON_TEXT), f"json, as the shapes conflict: {_kinds_said(kinds)}")
+        kind = json_kind(token)
+        kinds.setdefault(kind, []).append(where)
+        shapes.setdefault(kind if kind in ("object", "array") else "scalar", []).append((token, where))
+    if len(shapes) > 1:
+        (shape,) = [s for s, values in shapes.items() if len(values) * 2 > len(seen)] or [None]
+        if shape is None:
+            return Typed(FieldType(JSON_TEXT), f"json, as no shape is in more than half: {_kinds_said(kinds)}")
+        if shape == "scalar":  # the scalar rule names the objects and arrays among them as rejects
+            return _scalar(name, seen)
+        typed = (_objects if shape == "object" else _arrays)(name, path, shapes[shape])
+        odd = {kind: wheres for kind, wheres in kinds.items() if kind != shape}
+        others = len(seen) - len(shapes[shape])
+        listed = _kinds_listed(odd)
+        if typed.type is not None and typed.type.name == JSON_TEXT:
+            return Typed(typed.type, f"{typed.note}; json keeps its {_count(others, 'other value')} too: {listed}")
+        rejects = f"{others:,} of {len(seen):,} sampled values are not {shape}s and will be "
+        rejects += f"{'a reject' if others == 1 else 'rejects'}: {listed}"
+        return Typed(typed.type, f"{typed.note}; {rejects}" if typed.note else rejects, typed.parts)
     if "object" in kinds:
         return _objects(name, path, seen)
     if "array" in kinds:
@@ -189,6 +216,16 @@ def _kinds_said(kinds: Mapping[str, Sequence[str]]) -> str:
     return ", ".join(said)
 
 
+def _kinds_listed(kinds: Mapping[str, Sequence[str]]) -> str:
+    """``4 numbers with a fraction (lines 34, 175, 349 and 1 more), 1 string (line 9)``: each kind counted, placed."""
+    ranked = sorted(kinds.items(), key=lambda kv: -len(kv[1]))
+    return ", ".join(f"{_kind_count(kind, len(w))} ({_places(_distinct(w))})" for kind, w in ranked)
+
+
+def _kind_count(kind: str, n: int) -> str:
+    return f"{n:,} {_KIND_NOUNS[kind] if n != 1 else _KIND_NOUN[kind]}"
+
+
 _KIND_NOUNS = {
     "object": "objects",
     "array": "arrays",
@@ -196,6 +233,14 @@ _KIND_NOUNS = {
     "integer": "integers",
     "number": "numbers with a fraction",
     "boolean": "booleans",
+}
+_KIND_NOUN = {
+    "object": "object",
+    "array": "array",
+    "string": "string",
+    "integer": "integer",
+    "number": "number with a fraction",
+    "boolean": "boolean",
 }
 
 
@@ -235,10 +280,54 @@ def _objects(name: str, path: str, seen: Seen) -> Typed:
         notes += [(here, typed.note)] * bool(typed.note) + list(typed.parts)
     if not fields:
         return Typed(FieldType(JSON_TEXT), f"json: every key of the {_count(n, 'sampled object')} was null", ())
-    said = f"a struct: {_count(len(fields) - len(some), 'key')} in all {_count(n, 'object')}"
-    if some:
-        said += f", {len(some)} in some (optional): " + ", ".join(some[:_SHOWN]) + (", …" if len(some) > _SHOWN else "")
+    free = _free_form(path, docs, holding, fields)
+    if free:
+        return Typed(FieldType(JSON_TEXT), free)
+    in_all = len(fields) - len(some)
+    shown = ", ".join(some[:_SHOWN]) + (f" and {len(some) - _SHOWN:,} more" if len(some) > _SHOWN else "")
+    said = f"a struct: {_count(in_all, 'key')} in all {_count(n, 'object')}"
+    if some and in_all:
+        said += f", {len(some)} in some (optional): {shown}"
+    elif some:
+        said = f"a struct of {_count(len(some), 'optional key')}, none in all {_count(n, 'object')}: {shown}"
     return Typed(FieldType(STRUCT, fields=tuple(fields)), said, tuple(notes))
+
+
+def _free_form(
+    path: str, docs: Sequence[tuple[dict[str, bytes], str]], holding: Mapping[str, int], fields: Sequence[EventField]
+) -> str | None:
+    """Why objects are ``json`` rather than the struct ``fields``, or None: their keys vary (one is missing from some
+    objects) and a field would reject more than ``FREE_FORM_REJECTS`` of its sampled values by the field rule."""
+    n = len(docs)
+    if all(count == n for count in holding.values()):
+        return None
+    worst: tuple[float, str] | None = None
+    for f in fields:
+        present = [doc[f.name] for doc, _ in docs if doc.get(f.name, b"null") != b"null"]
+        rejected = sum(_rejected(token, f.type, f"{path}.{f.name}") for token in present)
+        if rejected > FREE_FORM_REJECTS * len(present) and (worst is None or rejected / len(present) > worst[0]):
+            said = f"{f.name} would be a {f.type} rejecting {rejected:,} of its {_count(len(present), 'sampled value')}"
+            worst = (rejected / len(present), said)
+    if worst is None:
+        return None
+    in_all = sum(count == n for count in holding.values())
+    return (
+        f"json, as the objects are free-form: their keys vary ({len(holding):,} distinct, {in_all or 'none'} in all "
+        f"{_count(n, 'object')}), and as a struct {worst[1]}; json rejects none"
+    )
+
+
+def _rejected(token: bytes, t: FieldType, path: str) -> bool:
+    """Whether the pipeline's rule rejects ``token`` (present, not null) as ``t``."""
+    from spark_jobs.nested_json import Problems, read_part
+    from spark_jobs.record_decoder import Malformed
+
+    problems = Problems()
+    try:
+        read_part(token, t, path, problems)
+    except Malformed:
+        return True
+    return bool(problems.mistyped or problems.absent)
 
 
 def _arrays(name: str, path: str, seen: Seen) -> Typed:
@@ -328,7 +417,7 @@ def _outliers(seen: Seen, chosen: Candidate) -> str:
             wheres = places.setdefault(token, [])
             if where not in wheres[-1:]:
                 wheres.append(where)
-    shown = [f"{_shown(token)} ({_places(wheres)})" for token, wheres in list(places.items())[:_SHOWN]]
+    shown = [f"{_said(token)} ({_places(wheres)})" for token, wheres in list(places.items())[:_SHOWN]]
     return ", ".join(shown) + (", …" if len(places) > _SHOWN else "")
 
 
@@ -356,6 +445,22 @@ class FieldGuess:
         if not self.seen:
             return Typed(None, f"left out: {self.name} was null in every sampled record")
         return infer(self.name, self.name, self.seen)
+
+
+def _said(token: bytes) -> str:
+    """A sampled value as a comment names it: a string as its JSON text, any other with its kind (``the number 2``,
+    ``the 40-digit number 1000000000…0009``, ``the boolean true``, ``an object {"a": 1}``), so no bare ``2`` reads
+    as a count."""
+    kind = json_kind(token)
+    if kind == "string":
+        return _shown(token)
+    if kind in ("integer", "number"):
+        text = token.decode("utf-8", "replace")
+        digits = sum(c.isdigit() for c in text)
+        if _PLAIN.fullmatch(text) and len(text) > 24:
+            return f"the {digits}-digit number {text[:10]}…{text[-4:]}"
+        return f"the number {_shown(token)}"
+    return f"{'an' if kind in ('object', 'array') else 'the'} {kind} {_shown(token)}"
 
 
 def _shown(token: bytes) -> str:

@@ -79,7 +79,8 @@ def test_init_infers_fields_that_read_every_sampled_record(tmp_path, broker, spa
     assert "# meta: a struct: 1 key in all 200 objects" in text and "# tags: a list: 200 elements in 200 arrays" in text
     assert 'mixed = "json"  # json: mixed types (integer, string), no type reads more than half' in text
     (reading,) = [line for line in text.splitlines() if line.startswith("reading = ")]
-    assert f'# or double; {len(bad)} of 200 sampled values will be rejects: "N/A" (partition' in reading
+    exact = '# numbers with a fraction, kept exact (or declare "double"); '
+    assert f'{exact}{len(bad)} of 200 sampled values will be rejects: "N/A" (partition' in reading
     assert reading in said
     named = {
         (int(p), int(o))
@@ -267,7 +268,9 @@ def _named(bad: dict[int, object]) -> str:
     """How init's comment names bad values: each distinct one (the first three) with its first three lines."""
     lines: dict[str, list[int]] = {}
     for line, value in bad.items():
-        shown = f"{str(value)[:10]}…{str(value)[-4:]} (40 digits)" if isinstance(value, int) else json.dumps(value)
+        shown = (
+            f"the 40-digit number {str(value)[:10]}…{str(value)[-4:]}" if isinstance(value, int) else json.dumps(value)
+        )
         lines.setdefault(shown, []).append(line)
     return ", ".join(
         f"{value} (line{'s' if len(at) > 1 else ''} {', '.join(map(str, at[:3]))}"
@@ -300,7 +303,8 @@ def test_a_field_with_a_few_bad_values_keeps_its_type_and_names_them(tmp_path, c
         fields = {line.split(" = ")[0]: line for line in text.split("[pipelines.fields]\n")[1].splitlines()}
         assert fields["sensor"] == 'sensor = "string"'
         assert fields["serial"] == 'serial = "decimal(34,0)"  # integers beyond long'  # 30 digits, room for 4 more
-        assert fields["temp_c"].startswith('temp_c = "decimal(7,1)"  # or double; ')  # 2 digits, 1 place, 4 more
+        exact = 'numbers with a fraction, kept exact (or declare "double"); '
+        assert fields["temp_c"].startswith(f'temp_c = "decimal(7,1)"  # {exact}')  # 2 digits, 1 place, 4 more
         assert fields["count"].startswith('count = "long"  # ') and fields["ok"].startswith('ok = "boolean"  # ')
         assert fields["huge"].startswith('huge = "long"  # ')
         for name, values in bad.items():
