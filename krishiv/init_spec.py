@@ -2,8 +2,9 @@
 
 The sample is the first records of each partition, or the first lines of a file (``--sample``, 500 unless told;
 ``all`` reads every one), and init says how many it read of how many. Each JSON object's top-level keys become
-fields, each typed by what most of its sampled values fit, objects and arrays as structs, maps, lists or ``json`` at
-any depth (``krishiv/init_types.py``: the rule, and the comment naming the values that will be rejects). A key
+fields, each typed (its shape too) by what most of its sampled values fit, objects and arrays as structs, maps,
+lists or ``json`` at any depth (``krishiv/init_types.py``: the rule, and the comment naming the values that will be
+rejects). A key
 missing from a record or null in one is optional; a nested field's declaration is an inline table, split into dotted
 keys when long, after a comment line per part saying what was inferred and why. A sampled record
 that is not a JSON object is named in the spec's header: it will be a reject. Records in the Confluent wire format

@@ -3,9 +3,11 @@
 The expected types are written here from the rule (krishiv/init_types.py's docstring, docs/operations.md's init
 row): a struct's key is required when every sampled object holds it non-null; objects are a map when more than 16
 distinct keys appear and an object holds at most half of them on average, or a key is no field name; a list's
-element and a map's value are typed from all of them together, optional when one is null; ``json`` where shapes
-conflict, scalars mix, or every sampled array or object is empty. A decimal holds the widest sampled integer part
-plus four digits and the longest sampled fraction, as at the top level.
+element and a map's value are typed from all of them together, optional when one is null; a shape of more than
+half a place's values is typed from those, the others named as rejects; ``json`` where no shape has a majority,
+scalars mix, every sampled array or object is empty, or objects are free-form (keys vary and a struct's field would
+reject more than 5% of its values). A decimal holds the widest sampled integer part plus four digits and the longest
+sampled fraction, as at the top level.
 """
 
 from __future__ import annotations
@@ -297,3 +299,164 @@ def test_a_clean_random_nested_sample_is_read_whole_by_the_spec_init_writes(seed
     decoding = Decoding.of(pipeline)
     reasons = {n: read_record(v, decoding).reason for n, v in enumerate(records, 1)}
     assert not any(reasons.values()), (text, {n: why for n, why in reasons.items() if why})
+
+
+def _placed(lines: list[int]) -> str:
+    """How a comment places values: the first three lines, and how many more."""
+    said = f"line{'s' if len(lines) > 1 else ''} {', '.join(map(str, lines[:3]))}"
+    return said + (f" and {len(lines) - 3} more" if len(lines) > 3 else "")
+
+
+def _init(tmp_path: Path, rows: list[object], *options: str) -> tuple[str, list[str]]:
+    """init on ``rows`` as JSON lines: the spec's text and the rule's reason for each row (None: read)."""
+    from spark_jobs.record_decoder import Decoding, read_record
+
+    lines = tmp_path / "s.jsonl"
+    lines.write_text("".join(_dumps(row) + "\n" for row in rows))
+    output = tmp_path / "s.toml"
+    output.unlink(missing_ok=True)
+    assert main(["init", "--topic", "t", "--file", str(lines), "--output", str(output), *options]) == 0
+    text = output.read_text()
+    pipeline = load_spec(output, env={}).pipeline()
+    assert tomllib.loads(text)["pipelines"][0]["fields"] == {f.name: f.declaration() for f in pipeline.fields}
+    decoding = Decoding.of(pipeline)
+    return text, [read_record(_dumps(row).encode(), decoding).reason for row in rows]
+
+
+def test_a_shape_of_more_than_half_the_values_is_typed_and_the_others_are_rejects(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """About 1% of a struct's values a number, of a list's a string, of a number's an object, and inside a list of
+    structs 1% of the elements a string: each keeps the majority's shape, its comment counting and placing the
+    others as rejects, which are exactly the records the pipeline's rule rejects, each naming that path."""
+    r = random.Random(8)
+    n = 400
+    odd: dict[str, list[int]] = {"gps": [], "tags": [], "count": [], "legs[*]": []}
+    rows = []
+    for line in range(1, n + 1):
+        gps: object = {"lat": r.randint(-90, 90), "site": f"s{r.randrange(9)}"}
+        tags: object = [f"t{j}" for j in range(r.randrange(3))]
+        count: object = r.randrange(1000)
+        legs: list[object] = [{"km": r.randrange(99)} for _ in range(1 + r.randrange(2))]
+        pick = r.random()
+        if line in (3, 250) or pick < 0.01:
+            gps, where = r.choice([52.1, 7, "52.1,4.3"]), "gps"
+        elif line == 5 or pick < 0.02:
+            tags, where = "urgent", "tags"
+        elif line == 9 or pick < 0.03:
+            count, where = {"n": 1}, "count"
+        elif line == 11 or pick < 0.04:
+            legs[0], where = "n/a", "legs[*]"
+        else:
+            where = ""
+        if where:
+            odd[where].append(line)
+        rows.append({"id": line, "gps": gps, "tags": tags, "count": count, "legs": legs})
+    assert all(len(lines) >= 2 for lines in odd.values()), "a sample too clean"
+    text, reasons = _init(tmp_path, rows, "--sample", "all")
+    fields = {f.name: str(f.type) for f in load_spec(tmp_path / "s.toml", env={}).pipeline().fields}
+    assert fields == {
+        "id": "long",
+        "gps": "struct<lat: long, site: string>",
+        "tags": "list<string>",
+        "count": "long",
+        "legs": "list<struct<km: long>>",
+    }
+
+    def kinds(path: str) -> dict[str, list[int]]:
+        """The odd values at ``path`` by their JSON kind's name, in the order the sample first shows each."""
+        out: dict[str, list[int]] = {}
+        for line in odd[path]:
+            row = rows[line - 1]
+            value = row["legs"][0] if path == "legs[*]" else row[path]
+            kind = {str: "string", int: "integer", float: "number with a fraction", dict: "object"}[type(value)]
+            out.setdefault(kind, []).append(line)
+        return out
+
+    def listed(path: str) -> str:
+        plural = {"number with a fraction": "numbers with a fraction"}
+        ranked = sorted(kinds(path).items(), key=lambda kv: -len(kv[1]))
+        return ", ".join(
+            f"{len(at)} {kind if len(at) == 1 else plural.get(kind, kind + 's')} ({_placed(at)})" for kind, at in ranked
+        )
+
+    gps = len(odd["gps"])
+    assert (
+        f"# gps: a struct: 2 keys in all {n - gps} objects; {gps} of {n} sampled values are not objects and will be "
+        f"rejects: {listed('gps')}\n" in text
+    )
+    tags = len(odd["tags"])
+    assert f"; {tags} of {n} sampled values are not arrays and will be rejects: {listed('tags')}\n" in text
+    elements = sum(len(row["legs"]) for row in rows)
+    legs = len(odd["legs[*]"])
+    assert (
+        f"# legs[*]: a struct: 1 key in all {elements - legs} objects; {legs} of {elements} sampled values are not "
+        f"objects and will be rejects: {listed('legs[*]')}\n" in text
+    )
+    counts = len(odd["count"])
+    assert (
+        f'count = "long"  # {counts} of {n} sampled values will be rejects: an object {{"n": 1}} '
+        f"({_placed(odd['count'])})\n" in text
+    )
+    # The rule rejects exactly the records named, each for the path named.
+    rejected = {line: why for line, why in enumerate(reasons, 1) if why}
+    named = {line: path for path, lines in odd.items() for line in lines}
+    assert set(rejected) == set(named)
+    for line, why in rejected.items():
+        at = {"gps": "gps (struct<", "tags": "tags (list<", "count": "count (long", "legs[*]": "legs[0] (struct<"}
+        assert why.startswith(f"mistyped field: {at[named[line]]}"), (line, why)
+
+
+def _extras(r: random.Random, n: int) -> list[dict]:
+    """Free-form ``extra`` objects as a device sends them: keys vary, ``a`` a string in some and a number in
+    others, some empty."""
+    shapes = [
+        lambda: {},
+        lambda: {"fw": f"1.{r.randrange(9)}"},
+        lambda: {"z": r.randrange(9), "a": "été"},
+        lambda: {"a": r.randrange(9)},
+        lambda: {"note": "line\nbreak", "ok": r.random() < 0.5, "nothing": None},
+        lambda: {"n": Decimal("1.50"), "errors": [1, 2, {"code": "E7"}]},
+    ]
+    return [{"id": i, "extra": r.choice(shapes)()} for i in range(n)]
+
+
+@pytest.mark.parametrize("sample", ["500", "all"])
+def test_a_free_form_object_is_json_and_rejects_none(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], sample: str
+) -> None:
+    rows = _extras(random.Random(36), 900)
+    text, reasons = _init(tmp_path, rows, "--sample", sample)
+    (extra,) = [line for line in text.splitlines() if line.startswith("extra = ")]
+    assert extra.startswith('extra = "json"  # json, as the objects are free-form: their keys vary (')
+    assert "in all " in extra and "; json rejects none" in extra
+    assert not any(reasons), "json reads every sampled value"
+
+
+@pytest.mark.parametrize(("strings", "kind"), [(38, "struct"), (37, "json")])
+def test_a_varying_struct_is_json_past_5_percent_rejects_in_one_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], strings: int, kind: str
+) -> None:
+    """The threshold's edge: ``a`` in 40 of 100 objects (keys vary), a string in ``strings`` of them and a number in
+    the others: 2 of 40 rejects (5%) keep the struct, 3 (7.5%) make it json."""
+    rows = [{"id": i, "o": {"b": i, **({"a": f"x{i}" if i < strings else i} if i < 40 else {})}} for i in range(100)]
+    text, reasons = _init(tmp_path, rows)
+    o = load_spec(tmp_path / "s.toml", env={}).pipeline().fields[1].type
+    assert o.name == kind
+    if kind == "struct":
+        assert str(o) == "struct<b: long, a: string?>"
+        assert "# o: a struct: 1 key in all 100 objects, 1 in some (optional): a in 40\n" in text
+        lines = list(range(strings + 1, 41))
+        said = ", ".join(f"the number {line - 1} (line {line})" for line in lines)
+        assert f"# o.a: {len(lines)} of 40 sampled values will be rejects: {said}\n" in text
+        assert [n for n, why in enumerate(reasons, 1) if why] == lines
+    else:
+        assert "as a struct a would be a string rejecting 3 of its 40 sampled values; json rejects none" in text
+        assert not any(reasons)
+
+
+def test_a_struct_of_optional_keys_only_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = [{"id": i, "o": {"a": i} if i % 2 else {"b": "x"}} for i in range(10)]
+    text, reasons = _init(tmp_path, rows)
+    assert "# o: a struct of 2 optional keys, none in all 10 objects: b in 5, a in 5\n" in text
+    assert not any(reasons)
