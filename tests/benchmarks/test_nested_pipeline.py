@@ -47,6 +47,7 @@ def test_the_generated_nested_orders_are_the_flat_orders_values_nested():
     assert len({json.loads(e.value or b"")["order_id"] for e in events}) == 40
 
 
+@pytest.mark.heavy  # a minute or more of its own; make test-heavy (docs/testing.md)
 @pytest.mark.timeout(300)
 def test_the_nested_events_pipeline_lands_every_order_as_the_rule_reads_it(tmp_path: Path, broker, spark):
     topic = f"orders-nested-{tmp_path.name[-12:]}"

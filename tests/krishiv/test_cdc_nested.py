@@ -22,6 +22,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from chaos.workspace import SETTINGS_TEMPLATE
 from krishiv.broker import LocalBroker
 from krishiv.produce import OrderEvent, ensure_topic, produce
@@ -237,6 +239,7 @@ def _table_rows(spec: Any, table: str) -> dict[int, dict[str, Any]]:
     return {r["id"]: {c: r[c] for c in COLUMNS} for r in rows}
 
 
+@pytest.mark.heavy  # a minute or more of its own; make test-heavy (docs/testing.md)
 def test_a_debezium_stream_with_array_and_jsonb_columns_lands_in_nested_columns_in_json_and_avro(
     cdc_database: LogicalPostgres,
     broker: LocalBroker,
