@@ -24,10 +24,11 @@ expired at or below the high-water mark), and ``krishiv verify``'s ledger agreem
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
+from typing import Any
 from urllib.parse import urlparse
 
 from chaos.kinds_oracle import (
@@ -439,10 +440,24 @@ def _batches_once(spec: KrishivSpec, catalog, ledger: Ledger, name: str) -> list
     return v
 
 
-def compare_kinds_with_oracle(spec: KrishivSpec, latest: dict[str, int]) -> tuple[list[str], int]:
-    """Each pipeline's tables against ``chaos.kinds_oracle`` over the topic up to ``latest`` and the batches its
-    ledger entries recorded, each violation prefixed with the pipeline and its kind; and how many records were
-    checked (each by every pipeline)."""
+def _kinds_rows(spec: KrishivSpec, catalog: Any, p: PipelineSpec, records: Records, keys: Records, entries) -> list:
+    """One pipeline's tables (rows, then rejects) against ``chaos.kinds_oracle``."""
+    if p.kind == EVENTS:
+        v = _events_rows(spec, catalog, p, records, keys)
+    elif p.kind == UPSERT:
+        v = _upsert_rows(spec, catalog, p, records, keys, entries)
+    else:
+        v = _windowed_rows(spec, catalog, p, records, entries)
+    return v + _rejects_rows(spec, catalog, p, records, keys, entries)
+
+
+def compare_kinds_with_oracle(
+    spec: KrishivSpec, latest: dict[str, int], rows: Callable[..., list[str]] = _kinds_rows
+) -> tuple[list[str], int]:
+    """Each pipeline's tables against an oracle over the topic up to ``latest`` and the batches its ledger entries
+    recorded (``rows(spec, catalog, pipeline, records, keys, entries)``: ``chaos.kinds_oracle``'s by default), its
+    batches once each, its offsets covered and ``krishiv verify``, each violation prefixed with the pipeline and its
+    kind; and how many records were checked (each by every pipeline)."""
     topic = spec.pipelines[0].topic
     if any(p.topic != topic for p in spec.pipelines):
         raise ValueError("the kinds check reads one topic")
@@ -455,13 +470,7 @@ def compare_kinds_with_oracle(spec: KrishivSpec, latest: dict[str, int]) -> tupl
         v = []
         try:
             entries = ledger.entries(table=qualified(spec, p.rejects_table))  # one per batch, whatever its rows
-            if p.kind == EVENTS:
-                v += _events_rows(spec, catalog, p, records, keys)
-            elif p.kind == UPSERT:
-                v += _upsert_rows(spec, catalog, p, records, keys, entries)
-            else:
-                v += _windowed_rows(spec, catalog, p, records, entries)
-            v += _rejects_rows(spec, catalog, p, records, keys, entries)
+            v += rows(spec, catalog, p, records, keys, entries)
             for name in p.all_tables:
                 v += _batches_once(spec, catalog, ledger, name)
         except Exception as exc:  # a table that cannot be read back is a violation; the others still count

@@ -10,7 +10,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from chaos.checks import ContractCheck, _batches_once, _coverage, _ledger_leftovers, late_rows_differ
+from chaos.checks import ContractCheck, _ledger_leftovers, compare_kinds_with_oracle, late_rows_differ
 from chaos.nested import NESTED_FIELDS, NESTED_PIPELINE_NAMES
 from chaos.nested_oracle import (
     UNSTATED,
@@ -24,9 +24,9 @@ from chaos.nested_oracle import (
     fold_windows,
     micros,
 )
-from chaos.oracle import Expected, Records, read_topic
-from krishiv.operations import open_ledger, verify_pipelines
-from krishiv_core.catalog import load_catalog, qualified
+from chaos.oracle import Expected, Records
+from krishiv.operations import open_ledger
+from krishiv_core.catalog import qualified
 from krishiv_core.spec import EVENTS, UPSERT, KrishivSpec, PipelineSpec
 
 #: At most this many rows are named per kind of difference.
@@ -182,30 +182,13 @@ def _compare(
 
 
 def check_nested_contract(spec: KrishivSpec, latest: dict[str, int]) -> ContractCheck:
-    """Every nested pipeline's tables against the oracle, plus coverage, lineage, ``krishiv verify`` and leftovers."""
-    topic = spec.pipelines[0].topic
-    keys: Records = {}
-    records = read_topic(
-        spec.kafka.bootstrap_servers, topic, spec.kafka.partitions, {int(p): o for p, o in latest.items()}, keys
-    )
+    """Every nested pipeline's tables against the oracle, plus coverage, lineage, ``krishiv verify`` and leftovers
+    (the kinds' contract, :func:`chaos.checks.compare_kinds_with_oracle`, with this module's comparison)."""
     fields = fields_of(NESTED_FIELDS)
-    ledger, catalog = open_ledger(spec), load_catalog(spec)
-    violations = []
-    for p in spec.pipelines:
-        v = []
-        try:
-            entries = ledger.entries(table=qualified(spec, p.rejects_table))  # one per batch, whatever its rows
-            v += _compare(spec, catalog, p, records, keys, entries, fields)
-            for name in p.all_tables:
-                v += _batches_once(spec, catalog, ledger, name)
-        except Exception as exc:  # a table that cannot be read back is a violation; the others still count
-            v.append(f"the tables could not be read back: {exc!r}")
-        v += _coverage(spec, ledger, latest, p, p.rejects_table)
-        violations += [f"{p.name} ({p.kind}): {problem}" for problem in v]
-    try:
-        for verification in verify_pipelines(spec, list(spec.pipelines), catalog=catalog, ledger=ledger):
-            violations += [f"{verification.table}: {problem}" for problem in verification.violations]
-    except Exception as exc:
-        violations.append(f"krishiv verify could not run: {exc!r}")
-    violations += _ledger_leftovers(spec, ledger)
-    return ContractCheck(Expected(), violations, len(records) * len(spec.pipelines))
+
+    def rows(spec: KrishivSpec, catalog: Any, p: PipelineSpec, records: Records, keys: Records, entries) -> list:
+        return _compare(spec, catalog, p, records, keys, entries, fields)
+
+    violations, events = compare_kinds_with_oracle(spec, latest, rows)
+    violations += _ledger_leftovers(spec, open_ledger(spec))
+    return ContractCheck(Expected(), violations, events)

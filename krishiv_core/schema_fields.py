@@ -122,14 +122,9 @@ class _AvroTypes:
         if kind in ("record", "enum", "fixed", "error"):
             full = self.remember(t, namespace)
             namespace = t.get("namespace", namespace)
-        connect = t.get("connect.name")
-        if connect in _CONNECT_NAMES:
-            return FieldType(_CONNECT_NAMES[connect])
-        if connect == _VARIABLE_DECIMAL:
-            raise _Unsupported(
-                "unbounded numeric (Debezium's VariableScaleDecimal: a PostgreSQL numeric without precision and scale, "
-                "its scale varying by value; declare it as a decimal(p,s) that holds its values)"
-            )
+        named = _connect_named(t.get("connect.name"))
+        if named is not None:
+            return named
         logical = t.get("logicalType")
         if logical == "decimal":
             precision, scale = int(t.get("precision", 0)), int(t.get("scale", 0))
@@ -299,9 +294,9 @@ _CONNECT_TYPES = {
 _CONNECT_DECIMAL = "org.apache.kafka.connect.data.Decimal"
 
 
-def _connect_type(schema: Mapping[str, Any]) -> FieldType:
-    """A Kafka Connect schema (as the JSON converter embeds it) as a field type."""
-    name = schema.get("name")
+def _connect_named(name: Any) -> FieldType | None:
+    """The field type a Kafka Connect schema name gives (Debezium's times, dates and JSON), if it gives one; a
+    VariableScaleDecimal is refused."""
     if name in _CONNECT_NAMES:
         return FieldType(_CONNECT_NAMES[name])
     if name == _VARIABLE_DECIMAL:
@@ -309,6 +304,15 @@ def _connect_type(schema: Mapping[str, Any]) -> FieldType:
             "unbounded numeric (Debezium's VariableScaleDecimal: a PostgreSQL numeric without precision and scale, "
             "its scale varying by value; declare it as a decimal(p,s) that holds its values)"
         )
+    return None
+
+
+def _connect_type(schema: Mapping[str, Any]) -> FieldType:
+    """A Kafka Connect schema (as the JSON converter embeds it) as a field type."""
+    name = schema.get("name")
+    named = _connect_named(name)
+    if named is not None:
+        return named
     kind = schema.get("type")
     if name == _CONNECT_DECIMAL:
         params = schema.get("parameters") or {}
@@ -325,7 +329,7 @@ def _connect_type(schema: Mapping[str, Any]) -> FieldType:
         element = EventField(VALUE, _connect_type(values), not values.get("optional", False))
         return FieldType(MAP, key=_connect_type(schema.get("keys") or {}), element=element)
     if kind == "struct":
-        return FieldType(STRUCT, fields=_connect_fields(schema.get("fields", [])))
+        return FieldType(STRUCT, fields=tuple(connect_field(f) for f in schema.get("fields", [])))
     if kind in _CONNECT_TYPES:
         return FieldType(_CONNECT_TYPES[kind])
     raise _Unsupported(f"unknown Connect type {kind}")
@@ -340,24 +344,12 @@ def connect_field(column: Mapping[str, Any]) -> EventField:
     return EventField(column["field"], t, not column.get("optional", False))
 
 
-def _connect_fields(columns: Any) -> tuple[EventField, ...]:
-    return tuple(connect_field(f) for f in columns)
-
-
 def envelope_row(envelope: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """The columns of a Debezium envelope's row in its Connect schema (its ``after``, else ``before``, struct)."""
     rows = [f for f in envelope.get("fields", []) if isinstance(f, Mapping) and f.get("field") in ("after", "before")]
     if not rows:
         raise ConfigError("schema", "is not a Debezium envelope: no after row")
     return list(rows[0].get("fields", []))
-
-
-def connect_fields(envelope: Mapping[str, Any]) -> tuple[EventField, ...]:
-    """The fields of a Debezium envelope's row from its Kafka Connect schema (the JSON converter's ``schema`` with
-    ``schemas.enable = true``), by the same mapping as its Avro schema's: Connect's integer, float, boolean, string
-    and bytes types, ``Decimal`` with its precision, Debezium's time and ``Json`` names, arrays as lists, maps and
-    structs; a column is optional where its schema is."""
-    return _connect_fields(envelope_row(envelope))
 
 
 def json_schema_fields(schema_text: str) -> tuple[EventField, ...]:

@@ -37,7 +37,9 @@ from spark_jobs.record_decoder import (
     fast_times,
     read_binary,
     read_token,
+    shown_token,
 )
+from spark_jobs.value_reading import canonical_json as json_text
 
 _OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _ARRAY = msgspec.json.Decoder(list[msgspec.Raw])
@@ -47,34 +49,17 @@ _STRING_KEYED = ("string", "timestamp", "date", "binary")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-class _Number(str):
-    """A JSON number as it was written (a ``json`` field keeps it so, never through a double)."""
-
-
 def canonical_json(token: bytes) -> str:
-    """A JSON value's canonical text: no whitespace outside strings, object keys sorted by code point (a key given
-    twice keeps the last), strings escaped only where JSON must, numbers as written."""
+    """A JSON value's canonical text (:func:`spark_jobs.value_reading.canonical_json`, the one writer of it: no
+    whitespace outside strings, object keys sorted by code point with a key given twice keeping the last, strings
+    escaped only where JSON must, numbers as written)."""
     try:
-        value = json.loads(token, parse_float=_Number, parse_int=_Number)
-    except (ValueError, UnicodeDecodeError):
+        text = json_text(token.decode())[0]
+    except UnicodeDecodeError:
         raise Malformed from None
-    return _text(value)
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, _Number):
-        return str.__str__(value)
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
-    if value is None:
-        return "null"
-    if value is True:
-        return "true"
-    if value is False:
-        return "false"
-    if isinstance(value, list):
-        return "[" + ",".join(_text(v) for v in value) + "]"
-    return "{" + ",".join(json.dumps(k, ensure_ascii=False) + ":" + _text(value[k]) for k in sorted(value)) + "}"
+    if text is None:  # (msgspec has read the record as JSON already: only a broken string can get here)
+        raise Malformed
+    return text
 
 
 def key_path(path: str, key: str) -> str:
@@ -171,9 +156,7 @@ def _object(token: bytes) -> dict[str, Any]:
 
 def _got(token: bytes, t: FieldType) -> str:
     """``(type, got …)`` of a token of the wrong JSON kind for a nested type."""
-    _, why = read_token(token, FieldType("boolean") if token[:1] not in (b"t", b"f") else FieldType("string"))
-    assert why is not None
-    return f"({t}, got {why.split(', got ', 1)[1]}"
+    return f"({t}, got {shown_token(token)[1]})"
 
 
 def map_key(key: str, t: FieldType) -> tuple[Any, str | None]:

@@ -285,25 +285,30 @@ def iso_time(text: str) -> datetime | None:
         return None
 
 
-def read_token(token: bytes, t: FieldType) -> tuple[Any, str | None]:
-    """(the value, None) or (None, ``(type, got …[: why])``) of one present, non-null JSON token as ``t``."""
+def shown_token(token: bytes) -> tuple[Any, str]:
+    """(a JSON string token's value, else None; the token as a reason shows it: ``a JSON number 1.005``, cut to
+    :data:`SHOWN` characters)."""
     first = token[:1]
-    value: Any = None
     if first == b'"':
         try:
             value = _ANY.decode(token)
         except (msgspec.DecodeError, UnicodeDecodeError):
             raise Malformed from None
-        got = f"a JSON string {json.dumps(value, ensure_ascii=False)[:SHOWN]}"
-    elif first in (b"t", b"f"):
-        got = f"a JSON boolean {token.decode()}"
-    elif first == b"[":
-        got = "a JSON array"
-    elif first == b"{":
-        got = "a JSON object"
-    else:
-        spelling = token.decode()
-        got = f"a JSON number {spelling[:SHOWN]}"
+        return value, f"a JSON string {json.dumps(value, ensure_ascii=False)[:SHOWN]}"
+    if first in (b"t", b"f"):
+        return None, f"a JSON boolean {token.decode()}"
+    if first == b"[":
+        return None, "a JSON array"
+    if first == b"{":
+        return None, "a JSON object"
+    return None, f"a JSON number {token.decode()[:SHOWN]}"
+
+
+def read_token(token: bytes, t: FieldType) -> tuple[Any, str | None]:
+    """(the value, None) or (None, ``(type, got …[: why])``) of one present, non-null JSON token as ``t``."""
+    first = token[:1]
+    value, got = shown_token(token)
+    spelling = "" if first in (b'"', b"t", b"f", b"[", b"{") else token.decode()
     why: str | None = None
     name = t.name
     if name == "string" and first == b'"':

@@ -25,8 +25,6 @@ value and every :class:`Problem` in it, :func:`read_row` a record's :class:`Read
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import math
 import re
@@ -38,7 +36,7 @@ from decimal import Decimal
 from typing import Any
 
 from krishiv_core.spec_types import JSON_TEXT, LIST, MAP, STRUCT, EventField, FieldType
-from spark_jobs.record_decoder import EXACT, INTEGER_RANGES, SHOWN, Reading, decimal_excess, iso_time
+from spark_jobs.record_decoder import EXACT, INTEGER_RANGES, SHOWN, Reading, decimal_excess, iso_time, read_binary
 
 _EPOCH_DAY = date(1970, 1, 1)
 #: ``date`` as days since the epoch: 0001-01-01 to 9999-12-31.
@@ -89,14 +87,6 @@ def read_value(value: Any, t: FieldType, path: str = "", required: Collection[st
     problems: list[Problem] = []
     read = _read(value, t, path, problems, required)
     return read, problems
-
-
-def read_scalar(value: Any, t: FieldType) -> tuple[Any, str | None]:
-    """(the value as ``t``, None) or (None, ``(type, got …[: why])``) for one non-null decoded value of a type that is
-    not nested (a scalar or ``json``)."""
-    problems: list[Problem] = []
-    read = _read(value, t, "", problems, ())
-    return (None, problems[0].why) if problems else (read, None)
 
 
 def _read_fields(
@@ -285,10 +275,10 @@ def _scalar(value: Any, t: FieldType) -> tuple[Any, str | None]:
         if isinstance(value, bytes | bytearray | memoryview):
             return bytes(value), None
         if isinstance(value, str):
-            try:
-                return base64.b64decode(value, validate=True), None
-            except (binascii.Error, ValueError):
-                why = "not base64"
+            data = read_binary(value)
+            if data is not None:
+                return data, None
+            why = "not base64"
     elif name in ("long", "int") and is_integer:
         low, high = INTEGER_RANGES[name]
         if low <= value <= high:

@@ -10,28 +10,18 @@ from __future__ import annotations
 
 import json
 import random
-import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
 from chaos.workspace import SETTINGS_TEMPLATE
 from krishiv.operations import commit_pipelines, open_ledger
-from krishiv_core.catalog import ensure_pipeline_tables, load_catalog, qualified
+from krishiv_core.catalog import load_catalog, qualified
 from krishiv_core.entries import PENDING
 from krishiv_core.spec import KrishivSpec, PipelineSpec, load_spec
-from krishiv_core.tables import output_tables
-from spark_jobs.checkpoint import Checkpoint
-from spark_jobs.delete_memory import DeleteMemoryStore
-from spark_jobs.job import shape_of
 from spark_jobs.record_decoder import Decoding, Reading, read_tombstone_key
-from spark_jobs.staging import BatchStager, Target
-from spark_jobs.transform import build_output
-from tests.spark_jobs.pipeline_helpers import decoded_frame
-from tests.spark_jobs.test_upsert_rule import PARTITIONS, WAYS, Event, _cuts, _offsets, _oracle, _stream
+from tests.spark_jobs.test_upsert_rule import PARTITIONS, WAYS, Event, _cuts, _oracle, _stage_static, _stream
 
 PIPELINE = """
 [[pipelines]]
@@ -74,39 +64,6 @@ def _spec(tmp_path: Path, names: list[str]) -> KrishivSpec:
     return load_spec(path, env={})
 
 
-def _stage(spark, spec: KrishivSpec, pipeline: PipelineSpec, events: list[Event], cuts: list[list[int]]) -> None:
-    """Phase 1 over ``events`` cut at ``cuts`` (as ``test_upsert_rule._stage_static``), the last batch replayed by a
-    new stager: the same deletes remembered (keyed by the path), nothing recorded."""
-    catalog, ledger = load_catalog(spec), open_ledger(spec)
-    tables = ensure_pipeline_tables(catalog, spec, pipeline)
-    targets = [Target(qualified(spec, t.name), t, tables[t.name]) for t in output_tables(pipeline)]
-    folder = spec.checkpoint_dir(pipeline)
-    (folder / "offsets").mkdir(parents=True)
-    (folder / "metadata").write_text(json.dumps({"id": str(uuid.uuid4())}))
-    checkpoint = Checkpoint(folder)
-    checkpoint.pin_starting_offsets({str(p): 0 for p in range(PARTITIONS)})
-    stager = BatchStager(pipeline, ledger, checkpoint, targets, shape_of(pipeline, targets, checkpoint))
-    records = [
-        (str(e.key).encode(), e.value(), pipeline.topic, e.partition, offset, datetime(2026, 1, 1, tzinfo=UTC))
-        for offset, e in _offsets(events)
-    ]
-    batches, start = [], [0] * PARTITIONS
-    for batch_id, ends in enumerate(cuts):
-        (folder / "offsets" / str(batch_id)).write_text(
-            "v1\n{}\n" + json.dumps({str(p): ends[p] for p in range(PARTITIONS)})
-        )
-        batches.append([r for r in records if start[r[3]] <= r[4] < ends[r[3]]])
-        stager(build_output(decoded_frame(spark, batches[-1], pipeline), pipeline), batch_id)
-        start = ends
-    memory = DeleteMemoryStore(folder).path(len(cuts) - 1)
-    before = pq.read_table(memory)
-    assert before.column_names == ["device.id", "meta.v"]
-    again = BatchStager(pipeline, ledger, checkpoint, targets, shape_of(pipeline, targets, checkpoint))
-    again(build_output(decoded_frame(spark, batches[-1], pipeline), pipeline), len(cuts) - 1)
-    assert [b.recorded for b in again.history] == [False]
-    assert pq.read_table(memory).sort_by("device.id").equals(before.sort_by("device.id"))
-
-
 def _table(spec: KrishivSpec, pipeline: PipelineSpec) -> dict[int, tuple[int | None, str]]:
     rows = load_catalog(spec).load_table(qualified(spec, pipeline.table)).scan().to_arrow().to_pylist()
     got = {r["device"]["id"]: (r["meta"]["v"], r["name"]) for r in rows}
@@ -124,7 +81,9 @@ def test_any_cut_of_a_stream_keyed_inside_structs_gives_the_table_of_the_rule(tm
     spec = _spec(tmp_path, names)
     sizes = [sum(1 for e in events if e.partition == p) for p in range(PARTITIONS)]
     for way, pipeline in zip(WAYS, spec.pipelines, strict=True):
-        _stage(spark, spec, pipeline, events, _cuts(rng, sizes, way, events))
+        # every way replays its last batch (the delete memory keyed by the path)
+        memory = _stage_static(spark, spec, pipeline, events, _cuts(rng, sizes, way, events), True, "device.id")
+        assert memory == ["device.id", "meta.v"]
     commit_pipelines(spec, list(spec.pipelines))
     assert not open_ledger(spec).entries(status=PENDING)
     want = _oracle(events)

@@ -149,11 +149,18 @@ def _cuts(rng: random.Random, sizes: list[int], how: str, events: list[Event]) -
 
 
 def _stage_static(
-    spark, spec: KrishivSpec, pipeline: PipelineSpec, events: list[Event], cuts: list[list[int]], replay_last: bool
-) -> None:
+    spark,
+    spec: KrishivSpec,
+    pipeline: PipelineSpec,
+    events: list[Event],
+    cuts: list[list[int]],
+    replay_last: bool,
+    memory_key: str = "id",
+) -> list[str] | None:
     """Phase 1 of ``pipeline`` over ``events`` cut at ``cuts``: a checkpoint folder as Spark writes it (query id,
     pinned start, each batch's end offsets), each batch's Kafka rows as a DataFrame through ``build_output`` into
-    the real stager."""
+    the real stager. With ``replay_last``, the columns of the delete memory the replay kept (its key column
+    ``memory_key``)."""
     catalog, ledger = load_catalog(spec), open_ledger(spec)
     tables = ensure_pipeline_tables(catalog, spec, pipeline)
     targets = [Target(qualified(spec, t.name), t, tables[t.name]) for t in output_tables(pipeline)]
@@ -177,13 +184,16 @@ def _stage_static(
         stager(build_output(decoded_frame(spark, batches[-1], pipeline), pipeline), batch_id)
         start = ends
     assert [b.batch_id for b in stager.history] == list(range(len(cuts)))
-    if replay_last:  # a restarted stager replays the last batch: the same deletes remembered, nothing recorded
-        memory = DeleteMemoryStore(folder).path(len(cuts) - 1)
-        before = pq.read_table(memory)
-        again = BatchStager(pipeline, ledger, checkpoint, targets, shape_of(pipeline, targets, checkpoint))
-        again(build_output(decoded_frame(spark, batches[-1], pipeline), pipeline), len(cuts) - 1)
-        assert [b.recorded for b in again.history] == [False]
-        assert pq.read_table(memory).sort_by("id").equals(before.sort_by("id"))
+    if not replay_last:
+        return None
+    # a restarted stager replays the last batch: the same deletes remembered, nothing recorded
+    memory = DeleteMemoryStore(folder).path(len(cuts) - 1)
+    before = pq.read_table(memory)
+    again = BatchStager(pipeline, ledger, checkpoint, targets, shape_of(pipeline, targets, checkpoint))
+    again(build_output(decoded_frame(spark, batches[-1], pipeline), pipeline), len(cuts) - 1)
+    assert [b.recorded for b in again.history] == [False]
+    assert pq.read_table(memory).sort_by(memory_key).equals(before.sort_by(memory_key))
+    return before.column_names
 
 
 WAYS = ("one batch", "one event per batch", "random cuts")
