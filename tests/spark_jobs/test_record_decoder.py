@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from krishiv_core.spec import parse_spec
+from spark_jobs.bulk_json import bulk_reader
 from spark_jobs.record_decoder import Decoding, RecordDecoder, read_record
 
 FIELDS = {
@@ -53,6 +54,8 @@ RANGES = {
 }
 PLAIN = re.compile(r"-?[0-9]+(\.[0-9]+)?")
 EXPONENT = re.compile(r"-?[0-9]+(\.[0-9]+)?[eE][+-]?[0-9]+")
+#: The source's two fast paths: Arrow's block reading (``bulk``) and msgspec's record by record (``record``).
+PATHS = ("bulk", "record")
 
 
 def _plural(n: int, noun: str) -> str:
@@ -114,10 +117,16 @@ def expected(token: str, type_name: str) -> tuple[object, str | None]:
     return None, f"({type_name}, got {got}" + (f": {why})" if why else ")")
 
 
-def _decode(pipeline, values: list[bytes | None], keys: list[bytes | None] | None = None) -> list[dict]:
-    """The rows the source hands Spark for these Kafka values (one partition, offsets from 0)."""
+def _decode(
+    pipeline, values: list[bytes | None], keys: list[bytes | None] | None = None, path: str = "bulk"
+) -> list[dict]:
+    """The rows the source hands Spark for these Kafka values (one partition, offsets from 0). ``path``: ``bulk``,
+    Arrow's block reading where it may (:mod:`spark_jobs.bulk_json`, blocks halved down to single records, so each
+    record it can take is read by it), or ``record``, the record-by-record fast path alone."""
     n = len(values)
-    batch = RecordDecoder(Decoding.of(pipeline)).decode(keys or [None] * n, values, "t", 0, list(range(n)), [0] * n)
+    decoder = RecordDecoder(Decoding.of(pipeline))
+    decoder.bulk = bulk_reader(Decoding.of(pipeline), min_block=1) if path == "bulk" else None
+    batch = decoder.decode(keys or [None] * n, values, "t", 0, list(range(n)), [0] * n)
     assert batch.schema == Decoding.of(pipeline).arrow_schema()
     return batch.to_pylist()
 
@@ -126,14 +135,14 @@ def _millis(value: object) -> object:
     return int(value.timestamp() * 1000) if isinstance(value, datetime) else value
 
 
-def _read(records: list[tuple[str, str]]) -> list[tuple[object, str | None]]:
+def _read(records: list[tuple[str, str]], path: str) -> list[tuple[object, str | None]]:
     """Decode ``{"<field>": <token>}`` records in one batch: (the field's value, the reason) of each."""
-    rows = _decode(PIPELINE, [f'{{"{name}": {token}}}'.encode() for name, token in records])
+    rows = _decode(PIPELINE, [f'{{"{name}": {token}}}'.encode() for name, token in records], path=path)
     return [(_millis(row[name]), row["reason"]) for (name, _), row in zip(records, rows, strict=True)]
 
 
-def _check(records: list[tuple[str, str]]) -> list[tuple[object, str | None]]:
-    got = _read(records)
+def _check(records: list[tuple[str, str]], path: str = "bulk") -> list[tuple[object, str | None]]:
+    got = _read(records, path)
     for (name, token), (value, reason) in zip(records, got, strict=True):
         want_value, why = expected(token, FIELDS[name])
         want_reason = f"mistyped field: {name} {why}" if why else None
@@ -175,12 +184,14 @@ def tokens() -> st.SearchStrategy[str]:
     )
 
 
+@pytest.mark.parametrize("path", PATHS)
 @settings(max_examples=200, deadline=None)
 @given(records=st.lists(st.tuples(st.sampled_from(sorted(FIELDS)), tokens()), min_size=1, max_size=60))
-def test_generated_values_of_every_type_are_read_by_the_rule(records):
-    _check(records)
+def test_generated_values_of_every_type_are_read_by_the_rule(path, records):
+    _check(records, path)
 
 
+@pytest.mark.parametrize("path", PATHS)
 @settings(max_examples=200, deadline=None)
 @given(
     records=st.lists(
@@ -189,22 +200,23 @@ def test_generated_values_of_every_type_are_read_by_the_rule(records):
         max_size=40,
     )
 )
-def test_the_fast_path_reads_every_record_as_the_rule_does(records):
+def test_the_fast_path_reads_every_record_as_the_rule_does(path, records):
     """Records of several fields, most of them valid: whichever path decodes a record, it is read as the rule alone
     reads it (:func:`read_record`), and a batch of them reads as each record alone."""
     values = [("{" + ", ".join(f'"{k}": {v}' for k, v in r.items()) + "}").encode() for r in records]
     decoding = Decoding.of(PIPELINE)
-    rows = _decode(PIPELINE, values)
+    rows = _decode(PIPELINE, values, path=path)
     for value, row in zip(values, rows, strict=True):
         rule = read_record(value, decoding)
         assert row["reason"] == rule.reason
         assert {k: _millis(row[k]) for k in FIELDS if row[k] is not None} == (
             {k: v for k, v in rule.values.items() if v is not None} if rule.reason is None else {}
         )
-        assert _decode(PIPELINE, [value]) == [{**row, "offset": 0}]
+        assert _decode(PIPELINE, [value], path=path) == [{**row, "offset": 0}]
 
 
-def test_the_issues_examples_are_exact():
+@pytest.mark.parametrize("path", PATHS)
+def test_the_issues_examples_are_exact(path):
     records = [
         ("a", "9999999999.99"),
         ("c", "10000000.5"),
@@ -223,7 +235,7 @@ def test_the_issues_examples_are_exact():
         ("ms", "1767225600000"),
         ("ms", "253402300800000"),
     ]
-    got = dict(enumerate(_check(records)))
+    got = dict(enumerate(_check(records, path)))
     assert got[3] == (Decimal("123456.123456789012"), None)
     assert got[4] == (None, "mistyped field: s (string, got a JSON number 5)")
     assert got[5][1] == "mistyped field: a (decimal(12,2), got a JSON number 1.005: 3 decimal places, the scale is 2)"
