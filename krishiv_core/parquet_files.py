@@ -28,6 +28,7 @@ from pyiceberg.typedef import Record
 from pyiceberg.types import DateType, IcebergType, TimestampType, TimestamptzType, TimeType
 
 from krishiv_core.arrow_paths import column_at
+from krishiv_core.bloom_filters import writer_options
 from krishiv_core.entries import DATA, StagedFile
 from krishiv_core.errors import SchemaConflict
 
@@ -281,17 +282,26 @@ def write_staged_files(
     if missing:
         raise ValueError(f"partition fields {', '.join(missing)} have no source column in the schema of the rows")
     rows = to_table_schema(rows, schema)
+    keys = key_columns(schema)
     base = folder.rstrip("/")
     staged = []
     for record, part in split_by_partition(spec, schema, rows):
         subfolder = f"{base}/{spec.partition_to_path(record, schema)}" if spec.fields else base
-        staged.append(_write(io, part, f"{subfolder}/part-{uuid.uuid4().hex}.parquet", content))
+        staged.append(_write(io, part, f"{subfolder}/part-{uuid.uuid4().hex}.parquet", content, keys))
     return tuple(staged)
 
 
-def _write(io: FileIO, rows: pa.Table, path: str, content: str) -> StagedFile:
+def key_columns(schema: Schema) -> list[str]:
+    """The table's top-level identifier (key) columns: a data file gets a Bloom filter on each
+    (``krishiv_core.bloom_filters``)."""
+    top = {f.field_id: f.name for f in schema.fields}
+    return [top[i] for i in schema.identifier_field_ids if i in top]
+
+
+def _write(io: FileIO, rows: pa.Table, path: str, content: str, keys: list[str]) -> StagedFile:
+    blooms = writer_options(rows.schema, keys, rows.num_rows) if content == DATA else None
     with io.new_output(path).create(overwrite=False) as stream:
-        pq.write_table(rows, stream, compression="zstd", store_decimal_as_integer=True)
+        pq.write_table(rows, stream, compression="zstd", store_decimal_as_integer=True, bloom_filter_options=blooms)
     return StagedFile(path=path, records=rows.num_rows, bytes=len(io.new_input(path)), content=content)
 
 

@@ -51,7 +51,7 @@ import pyarrow.compute as pc
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io import FileIO
-from pyiceberg.io.pyarrow import ArrowScan, _dataframe_to_data_files
+from pyiceberg.io.pyarrow import ArrowScan
 from pyiceberg.manifest import (
     DataFile,
     DataFileContent,
@@ -61,13 +61,15 @@ from pyiceberg.manifest import (
     ManifestFile,
     ManifestWriter,
 )
-from pyiceberg.table import FileScanTask, Table, TableProperties
+from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.snapshots import Operation, Summary
 from pyiceberg.table.update import UpdateTableMetadata
 from pyiceberg.table.update.snapshot import _OverwriteFiles
 from pyiceberg.typedef import EMPTY_DICT, Record
 
 from krishiv_core.faults import fault_point
+from krishiv_core.parquet_files import write_staged_files
+from outbox.data_files import data_file as staged_data_file
 from outbox.errors import OutboxError
 from outbox.position_deletes import (
     DeletedPositions,
@@ -91,9 +93,9 @@ COMPACTION = "compaction"
 SMALL_FILE_RATIO = 0.75
 #: Commits tried (the first and its rebases on a moved head) before the compaction gives up, committing nothing.
 MAX_ATTEMPTS = 12
-#: The writer's own target (``write.target-file-size-bytes``) while rewriting: a bin is one file, already sized
-#: by the bytes on disk (pyiceberg would split by the rows' size in memory, several times larger).
-_ONE_FILE_PER_BIN = 1 << 62
+#: Where a table's data files go (Iceberg's table property; its default: ``<location>/data``). A bin is written as
+#: one file, already sized by the bytes on disk (pyiceberg's writer would split by the rows' size in memory).
+_WRITE_DATA_PATH = "write.data.path"
 
 
 class CompactionError(OutboxError):
@@ -313,15 +315,7 @@ def _rewrite(table: Table, b: Bin) -> _Rewrite:
     tasks = [FileScanTask(f, delete_files=set(b.deletes_of(i))) for i, f in enumerate(b.files)]
     rows: pa.Table = reader.to_table(tasks)
     folded = _folded_rows(table, b)
-    writing = table.metadata.model_copy(
-        update={
-            "properties": {
-                **table.metadata.properties,
-                TableProperties.WRITE_TARGET_FILE_SIZE_BYTES: str(_ONE_FILE_PER_BIN),
-            }
-        }
-    )
-    written = list(_dataframe_to_data_files(table_metadata=writing, df=rows, io=table.io)) if rows.num_rows else []
+    written = _write_bin(table, rows) if rows.num_rows else []
     problem = None
     if rows.num_rows != b.rows - folded or sum(f.record_count for f in written) != b.rows - folded:
         problem = (
@@ -337,6 +331,15 @@ def _rewrite(table: Table, b: Bin) -> _Rewrite:
             f"(files {', '.join(f.file_path for f in b.files[:3])}{' …' if len(b.files) > 3 else ''})"
         )
     return _Rewrite(b, written, folded)
+
+
+def _write_bin(table: Table, rows: pa.Table) -> list[DataFile]:
+    """A bin's rows as one data file of its partition, under the table's data folder, written as Krishiv writes
+    staged files: with Bloom filters on the key columns (``krishiv_core.bloom_filters``), which pyiceberg's writer
+    cannot write."""
+    folder = table.metadata.properties.get(_WRITE_DATA_PATH, f"{table.location().rstrip('/')}/data")
+    files = write_staged_files(table.io, table.schema(), table.spec(), rows, folder)
+    return [staged_data_file(table, f.path) for f in files]
 
 
 def _folded_rows(table: Table, b: Bin) -> int:

@@ -83,7 +83,9 @@ from pyiceberg.table import FileScanTask, Table, TableProperties
 from pyiceberg.utils.properties import property_as_int
 
 from krishiv_core.arrow_paths import column_at, top_level
+from krishiv_core.bloom_filters import FILTERS, KeyHashes
 from krishiv_core.entries import MERGE, OutboxEntry, StagedFile
+from krishiv_core.parquet_files import key_columns
 from krishiv_core.runbook import runbook
 from outbox.data_files import data_file
 from outbox.errors import (
@@ -118,6 +120,7 @@ class MergePlan:
     delete_files: list[DataFile] = field(default_factory=list)  # merge-on-read: position deletes of table rows
     written: list[str] = field(default_factory=list)  # files written by this plan (removed if the commit fails)
     keys: int = 0  # distinct keys in the entry
+    skipped_files: int = 0  # table files the plan did not read: their Bloom filters hold none of the keys
     deleted_keys: int = 0  # keys whose table rows the commit removes (found or not)
     kept_keys: int = 0  # keys whose table row won on version: the entry's row is dropped
 
@@ -163,7 +166,7 @@ def merge_commit(
         raise
     log.info(
         "merged %s batch %s: %d keys (%d kept the table's newer row), %d table files rewritten (%d bytes -> %d), "
-        "%d table rows deleted by position",
+        "%d table rows deleted by position, %d table files skipped by their Bloom filters",
         entry.table,
         entry.batch_id,
         plan.keys,
@@ -172,6 +175,7 @@ def merge_commit(
         plan.replaced_bytes,
         plan.rewritten_bytes,
         plan.position_deletes,
+        plan.skipped_files,
     )
     return table, [entry.intended_snapshot_id]
 
@@ -224,7 +228,11 @@ def plan_merge(table: Table, entry: OutboxEntry) -> MergePlan:
         projection = schema.select(*entry_columns, case_sensitive=True)
         reader = ArrowScan(table.metadata, table.io, projection, AlwaysTrue())
         deletes = DeletedPositions(table.io)
+        hashes = KeyHashes(all_keys.select([k for k in key if k in key_columns(schema)]))
         for task in table.scan(row_filter=plan.conflict_filter).plan_files():
+            if not _may_hold(table, entry, task, hashes):
+                plan.skipped_files += 1
+                continue
             rows = _live_rows_with_keys(table, entry, reader, task, entry_types, all_keys, deletes)
             if rows.num_rows:
                 tasks.append(task)
@@ -294,6 +302,18 @@ def table_row_wins(table_version: pa.ChunkedArray | pa.Array, entry_version: pa.
 
 
 # ------------------------------------------------------------------------------------------ helpers
+
+
+def _may_hold(table: Table, entry: OutboxEntry, task: FileScanTask, hashes: KeyHashes) -> bool:
+    """Whether a table file may hold one of the keys, by its Bloom filters on the key columns (a file without
+    filters may hold any). A file that is gone is left to the read, which says why."""
+    if not hashes.keys.num_columns:
+        return True
+    try:
+        filters = FILTERS.get(table.io, task.file.file_path, hashes.keys.column_names)
+    except FileNotFoundError:
+        return True
+    return filters is None or filters.may_hold_any(hashes)
 
 
 class TableFileMissing(MergeRefused):
