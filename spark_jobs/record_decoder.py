@@ -19,9 +19,7 @@ given twice counts once, the last.
 Two readings, one rule. :func:`read_token` states it for one JSON token and decides every record that is not
 plainly valid; the fast path (msgspec's typed decoder, then Arrow kernels for decimals) takes only what is certainly
 valid under it, and sends everything else to :func:`read_token`, so a value's reading never depends on which path
-took it. Before it, for a spec of flat fields, Arrow's C++ JSON reader takes whole blocks of records where its
-reading is certainly the rule's (:mod:`spark_jobs.bulk_json`), leaving the rest to the record-by-record fast path.
-Spark receives typed columns and the reason; a valid row's raw value is not carried (rejects keep theirs),
+took it. Spark receives typed columns and the reason; a valid row's raw value is not carried (rejects keep theirs),
 except in a windowed pipeline, whose late events keep theirs (``Decoding.keep_values``).
 """
 
@@ -518,12 +516,9 @@ class RecordDecoder:
             for f in decoding.fields
             if f.name in self._output or f.type.is_decimal or f.type.name in _CONVERTED or f.type.is_nested
         ]
-        from spark_jobs.bulk_json import bulk_reader
         from spark_jobs.nested_json import fast_column
 
         self._fast_column = fast_column
-        #: Arrow's bulk reading of whole blocks, where the fields allow it (plain JSON only)
-        self.bulk = bulk_reader(decoding) if type(self) is RecordDecoder else None
 
     def decode(
         self,
@@ -540,14 +535,7 @@ class RecordDecoder:
 
     def fast_columns(self, values: Sequence[bytes | None], topic: str) -> tuple[dict[str, Any], list[int]]:
         """The output columns of the records the fast path reads (a list, or an Arrow array), and the rows it left
-        to :meth:`read_slow`, which :meth:`_assemble` reads by the rule: blocks read by Arrow where
-        :mod:`spark_jobs.bulk_json` may, the rest record by record."""
-        if self.bulk is not None:
-            return self.bulk.columns(values, self.record_columns)
-        return self.record_columns(values)
-
-    def record_columns(self, values: Sequence[bytes | None]) -> tuple[dict[str, Any], list[int]]:
-        """:meth:`fast_columns` record by record: msgspec's typed decoder, then Arrow kernels for decimals."""
+        to :meth:`read_slow`, which :meth:`_assemble` reads by the rule."""
         decode, rows, slow = self._decode, [], set()
         try:
             rows = [decode(v) for v in values]  # the common case: every record plainly valid
@@ -610,7 +598,7 @@ class RecordDecoder:
             if isinstance(column, list):
                 for i, reading in patches.items():
                     column[i] = reading.values.get(name)
-                arrays.append(typed_column(column, t))
+                arrays.append(_typed(column, t))
             else:  # an Arrow array from the fast path: the rule's readings replace its slow rows
                 if patches:
                     patch = [None] * n
@@ -686,7 +674,7 @@ def _by_column(t: FieldType) -> bool:
     return t.is_nested or t.name in ("binary", JSON_TEXT)
 
 
-def typed_column(column: list[Any], t: FieldType) -> pa.Array:
+def _typed(column: list[Any], t: FieldType) -> pa.Array:
     if t.name == "timestamp_ms":
         return pa.array(column, pa.int64()).cast(pa.timestamp("ms")).cast(pa.timestamp("us", tz="UTC"))
     return pa.array(column, arrow_type(t))

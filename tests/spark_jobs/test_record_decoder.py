@@ -18,7 +18,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from krishiv_core.spec import parse_spec
-from spark_jobs.bulk_json import bulk_reader
 from spark_jobs.record_decoder import Decoding, RecordDecoder, read_record
 
 FIELDS = {
@@ -54,8 +53,6 @@ RANGES = {
 }
 PLAIN = re.compile(r"-?[0-9]+(\.[0-9]+)?")
 EXPONENT = re.compile(r"-?[0-9]+(\.[0-9]+)?[eE][+-]?[0-9]+")
-#: The source's two fast paths: Arrow's block reading (``bulk``) and msgspec's record by record (``record``).
-PATHS = ("bulk", "record")
 
 
 def _plural(n: int, noun: str) -> str:
@@ -117,16 +114,10 @@ def expected(token: str, type_name: str) -> tuple[object, str | None]:
     return None, f"({type_name}, got {got}" + (f": {why})" if why else ")")
 
 
-def _decode(
-    pipeline, values: list[bytes | None], keys: list[bytes | None] | None = None, path: str = "bulk"
-) -> list[dict]:
-    """The rows the source hands Spark for these Kafka values (one partition, offsets from 0). ``path``: ``bulk``,
-    Arrow's block reading where it may (:mod:`spark_jobs.bulk_json`, blocks halved down to single records, so each
-    record it can take is read by it), or ``record``, the record-by-record fast path alone."""
+def _decode(pipeline, values: list[bytes | None], keys: list[bytes | None] | None = None) -> list[dict]:
+    """The rows the source hands Spark for these Kafka values (one partition, offsets from 0)."""
     n = len(values)
-    decoder = RecordDecoder(Decoding.of(pipeline))
-    decoder.bulk = bulk_reader(Decoding.of(pipeline), min_block=1) if path == "bulk" else None
-    batch = decoder.decode(keys or [None] * n, values, "t", 0, list(range(n)), [0] * n)
+    batch = RecordDecoder(Decoding.of(pipeline)).decode(keys or [None] * n, values, "t", 0, list(range(n)), [0] * n)
     assert batch.schema == Decoding.of(pipeline).arrow_schema()
     return batch.to_pylist()
 
@@ -135,14 +126,14 @@ def _millis(value: object) -> object:
     return int(value.timestamp() * 1000) if isinstance(value, datetime) else value
 
 
-def _read(records: list[tuple[str, str]], path: str) -> list[tuple[object, str | None]]:
+def _read(records: list[tuple[str, str]]) -> list[tuple[object, str | None]]:
     """Decode ``{"<field>": <token>}`` records in one batch: (the field's value, the reason) of each."""
-    rows = _decode(PIPELINE, [f'{{"{name}": {token}}}'.encode() for name, token in records], path=path)
+    rows = _decode(PIPELINE, [f'{{"{name}": {token}}}'.encode() for name, token in records])
     return [(_millis(row[name]), row["reason"]) for (name, _), row in zip(records, rows, strict=True)]
 
 
-def _check(records: list[tuple[str, str]], path: str = "bulk") -> list[tuple[object, str | None]]:
-    got = _read(records, path)
+def _check(records: list[tuple[str, str]]) -> list[tuple[object, str | None]]:
+    got = _read(records)
     for (name, token), (value, reason) in zip(records, got, strict=True):
         want_value, why = expected(token, FIELDS[name])
         want_reason = f"mistyped field: {name} {why}" if why else None
@@ -184,14 +175,12 @@ def tokens() -> st.SearchStrategy[str]:
     )
 
 
-@pytest.mark.parametrize("path", PATHS)
 @settings(max_examples=200, deadline=None)
 @given(records=st.lists(st.tuples(st.sampled_from(sorted(FIELDS)), tokens()), min_size=1, max_size=60))
-def test_generated_values_of_every_type_are_read_by_the_rule(path, records):
-    _check(records, path)
+def test_generated_values_of_every_type_are_read_by_the_rule(records):
+    _check(records)
 
 
-@pytest.mark.parametrize("path", PATHS)
 @settings(max_examples=200, deadline=None)
 @given(
     records=st.lists(
@@ -200,23 +189,22 @@ def test_generated_values_of_every_type_are_read_by_the_rule(path, records):
         max_size=40,
     )
 )
-def test_the_fast_path_reads_every_record_as_the_rule_does(path, records):
+def test_the_fast_path_reads_every_record_as_the_rule_does(records):
     """Records of several fields, most of them valid: whichever path decodes a record, it is read as the rule alone
     reads it (:func:`read_record`), and a batch of them reads as each record alone."""
     values = [("{" + ", ".join(f'"{k}": {v}' for k, v in r.items()) + "}").encode() for r in records]
     decoding = Decoding.of(PIPELINE)
-    rows = _decode(PIPELINE, values, path=path)
+    rows = _decode(PIPELINE, values)
     for value, row in zip(values, rows, strict=True):
         rule = read_record(value, decoding)
         assert row["reason"] == rule.reason
         assert {k: _millis(row[k]) for k in FIELDS if row[k] is not None} == (
             {k: v for k, v in rule.values.items() if v is not None} if rule.reason is None else {}
         )
-        assert _decode(PIPELINE, [value], path=path) == [{**row, "offset": 0}]
+        assert _decode(PIPELINE, [value]) == [{**row, "offset": 0}]
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_the_issues_examples_are_exact(path):
+def test_the_issues_examples_are_exact():
     records = [
         ("a", "9999999999.99"),
         ("c", "10000000.5"),
@@ -235,7 +223,7 @@ def test_the_issues_examples_are_exact(path):
         ("ms", "1767225600000"),
         ("ms", "253402300800000"),
     ]
-    got = dict(enumerate(_check(records, path)))
+    got = dict(enumerate(_check(records)))
     assert got[3] == (Decimal("123456.123456789012"), None)
     assert got[4] == (None, "mistyped field: s (string, got a JSON number 5)")
     assert got[5][1] == "mistyped field: a (decimal(12,2), got a JSON number 1.005: 3 decimal places, the scale is 2)"
