@@ -201,6 +201,8 @@ class BatchStager:
         #: What the last call raised, as raised (Spark hands the query's owner only its text).
         self.failure: BaseException | None = None
         self._schemas_applied = False
+        #: The last batch the ledger held for the query when this stager first looked (-1: none).
+        self._last_recorded: int | None = None
 
     @property
     def query_id(self) -> str:
@@ -221,7 +223,7 @@ class BatchStager:
         if self.lease is not None:
             self.lease.ensure_held()  # a stager that lost its lease stops before staging another batch
         offsets = self._offsets(batch_id)
-        recorded = self.ledger.batch(self.query_id, batch_id)
+        recorded = self._recorded(batch_id)
         # Every batch records a rejects entry, so that entry marks a replay. A table the pipeline did not write when
         # the batch was staged (a route added since) gets nothing from its replay: its rows are in other tables.
         replay = self.rejects_target.name in recorded
@@ -296,12 +298,24 @@ class BatchStager:
         except StagerLeaseLost:
             self._remove_files(entries, [False] * len(entries))  # another stager owns the query now
             raise
+        self._last_recorded = max(self._last_recorded or -1, batch_id)  # asked again if Spark runs it again
         self._remove_files(entries, inserted)
         fault_point("stage.after_ledger", batch_id)
         self._apply_schemas(batch_id)  # recorded: the batch needs the schema (the relay applies it if this dies first)
         self._done(replace(staged, recorded=any(inserted)))
 
     # ------------------------------------------------------------------------------------ steps
+
+    def _recorded(self, batch_id: int) -> dict[str, OutboxEntry]:
+        """The batch's entries the ledger holds, by table. A batch past the last one the ledger held for the query
+        when this stager started is asked about no more: nobody else records the query's batches while it runs (a
+        stager that took its lease over fences its writes, and without a lease a batch recorded by another attempt
+        meanwhile still wins when this one records it), so it saves a ledger read per batch."""
+        if self._last_recorded is None:
+            self._last_recorded = self.ledger.last_batch_id(self.query_id, self.rejects_target.name)
+        if batch_id > self._last_recorded:
+            return {}
+        return self.ledger.batch(self.query_id, batch_id)
 
     def _schemas_to_record(self, batch_id: int) -> dict[str, str]:
         """Before the first batch of a run is recorded: per table whose schema does not hold the one the batches are
