@@ -53,7 +53,10 @@ def duckdb_dialect(migrations: tuple[str, ...]) -> Dialect:
         name="DuckDB",
         migrations=migrations,
         partition_order="TRY_CAST(partition AS BIGINT), partition",
-        last_sequence_value=("SELECT last_value FROM duckdb_sequences() WHERE sequence_name = 'outbox_commit_seq'"),
+        last_sequence_value=(
+            "SELECT last_value FROM duckdb_sequences() WHERE sequence_name = 'outbox_commit_seq' "
+            "AND database_name = current_database()"
+        ),
         zipped_pairs="SELECT unnest(?::BIGINT[]) AS p, unnest(?::BIGINT[]) AS o",
     )
 
