@@ -257,7 +257,8 @@ def table_rows(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
                     f"  merge, {c['table_rows']:,}-row table, keys {c['layout']}",
                     f"{c['median_s']} s per batch",
                     f"{c['batch_keys']:,} keys; {c['delete_rows_written']:,} position deletes, "
-                    f"{c['table_bytes_rewritten']:,} table bytes rewritten",
+                    f"{c['table_bytes_rewritten']:,} table bytes rewritten"
+                    + (f", {c['files_skipped']} table files skipped by Bloom filters" if "files_skipped" in c else ""),
                 )
             )
     rows.append(
