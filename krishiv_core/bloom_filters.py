@@ -10,8 +10,8 @@ Writing is pyarrow's (``bloom_filter_options``, pyarrow ≥ 24). pyarrow does no
 maintained Python library does, so the probe is here: Parquet's split-block Bloom filter (parquet-format's
 BloomFilter.md) over xxHash64 (seed 0) of each value's plain encoding: 8 little-endian bytes for INT64, 4 for INT32,
 the bytes themselves for a string. Filters are read from the file's footer offsets and kept per file path (data
-files never change), bounded by :data:`CACHE_BYTES`. The canary test (tests/krishiv_core/test_bloom_filters.py)
-checks the probe against DuckDB's own reading of the same filters.
+files never change: :mod:`krishiv_core.file_cache`), bounded by :data:`CACHE_BYTES`. The canary test
+(tests/krishiv_core/test_bloom_filters.py) checks the probe against DuckDB's own reading of the same filters.
 
 Only top-level key columns of ``int``/``long``/``string``/``date``/``timestamp`` types get a filter; any other key
 (a path inside a struct, a decimal) keeps the merge's statistics pruning only.
@@ -20,8 +20,6 @@ Only top-level key columns of ``int``/``long``/``string``/``date``/``timestamp``
 from __future__ import annotations
 
 import struct
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -30,6 +28,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
 from pyiceberg.io import FileIO
+
+from krishiv_core.file_cache import FileCache
 
 #: The false-positive rate each filter is sized for (pyarrow sizes it for the row group's rows at most: about
 #: 2.5 bytes a key here). A merge asks a file's filter about every key of its batch, so a file holding none of
@@ -174,31 +174,5 @@ def _bitset(data: bytes) -> np.ndarray:
     return np.frombuffer(data[len(data) - size :], dtype="<u4")
 
 
-class FilterCache:
-    """Files' filters by path, read once per process (a data file never changes), least recently used out."""
-
-    def __init__(self, limit_bytes: int = CACHE_BYTES) -> None:
-        self.limit_bytes = limit_bytes
-        self._filters: OrderedDict[tuple[str, tuple[str, ...]], FileFilters | None] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def get(self, io: FileIO, path: str, key_columns: Sequence[str]) -> FileFilters | None:
-        key = (path, tuple(key_columns))
-        with self._lock:
-            if key in self._filters:
-                self._filters.move_to_end(key)
-                return self._filters[key]
-        filters = read_filters(io, path, key_columns)
-        with self._lock:
-            if key not in self._filters:
-                self._filters[key] = filters
-                self._bytes += filters.bytes if filters else 0
-                while self._bytes > self.limit_bytes and len(self._filters) > 1:
-                    _, dropped = self._filters.popitem(last=False)
-                    self._bytes -= dropped.bytes if dropped else 0
-        return filters
-
-
-#: The process's cache (the relay's merges).
-FILTERS = FilterCache()
+#: The process's filters, by file path and key columns (the relay's merges).
+FILTERS: FileCache[FileFilters | None] = FileCache(CACHE_BYTES, lambda filters: filters.bytes if filters else 0)

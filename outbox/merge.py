@@ -83,8 +83,9 @@ from pyiceberg.table import FileScanTask, Table, TableProperties
 from pyiceberg.utils.properties import property_as_int
 
 from krishiv_core.arrow_paths import column_at, top_level
-from krishiv_core.bloom_filters import FILTERS, KeyHashes
+from krishiv_core.bloom_filters import FILTERS, KeyHashes, read_filters
 from krishiv_core.entries import MERGE, OutboxEntry, StagedFile
+from krishiv_core.file_cache import FileCache
 from krishiv_core.parquet_files import key_columns
 from krishiv_core.runbook import runbook
 from outbox.data_files import data_file
@@ -102,6 +103,12 @@ log = logging.getLogger(__name__)
 
 #: pyiceberg's metrics evaluators treat an ``In`` with more values than this as "might match" (no pruning).
 IN_PREDICATE_LIMIT = 200
+#: Table files' key columns kept by the process (:class:`FileKeys`, :mod:`krishiv_core.file_cache`): about 24 bytes
+#: a row with a version column, so a 10M-row table's fit.
+FILE_KEYS_BYTES = 512 * 1024 * 1024
+_FILE_KEYS: FileCache[FileKeys] = FileCache(FILE_KEYS_BYTES, lambda keys: keys.nbytes)
+#: Files the plan asks the Bloom filters of before it stops, when none of them ruled the batch's keys out.
+PROBES_WITHOUT_A_SKIP = 8
 #: The entry's version of a key, beside the table's version column in a join.
 _ENTRY_VERSION = "__krishiv_entry_version"
 _ROW = "__krishiv_row"
@@ -229,10 +236,15 @@ def plan_merge(table: Table, entry: OutboxEntry) -> MergePlan:
         reader = ArrowScan(table.metadata, table.io, projection, AlwaysTrue())
         deletes = DeletedPositions(table.io)
         hashes = KeyHashes(all_keys.select([k for k in key if k in key_columns(schema)]))
+        probed = 0
         for task in table.scan(row_filter=plan.conflict_filter).plan_files():
-            if not _may_hold(table, entry, task, hashes):
-                plan.skipped_files += 1
-                continue
+            # A batch whose keys are in every file (updates spread over the table) gains nothing from the filters:
+            # once PROBES_WITHOUT_A_SKIP files in a row may hold its keys, the plan stops asking them.
+            if plan.skipped_files or probed < PROBES_WITHOUT_A_SKIP:
+                probed += 1
+                if not _may_hold(table, entry, task, hashes):
+                    plan.skipped_files += 1
+                    continue
             rows = _live_rows_with_keys(table, entry, reader, task, entry_types, all_keys, deletes)
             if rows.num_rows:
                 tasks.append(task)
@@ -310,10 +322,52 @@ def _may_hold(table: Table, entry: OutboxEntry, task: FileScanTask, hashes: KeyH
     if not hashes.keys.num_columns:
         return True
     try:
-        filters = FILTERS.get(table.io, task.file.file_path, hashes.keys.column_names)
+        columns = hashes.keys.column_names
+        path = task.file.file_path
+        filters = FILTERS.get((path, tuple(columns)), lambda: read_filters(table.io, path, columns))
     except FileNotFoundError:
         return True
     return filters is None or filters.may_hold_any(hashes)
+
+
+@dataclass(frozen=True)
+class FileKeys:
+    """A table file's key (and version) columns with each row's position, as the merge matches them with a batch's
+    keys. A single integer key is also kept sorted, so matching is a binary search rather than a join."""
+
+    rows: pa.Table
+    order: np.ndarray | None = None  # positions sorting the key, for a single integer key
+    sorted_keys: np.ndarray | None = None
+
+    @property
+    def nbytes(self) -> int:
+        extra = 0 if self.order is None or self.sorted_keys is None else self.order.nbytes + self.sorted_keys.nbytes
+        return self.rows.nbytes + extra
+
+    def having(self, keys: pa.Table) -> pa.Table:
+        """The rows whose key is one of ``keys`` (distinct, no nulls), in file order."""
+        if self.sorted_keys is None or self.order is None or keys.num_columns != 1:
+            return self.rows.join(keys, keys.column_names, join_type="left semi")
+        wanted = keys.column(0).to_numpy()
+        at = np.searchsorted(self.sorted_keys, wanted)
+        inside = at < len(self.sorted_keys)
+        found = at[inside][self.sorted_keys[at[inside]] == wanted[inside]]
+        # every row holding a found key: a key may be in a file more than once (rows deleted by position since)
+        starts = found
+        ends = np.searchsorted(self.sorted_keys, self.sorted_keys[found], side="right")
+        hits = np.concatenate([self.order[a:b] for a, b in zip(starts, ends, strict=True)]) if len(found) else []
+        return self.rows.take(pa.array(np.sort(np.asarray(hits, dtype=np.int64))))
+
+
+def _file_keys(rows: pa.Table, key_columns: int) -> FileKeys:
+    """``rows`` (the key columns first, then the version's, if any) with their positions."""
+    rows = rows.append_column(_POS, pa.array(np.arange(rows.num_rows, dtype=np.int64)))
+    first = rows.column(0)
+    if key_columns == 1 and pa.types.is_integer(first.type) and first.null_count == 0:
+        values = first.to_numpy()
+        order = np.argsort(values, kind="stable")
+        return FileKeys(rows, order, values[order])
+    return FileKeys(rows)
 
 
 class TableFileMissing(MergeRefused):
@@ -332,9 +386,13 @@ def _live_rows_with_keys(
     """The rows of a table file with one of ``keys`` (``fields``, then each row's position in the file), without
     the rows its delete files delete. Read whole and in file order (pyiceberg's scan of one task keeps it, as its
     own position deletes rely on), matched, then the deleted positions dropped."""
-    rows = _cast(_read_table_file(table, entry, reader, FileScanTask(task.file)), fields)
-    rows = rows.append_column(_POS, pa.array(np.arange(rows.num_rows, dtype=np.int64)))
-    rows = rows.join(keys, [f.name for f in keys.schema], join_type="left semi")
+    rows = _FILE_KEYS.get(
+        (task.file.file_path, tuple((f.name, str(f.type)) for f in fields), keys.num_columns),
+        lambda: _file_keys(
+            _cast(_read_table_file(table, entry, reader, FileScanTask(task.file)), fields), keys.num_columns
+        ),
+        still_there=table.io.new_input(task.file.file_path).exists,
+    ).having(keys)
     if task.delete_files and rows.num_rows:
         dead = deletes.of(task.delete_files, task.file.file_path)
         if len(dead):

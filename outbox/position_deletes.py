@@ -50,6 +50,8 @@ from pyiceberg.table import Table, TableProperties
 from pyiceberg.typedef import TableVersion
 from pyiceberg.types import NestedField, StructType
 
+from krishiv_core.file_cache import FileCache
+
 #: Iceberg's reserved field ids of a position delete file's columns.
 PATH_FIELD_ID = 2147483546
 POS_FIELD_ID = 2147483545
@@ -190,22 +192,26 @@ def _long(value: int) -> bytes:
 
 
 class DeletedPositions:
-    """The positions position delete files delete, each delete file read once (a merge's plan asks for every file
-    a delete file names)."""
+    """The positions position delete files delete, each delete file read once by the process (a merge's plan asks
+    for every file a delete file names, and the next merge for most of them again: :data:`_DELETED`)."""
 
     def __init__(self, io: FileIO) -> None:
         self._io = io
-        self._read: dict[str, dict[str, pa.Array]] = {}
 
     def of(self, delete_files: Iterable[DataFile], path: str) -> pa.Array:
         """The positions of data file ``path`` that ``delete_files`` delete."""
         found = []
         for f in delete_files:
-            if f.file_path not in self._read:
-                self._read[f.file_path] = _by_data_file(self._io, f)
-            if path in self._read[f.file_path]:
-                found.append(self._read[f.file_path][path])
+            by_file = _DELETED.get(f.file_path, lambda f=f: _by_data_file(self._io, f))
+            if path in by_file:
+                found.append(by_file[path])
         return pa.concat_arrays(found) if found else pa.array([], pa.int64())
+
+
+#: Delete files' positions by data file, kept by the process (a delete file never changes).
+_DELETED: FileCache[dict[str, pa.Array]] = FileCache(
+    128 * 1024 * 1024, lambda by_file: sum(a.nbytes for a in by_file.values())
+)
 
 
 def _by_data_file(io: FileIO, delete_file: DataFile) -> dict[str, pa.Array]:
