@@ -108,23 +108,50 @@ def _struct_hints(schema: Any) -> dict[str, Hint]:
     return hints
 
 
+class _WithSchema(msgspec.Struct, forbid_unknown_fields=True):
+    """A JSON converter's record with its schema (``schemas.enable = true``): the schema kept as its text."""
+
+    schema: msgspec.Raw
+    payload: Any
+
+
+_WITH_SCHEMA = msgspec.json.Decoder(_WithSchema)
+#: Column hints by the text of the schema they come from, for keys and for values: a topic's records repeat one
+#: schema (a few, across its versions), which is then read once rather than with every record.
+_HINTS: dict[tuple[bytes, str], dict[str, Hint]] = {}
+_HINTS_KEPT = 256
+
+
 def unwrap_json(data: bytes, what: str) -> Decoded:
     """A JSON key or value of the JSON converter, with (``schemas.enable = true``) or without its schema."""
     try:
-        doc = _ANY.decode(data)
+        record = _WITH_SCHEMA.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+        record = None  # no schema (or not JSON: read again below to say so)
+    if record is not None:
+        key = (bytes(record.schema), what)
+        hints = _HINTS.get(key)
+        if hints is None:
+            if len(_HINTS) >= _HINTS_KEPT:
+                _HINTS.clear()
+            hints = _HINTS[key] = _schema_hints(_ANY.decode(key[0]), what)
+        return Decoded(record.payload, hints)
+    try:
+        return Decoded(_ANY.decode(data))
     except (msgspec.DecodeError, UnicodeDecodeError):
         raise Unreadable(f"malformed JSON {what}") from None
-    if isinstance(doc, dict) and set(doc) == {"schema", "payload"}:
-        schema = doc["schema"]
-        if what == "key":
-            return Decoded(doc["payload"], _struct_hints(schema))
-        # the envelope's schema: the row's columns are the fields of its ``after`` (or ``before``) struct
-        hints: dict[str, Hint] = {}
-        for f in schema.get("fields", []) if isinstance(schema, Mapping) else []:
-            if isinstance(f, Mapping) and f.get("field") in ("before", "after"):
-                hints |= _struct_hints(f)
-        return Decoded(doc["payload"], hints)
-    return Decoded(doc)
+
+
+def _schema_hints(schema: Any, what: str) -> dict[str, Hint]:
+    """The column hints of a key's schema, or of a change event's envelope: the fields of its ``after`` (or
+    ``before``) struct are the row's columns."""
+    if what == "key":
+        return _struct_hints(schema)
+    hints: dict[str, Hint] = {}
+    for f in schema.get("fields", []) if isinstance(schema, Mapping) else []:
+        if isinstance(f, Mapping) and f.get("field") in ("before", "after"):
+            hints |= _struct_hints(f)
+    return hints
 
 
 def avro_hints(schema_text: str) -> dict[str, Hint]:
