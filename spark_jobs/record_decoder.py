@@ -536,6 +536,11 @@ class RecordDecoder:
     def fast_columns(self, values: Sequence[bytes | None], topic: str) -> tuple[dict[str, Any], list[int]]:
         """The output columns of the records the fast path reads (a list, or an Arrow array), and the rows it left
         to :meth:`read_slow`, which :meth:`_assemble` reads by the rule."""
+        return self.record_columns(values)
+
+    def record_columns(self, values: Sequence[bytes | None]) -> tuple[dict[str, Any], list[int]]:
+        """:meth:`fast_columns` of plain JSON payloads (a JSON Schema value's too, once validated): msgspec's typed
+        decoder, then Arrow kernels for decimals."""
         decode, rows, slow = self._decode, [], set()
         try:
             rows = [decode(v) for v in values]  # the common case: every record plainly valid

@@ -349,8 +349,10 @@ class RegistryRecordDecoder(RecordDecoder):
         read by the rule) and fits; any record with anything else (not decodable, a null required field, a value of
         another type, a nested part that does not fit, one Arrow refuses) is left to
         :meth:`read_slow`, which reads it by the rule, so a record's reading never depends on the path. JSON Schema
-        and Debezium records are all read by :meth:`read_slow`."""
+        values: :meth:`_json_schema_columns`; Debezium records are all read by :meth:`read_slow`."""
         n = len(values)
+        if self.decoding.envelope is None and self.decoding.value_format == JSON_SCHEMA:
+            return self._json_schema_columns(values, topic)
         if self.decoding.envelope is not None or self.decoding.value_format not in (AVRO, PROTOBUF):
             return {name: [None] * n for name in self.decoding.output}, list(range(n))
         rows: list[Mapping[str, Any]] = []
@@ -391,6 +393,24 @@ class RegistryRecordDecoder(RecordDecoder):
                 columns[f.name] = [None] * n
                 slow.update(range(n))
         return columns, sorted(slow)
+
+    def _json_schema_columns(self, values: Sequence[bytes | None], topic: str) -> tuple[dict[str, Any], list[int]]:
+        """JSON Schema values as :meth:`read_slow` reads them, validated by their writer schema then read by the JSON
+        rule, with the plain JSON fast path (:meth:`record_columns`) over the payloads that passed; a value that did
+        not is left to :meth:`read_slow`, which says why."""
+        payloads: list[bytes | None] = []
+        invalid: set[int] = set()
+        for i, value in enumerate(values):
+            try:
+                if value is None:
+                    raise _Reject("null value")
+                self.values.read(value, topic)  # validated by its writer schema
+                payloads.append(value[_HEADER:])
+            except (_Reject, Unreadable):
+                payloads.append(None)
+                invalid.add(i)
+        columns, slow = self.record_columns(payloads)
+        return columns, sorted(invalid.union(slow))
 
     def read_slow(self, key: bytes | None, value: bytes | None, topic: str) -> Reading:
         """One record by the rule of its format and envelope."""
