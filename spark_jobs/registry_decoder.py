@@ -217,10 +217,33 @@ class _FormatReader:
             f"[pipelines.fields] {_NEW_FIELDS_RUNBOOK}"
         )
 
+    def payloads(self, values: Sequence[bytes | None], topic: str) -> list[Any]:
+        """:meth:`read`'s payload of each value, None for a value it cannot read (or a null one): a value of a schema
+        seen before with a plain reader is read by it directly, without :meth:`read`'s per-record work."""
+        out: list[Any] = []
+        unreadable = _unreadable()
+        for value in values:
+            if value is None:
+                out.append(None)
+                continue
+            known = self._known.get(value[1:_HEADER]) if len(value) > _HEADER and value[0] == 0 else None
+            if known is not None and known[2] is not None:
+                try:
+                    out.append(known[2](value[_HEADER:]))
+                    continue
+                except NotPlainlyValid:
+                    pass
+                except unreadable:
+                    out.append(None)
+                    continue
+            try:
+                out.append(self.read(value, topic).payload)
+            except _Reject:
+                out.append(None)
+        return out
+
     def read(self, data: bytes, topic: str) -> Decoded:
         """The decoded value (a dict for a record, a message, a JSON object) with its Debezium column hints."""
-        from confluent_kafka.serialization import SerializationContext
-
         assert self._deserialize is not None
         known = self._known.get(data[1:_HEADER]) if len(data) > _HEADER and data[0] == 0 else None
         if known is None:
@@ -242,6 +265,8 @@ class _FormatReader:
                     return Decoded(reader(data[_HEADER:]), hints)
                 except NotPlainlyValid:
                     pass  # the deserializer reads it, and says why it is not valid
+            from confluent_kafka.serialization import SerializationContext
+
             return Decoded(self._deserialize(data, SerializationContext(topic, self.field)), hints)
         except _unreadable() as exc:
             why = str(exc).strip() or type(exc).__name__
@@ -297,14 +322,20 @@ def json_schema_reader(schema_str: str) -> Callable[[bytes], Any] | None:
     return read
 
 
+_UNREADABLE: tuple[type[BaseException], ...] = ()
+
+
 def _unreadable() -> tuple[type[BaseException], ...]:
     """What a deserializer raises for a payload it cannot read (the record is a reject). Anything else (a missing
     module, a bug) fails the batch whole: a record is never made a reject by Krishiv's own fault."""
+    global _UNREADABLE
+    if _UNREADABLE:
+        return _UNREADABLE
     from confluent_kafka.serialization import SerializationError
     from fastavro.read import SchemaResolutionError
     from google.protobuf.message import DecodeError
 
-    return (
+    _UNREADABLE = (
         SerializationError,
         SchemaResolutionError,
         DecodeError,
@@ -315,6 +346,7 @@ def _unreadable() -> tuple[type[BaseException], ...]:
         OverflowError,
         UnicodeDecodeError,
     )
+    return _UNREADABLE
 
 
 def _read_fields(row: Mapping[str, Any], types: Mapping[str, Any], names: Sequence[str], required: Any) -> Reading:
@@ -327,7 +359,7 @@ def flattened(row: Mapping[str, Any], names: frozenset[str], prefix: str = "") -
     """A decoded record with each nested record that is not a field (``names``) as its fields, ``<record>_<field>``
     (a pipeline with ``flatten = true``, ``krishiv_core.schema_fields``); a field's own value (a struct, a map) is
     kept whole."""
-    if not prefix and not any(isinstance(v, Mapping) and k not in names for k, v in row.items()):
+    if not prefix and not any(k not in names and isinstance(v, Mapping) for k, v in row.items()):
         return row
     flat: dict[str, Any] = {}
     for name, value in row.items():
@@ -400,11 +432,7 @@ class RegistryRecordDecoder(RecordDecoder):
         rows: list[Mapping[str, Any]] = []
         slow: set[int] = set()
         empty: Mapping[str, Any] = {}
-        for i, value in enumerate(values):
-            try:
-                decoded = self.values.read(value, topic).payload if value is not None else None
-            except _Reject:
-                decoded = None
+        for i, decoded in enumerate(self.values.payloads(values, topic)):
             if not isinstance(decoded, Mapping):
                 slow.add(i)
                 rows.append(empty)
@@ -415,18 +443,10 @@ class RegistryRecordDecoder(RecordDecoder):
             listed = [row.get(f.name) for row in rows]
             plain = _PLAIN_TYPES.get(f.type.name)
             required = f.name in self.decoding.required
-            for i, v in enumerate(listed):
-                if v is None:
-                    if required:
-                        slow.add(i)
-                elif plain is None:  # nested or json: read by the rule here, a record with any problem is slow
-                    read, problems = read_value(v, f.type, f.name, self.decoding.required)
-                    if problems:
-                        slow.add(i)
-                    listed[i] = None if problems else read
-                elif type(v) is not plain:
-                    slow.add(i)
-                    listed[i] = None
+            seen = set(map(type, listed))
+            # every value plainly of its type (the common case): nothing to look at one by one
+            if plain is None or not seen <= {plain, type(None)} or (required and type(None) in seen):
+                self._check_values(listed, f, plain, required, slow)
             if f.name not in self._output:
                 continue
             try:
@@ -435,6 +455,24 @@ class RegistryRecordDecoder(RecordDecoder):
                 columns[f.name] = [None] * n
                 slow.update(range(n))
         return columns, sorted(slow)
+
+    def _check_values(
+        self, listed: list[Any], f: EventField, plain: type | None, required: bool, slow: set[int]
+    ) -> None:
+        """Each value of a field's column: a null where the field is required, a nested or ``json`` value with a
+        problem, or a value of another type than the field's leaves its record to the rule (its place nulled)."""
+        for i, v in enumerate(listed):
+            if v is None:
+                if required:
+                    slow.add(i)
+            elif plain is None:  # nested or json: read by the rule here, a record with any problem is slow
+                read, problems = read_value(v, f.type, f.name, self.decoding.required)
+                if problems:
+                    slow.add(i)
+                listed[i] = None if problems else read
+            elif type(v) is not plain:
+                slow.add(i)
+                listed[i] = None
 
     def _json_schema_columns(self, values: Sequence[bytes | None], topic: str) -> tuple[dict[str, Any], list[int]]:
         """JSON Schema values as :meth:`read_slow` reads them, validated by their writer schema then read by the JSON
