@@ -28,7 +28,7 @@ import random
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -128,11 +128,15 @@ def _open(path: str, quoted: str, alias: str, read_only: bool) -> duckdb.DuckDBP
     con = _host().cursor()
     try:
         con.execute(f"ATTACH '{quoted}' AS {alias}" + (" (READ_ONLY)" if read_only else ""))
-        con.execute(f"USE {alias}")
-    except duckdb.Error as exc:
+    except BaseException as exc:
         con.close()
-        if "already attached by database" in str(exc):
+        if isinstance(exc, duckdb.Error) and "already attached by database" in str(exc):
             raise _OpenedElsewhere(path) from exc
+        raise
+    try:
+        con.execute(f"USE {alias}")
+    except BaseException:
+        _detach(con, alias)  # never left attached: the file's lock would stay with this process
         raise
     return con
 
@@ -142,8 +146,19 @@ def _detach(con: duckdb.DuckDBPyConnection, alias: str) -> None:
     try:
         con.execute("USE memory")
         con.execute(f"DETACH {alias}")
+    except duckdb.Error:
+        _drop_host()  # closing the process's database releases every file attached to it
     finally:
         con.close()
+
+
+def _drop_host() -> None:
+    global _HOST
+    with _PROCESS_LOCKS_GUARD:
+        if _HOST is not None and _HOST[0] == os.getpid():
+            with suppress(duckdb.Error):
+                _HOST[1].close()
+        _HOST = None
 
 
 class DuckDBFile:
