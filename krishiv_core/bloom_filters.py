@@ -48,6 +48,7 @@ def filtered(arrow_type: pa.DataType) -> bool:
     return (
         arrow_type in (pa.int64(), pa.int32(), pa.date32())
         or pa.types.is_string(arrow_type)
+        or pa.types.is_large_string(arrow_type)  # how pyiceberg's schemas give a string column
         or pa.types.is_timestamp(arrow_type)
     )
 

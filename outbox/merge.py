@@ -83,7 +83,7 @@ from pyiceberg.table import FileScanTask, Table, TableProperties
 from pyiceberg.utils.properties import property_as_int
 
 from krishiv_core.arrow_paths import column_at, top_level
-from krishiv_core.bloom_filters import FILTERS, KeyHashes, read_filters
+from krishiv_core.bloom_filters import FILTERS, KeyHashes, read_filters, writer_options
 from krishiv_core.entries import MERGE, OutboxEntry, StagedFile
 from krishiv_core.file_cache import FileCache
 from krishiv_core.parquet_files import key_columns
@@ -549,8 +549,9 @@ def _write_beside(table: Table, entry: OutboxEntry, staged: StagedFile, survivor
     stem = name[: -len(".parquet")] if name.endswith(".parquet") else name
     path = posixpath.join(folder, f"{stem}-merge-{entry.intended_snapshot_id}-{uuid.uuid4().hex[:8]}.parquet")
     codec = table.properties.get(TableProperties.PARQUET_COMPRESSION, TableProperties.PARQUET_COMPRESSION_DEFAULT)
+    blooms = writer_options(rows.schema, key_columns(table.schema()), rows.num_rows)  # as the staged file had
     with table.io.new_output(path).create() as stream:
-        pq.write_table(rows, stream, compression=codec)
+        pq.write_table(rows, stream, compression=codec, bloom_filter_options=blooms)
     return path
 
 

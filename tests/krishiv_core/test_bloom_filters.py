@@ -25,6 +25,7 @@ def _columns(rng: random.Random) -> pa.Table:
             "l": pa.array(longs, pa.int64()),
             "i": pa.array([v % 2**31 for v in longs], pa.int32()),
             "s": pa.array(["".join(rng.choices(string.ascii_letters + "é✓", k=rng.randint(0, 30))) for _ in longs]),
+            "ls": pa.array([str(v) for v in longs], pa.large_string()),  # pyiceberg's string columns
             "d": pa.array([v % 2_900_000 for v in longs], pa.int32()).cast(pa.date32()),
             "ts": pa.array([v % 2**50 for v in longs], pa.int64()).cast(pa.timestamp("us", tz="UTC")),
         }

@@ -134,7 +134,8 @@ def test_files_without_a_batchs_keys_are_skipped_and_the_table_is_the_latest_row
     assert report.snapshot_id is not None
     table.refresh()
     files = table.inspect.data_files().column("file_path").to_pylist()
-    assert all(read_filters(table.io, path, ["id", "region"]) is not None for path in files)
+    filters = [read_filters(table.io, path, ["id", "region"]) for path in files]
+    assert all(f is not None and set(f.row_groups[0]) == {"id", "region"} for f in filters), "both key columns"
     assert batches.merge(_rows(rng, [_key(rng) for _ in range(30)])) == len(files), "1 file, 30 new keys"
     updated = _rows(rng, rng.sample(sorted(oracle), 20))
     assert batches.merge(updated) < len(table.inspect.data_files())
