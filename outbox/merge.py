@@ -235,7 +235,8 @@ def plan_merge(table: Table, entry: OutboxEntry) -> MergePlan:
         projection = schema.select(*entry_columns, case_sensitive=True)
         reader = ArrowScan(table.metadata, table.io, projection, AlwaysTrue())
         deletes = DeletedPositions(table.io)
-        hashes = KeyHashes(all_keys.select([k for k in key if k in key_columns(schema)]))
+        filtered = key_columns(schema)
+        hashes = KeyHashes(all_keys.select([k for k in key if k in filtered]))
         probed = 0
         for task in table.scan(row_filter=plan.conflict_filter).plan_files():
             # A batch whose keys are in every file (updates spread over the table) gains nothing from the filters:
@@ -353,9 +354,8 @@ class FileKeys:
         inside = at < len(self.sorted_keys)
         found = at[inside][self.sorted_keys[at[inside]] == wanted[inside]]
         # every row holding a found key: a key may be in a file more than once (rows deleted by position since)
-        starts = found
         ends = np.searchsorted(self.sorted_keys, self.sorted_keys[found], side="right")
-        hits = np.concatenate([self.order[a:b] for a, b in zip(starts, ends, strict=True)]) if len(found) else []
+        hits = np.concatenate([self.order[a:b] for a, b in zip(found, ends, strict=True)]) if len(found) else []
         return self.rows.take(pa.array(np.sort(np.asarray(hits, dtype=np.int64))))
 
 

@@ -217,31 +217,6 @@ class _FormatReader:
             f"[pipelines.fields] {_NEW_FIELDS_RUNBOOK}"
         )
 
-    def payloads(self, values: Sequence[bytes | None], topic: str) -> list[Any]:
-        """:meth:`read`'s payload of each value, None for a value it cannot read (or a null one): a value of a schema
-        seen before with a plain reader is read by it directly, without :meth:`read`'s per-record work."""
-        out: list[Any] = []
-        unreadable = _unreadable()
-        for value in values:
-            if value is None:
-                out.append(None)
-                continue
-            known = self._known.get(value[1:_HEADER]) if len(value) > _HEADER and value[0] == 0 else None
-            if known is not None and known[2] is not None:
-                try:
-                    out.append(known[2](value[_HEADER:]))
-                    continue
-                except NotPlainlyValid:
-                    pass
-                except unreadable:
-                    out.append(None)
-                    continue
-            try:
-                out.append(self.read(value, topic).payload)
-            except _Reject:
-                out.append(None)
-        return out
-
     def read(self, data: bytes, topic: str) -> Decoded:
         """The decoded value (a dict for a record, a message, a JSON object) with its Debezium column hints."""
         assert self._deserialize is not None
@@ -322,20 +297,14 @@ def json_schema_reader(schema_str: str) -> Callable[[bytes], Any] | None:
     return read
 
 
-_UNREADABLE: tuple[type[BaseException], ...] = ()
-
-
 def _unreadable() -> tuple[type[BaseException], ...]:
     """What a deserializer raises for a payload it cannot read (the record is a reject). Anything else (a missing
     module, a bug) fails the batch whole: a record is never made a reject by Krishiv's own fault."""
-    global _UNREADABLE
-    if _UNREADABLE:
-        return _UNREADABLE
     from confluent_kafka.serialization import SerializationError
     from fastavro.read import SchemaResolutionError
     from google.protobuf.message import DecodeError
 
-    _UNREADABLE = (
+    return (
         SerializationError,
         SchemaResolutionError,
         DecodeError,
@@ -346,7 +315,6 @@ def _unreadable() -> tuple[type[BaseException], ...]:
         OverflowError,
         UnicodeDecodeError,
     )
-    return _UNREADABLE
 
 
 def _read_fields(row: Mapping[str, Any], types: Mapping[str, Any], names: Sequence[str], required: Any) -> Reading:
@@ -432,7 +400,11 @@ class RegistryRecordDecoder(RecordDecoder):
         rows: list[Mapping[str, Any]] = []
         slow: set[int] = set()
         empty: Mapping[str, Any] = {}
-        for i, decoded in enumerate(self.values.payloads(values, topic)):
+        for i, value in enumerate(values):
+            try:
+                decoded = self.values.read(value, topic).payload if value is not None else None
+            except _Reject:
+                decoded = None
             if not isinstance(decoded, Mapping):
                 slow.add(i)
                 rows.append(empty)
