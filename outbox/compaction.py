@@ -50,22 +50,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import AlwaysTrue
-from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import ArrowScan
 from pyiceberg.manifest import (
     DataFile,
     DataFileContent,
     ManifestContent,
     ManifestEntry,
-    ManifestEntryStatus,
-    ManifestFile,
-    ManifestWriter,
 )
 from pyiceberg.table import FileScanTask, Table
-from pyiceberg.table.snapshots import Operation, Summary
-from pyiceberg.table.update import UpdateTableMetadata
-from pyiceberg.table.update.snapshot import _OverwriteFiles
-from pyiceberg.typedef import EMPTY_DICT, Record
+from pyiceberg.table.snapshots import Operation
+from pyiceberg.typedef import Record
 
 from krishiv_core.faults import fault_point
 from krishiv_core.parquet_files import write_staged_files
@@ -73,10 +67,10 @@ from outbox.data_files import data_file as staged_data_file
 from outbox.errors import OutboxError
 from outbox.position_deletes import (
     DeletedPositions,
-    DeleteManifestWriter,
     delete_files_by_data_file,
     referenced_paths,
 )
+from outbox.replace_files import AttemptManifests, ManifestReads, ReplaceFiles
 from outbox.snapshot_producer import MetadataCachingTransaction
 
 log = logging.getLogger(__name__)
@@ -182,8 +176,8 @@ def compact_table(
     if not 0 < small_file_ratio <= 1:
         raise CompactionError(f"compaction of {name}: small_file_ratio must be in (0, 1], not {small_file_ratio}")
     report = CompactionReport(name, dry_run=dry_run)
-    entries: ManifestEntries = {}  # each manifest read once, by the plan and every commit attempt
-    bins = plan_bins(table, target_file_size, min_files, small_file_ratio, report.skipped, entries)
+    reads = ManifestReads(table.io)  # each manifest list and manifest read once, by the plan and every attempt
+    bins = plan_bins(table, target_file_size, min_files, small_file_ratio, report.skipped, reads)
     if not bins:
         return report
     if dry_run:
@@ -194,7 +188,7 @@ def compact_table(
     rewrites = [_rewrite(table, b) for b in bins]
     try:
         fault_point("maintenance.after_rewrite")
-        _commit(table, rewrites, run_id, report, entries)
+        _commit(table, rewrites, run_id, report, reads)
     except CompactionOutcomeUnknown:
         raise  # the files may be referenced by a commit the catalog still applies: left as orphans at worst
     except BaseException:
@@ -207,31 +201,17 @@ def compact_table(
 # ------------------------------------------------------------------------------------------ planning
 
 
-#: Manifest path -> its live entries, read once per compaction (manifests are immutable).
-ManifestEntries = dict[str, list[ManifestEntry]]
-
-
-def live_entries(manifest: ManifestFile, io: FileIO, cache: ManifestEntries) -> list[ManifestEntry]:
-    """A manifest's live entries, from ``cache`` or read into it."""
-    if manifest.manifest_path not in cache:
-        cache[manifest.manifest_path] = manifest.fetch_manifest_entry(io, discard_deleted=True)
-    return cache[manifest.manifest_path]
-
-
-def live_data_files(table: Table, cache: ManifestEntries | None = None) -> list[DataFile]:
+def live_data_files(table: Table, reads: ManifestReads | None = None) -> list[DataFile]:
     """The data files of the current snapshot (no delete files), each with its ``spec_id``; manifests read through
-    ``cache`` when given."""
-    snapshot = table.current_snapshot()
-    if snapshot is None:
-        return []
-    cache = {} if cache is None else cache
-    files = []
-    for manifest in snapshot.manifests(table.io):
-        if manifest.content != ManifestContent.DATA:
-            continue
-        entries = live_entries(manifest, table.io, cache)
-        files += [e.data_file for e in entries if e.data_file.content == DataFileContent.DATA]
-    return files
+    ``reads`` when given."""
+    return (reads or ManifestReads(table.io)).live_data_files(table.current_snapshot())
+
+
+def _delete_files(table: Table, reads: ManifestReads) -> dict[str, frozenset[DataFile]]:
+    """The delete files that apply to each live data file; no scan is planned when the head has none."""
+    if not any(m.content == ManifestContent.DELETES for m in reads.manifests(table.current_snapshot())):
+        return {}
+    return delete_files_by_data_file(table)
 
 
 def _equality_deletes(deletes: dict[str, frozenset[DataFile]]) -> bool:
@@ -244,7 +224,7 @@ def plan_bins(
     min_files: int,
     small_file_ratio: float,
     skipped: list[str],
-    entries: ManifestEntries | None = None,
+    reads: ManifestReads | None = None,
 ) -> list[Bin]:
     """The bins to rewrite on the current snapshot, by partition; reasons for what is left go to ``skipped``.
 
@@ -255,7 +235,8 @@ def plan_bins(
     if table.current_snapshot() is None:
         skipped.append("the table has no snapshot")
         return []
-    deletes = delete_files_by_data_file(table)
+    reads = reads or ManifestReads(table.io)
+    deletes = _delete_files(table, reads)
     if _equality_deletes(deletes):
         # An equality delete applies to every older file of its partition, and pyiceberg cannot read it.
         skipped.append("the table has equality delete files; compaction folds position deletes only")
@@ -263,7 +244,7 @@ def plan_bins(
     current_spec = table.spec().spec_id
     groups: dict[tuple[int, Record], list[DataFile]] = defaultdict(list)
     older_spec = 0
-    for data_file in live_data_files(table, entries):
+    for data_file in live_data_files(table, reads):
         if data_file.spec_id != current_spec:
             older_spec += 1
             continue
@@ -356,169 +337,64 @@ def _folded_rows(table: Table, b: Bin) -> int:
 # ------------------------------------------------------------------------------------------ committing
 
 
-class _ReplaceFiles(_OverwriteFiles):
-    """An overwrite producer whose snapshot is labelled ``replace``: the same data, rearranged.
-
-    pyiceberg 0.12 builds a snapshot summary for append, overwrite and delete only (``update_snapshot_summaries``
-    raises "Operation not implemented" for replace), so the summary is computed as an overwrite's (added and
-    deleted files, records and sizes, the totals) and then labelled replace. It is not registered for
-    pyiceberg's own commit retries: a retry would rebase it without the check that its files are still live;
-    :func:`compact_table` rebases itself.
-    """
-
-    #: Each manifest's live entries, by path, for the plan and every attempt of one compaction (set by
-    #: :func:`_commit`): beside a relay that commits every second the head moves while a compaction commits, and a
-    #: rebase that read every manifest again (seconds at a few thousand) would lose the race again.
-    entries: ManifestEntries
-    #: The live entries of the position delete files this snapshot removes (set by :func:`_commit`): they apply to
-    #: no file left once the bins' files are replaced.
-    removed_deletes: list[ManifestEntry]
-
-    def _live_entries(self, manifest: ManifestFile) -> list[ManifestEntry]:
-        return live_entries(manifest, self._io, self.entries)
-
-    def _existing_manifests(self) -> list[ManifestFile]:
-        """pyiceberg's, reading entries through :meth:`_live_entries`: the manifests kept as they are, and those
-        that hold a replaced file rewritten without it."""
-        kept: list[ManifestFile] = []
-        snapshot = self._transaction.table_metadata.snapshot_by_name(name=self._target_branch)
-        gone = self._deleted_data_files | {e.data_file for e in self.removed_deletes}
-        for manifest in snapshot.manifests(io=self._io) if snapshot else []:
-            entries = self._live_entries(manifest)
-            remaining = [e for e in entries if e.data_file not in gone]
-            if len(remaining) == len(entries):
-                kept.append(manifest)
-            elif remaining:
-                with self._manifest_writer(manifest) as writer:
-                    for e in remaining:
-                        writer.add_entry(
-                            ManifestEntry.from_args(
-                                status=ManifestEntryStatus.EXISTING,
-                                snapshot_id=e.snapshot_id,
-                                sequence_number=e.sequence_number,
-                                file_sequence_number=e.file_sequence_number,
-                                data_file=e.data_file,
-                            )
-                        )
-                kept.append(writer.to_manifest_file())
-        return kept
-
-    def _deleted_entries(self) -> list[ManifestEntry]:
-        """pyiceberg's, reading entries through :meth:`_live_entries`: a DELETED entry per replaced file, each
-        required to be live in the parent."""
-        parent = self._transaction.table_metadata.snapshot_by_id(self._parent_snapshot_id or -1)
-        deleted = [
-            ManifestEntry.from_args(
-                status=ManifestEntryStatus.DELETED,
-                snapshot_id=self._snapshot_id,
-                sequence_number=e.sequence_number,
-                file_sequence_number=e.file_sequence_number,
-                data_file=e.data_file,
-            )
-            for manifest in (parent.manifests(self._io) if parent else [])
-            for e in self._live_entries(manifest)
-            if e.data_file.content == DataFileContent.DATA and e.data_file in self._deleted_data_files
-        ]
-        self._validate_required_deletes(deleted)
-        return deleted
-
-    def _manifest_writer(self, manifest: ManifestFile) -> ManifestWriter:
-        """A writer for a rewritten copy of ``manifest``: of delete files for a delete manifest."""
-        if manifest.content != ManifestContent.DELETES:
-            return self.new_manifest_writer(self.spec(manifest.partition_spec_id))
-        return DeleteManifestWriter(
-            self.spec(manifest.partition_spec_id),
-            self.schema(),
-            self.new_manifest_output(),
-            self._snapshot_id,
-            self._compression,
-        )
-
-    def _process_manifests(self, manifests: list[ManifestFile]) -> list[ManifestFile]:
-        """The removed delete files' DELETED entries, in delete manifests of their own (pyiceberg writes a data
-        manifest for the deleted entries it knows, which are data files only)."""
-        by_spec: dict[int, list[ManifestEntry]] = defaultdict(list)
-        for e in self.removed_deletes:
-            by_spec[e.data_file.spec_id].append(e)
-        added = []
-        for spec_id, removed in by_spec.items():
-            writer = DeleteManifestWriter(
-                self.spec(spec_id), self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression
-            )
-            with writer:
-                for e in removed:
-                    writer.delete(e)
-            added.append(writer.to_manifest_file())
-        return super()._process_manifests(manifests + added)
-
-    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
-        self._operation = Operation.OVERWRITE
-        deleted = self._deleted_data_files
-        self._deleted_data_files = deleted | {e.data_file for e in self.removed_deletes}  # counted by content
-        try:
-            summary = super()._summary(snapshot_properties)
-        finally:
-            self._operation = Operation.REPLACE
-            self._deleted_data_files = deleted
-        return Summary(operation=Operation.REPLACE, **summary.additional_properties)
-
-    def commit(self) -> None:
-        UpdateTableMetadata.commit(self)
-
-
 def _commit(
-    table: Table, rewrites: list[_Rewrite], run_id: str, report: CompactionReport, entries: ManifestEntries
+    table: Table, rewrites: list[_Rewrite], run_id: str, report: CompactionReport, reads: ManifestReads
 ) -> None:
     snapshot_id = table.metadata.new_snapshot_id()
     referenced: dict[str, set[str]] = {}  # a delete file's path -> the data files it names (read once)
-    for attempt in range(1, MAX_ATTEMPTS + 1):
-        report.attempts = attempt
-        summary = {
-            SUMMARY_MAINTENANCE: COMPACTION,
-            SUMMARY_REWRITTEN_FILES: str(sum(len(r.bin.files) for r in rewrites)),
-            SUMMARY_REWRITTEN_BYTES: str(sum(r.bin.bytes for r in rewrites)),
-            SUMMARY_MAINTENANCE_RUN: run_id,
-            SUMMARY_FOLDED_DELETES: str(sum(r.folded for r in rewrites)),
-        }
-        tx = MetadataCachingTransaction(table, autocommit=False)
-        producer = _ReplaceFiles(operation=Operation.REPLACE, transaction=tx, io=table.io, snapshot_properties=summary)
-        producer._snapshot_id = snapshot_id  # kept across attempts: a late landing of one is found by its id
-        producer.entries = entries
-        producer.removed_deletes = _removable_deletes(table, rewrites, entries, referenced)
-        for r in rewrites:
-            for f in r.bin.files:
-                producer.delete_data_file(f)
-            for f in r.written:
-                producer.append_data_file(f)
-        producer.commit()  # writes the manifests and stages the snapshot; the catalog is not called yet
-        try:
-            fault_point("maintenance.before_catalog_commit")
-        except BaseException:
-            producer._clean_all_uncommitted()
-            raise
-        try:
-            tx.commit_transaction()
-        except CommitFailedException as exc:
-            producer._clean_all_uncommitted()
-            log.info("compaction of %s lost a race to another commit (%s); rebasing", report.table, exc)
-            table.refresh()
-            rewrites = _still_live(table, rewrites, report, entries)
-            if not rewrites:
-                return
-            continue
-        except Exception as exc:
-            if _landed(table, snapshot_id):
-                break
-            raise CompactionOutcomeUnknown(
-                f"compaction of {report.table}: the catalog commit failed ({type(exc).__name__}: {exc}) and the "
-                f"table does not show snapshot {snapshot_id}; it may still apply it. Its written files are left "
-                "for orphan-file removal"
-            ) from exc
-        break
-    else:
-        raise CompactionConflict(
-            f"compaction of {report.table}: {MAX_ATTEMPTS} commits lost to concurrent writers; nothing was committed"
-        )
+    attempt = AttemptManifests()  # the manifests written, reused by every later attempt
+    committed = unknown = False
+    try:
+        for n in range(1, MAX_ATTEMPTS + 1):
+            report.attempts = n
+            tx = MetadataCachingTransaction(table, autocommit=False)
+            summary = _summary(rewrites, run_id)
+            producer = ReplaceFiles(Operation.REPLACE, transaction=tx, io=table.io, snapshot_properties=summary)
+            producer._snapshot_id = snapshot_id  # kept across attempts: a late landing of one is found by its id
+            producer.reads, producer.attempt = reads, attempt
+            producer.removed_deletes = _removable_deletes(table, rewrites, reads, referenced)
+            for r in rewrites:
+                for f in r.bin.files:
+                    producer.delete_data_file(f)
+                for f in r.written:
+                    producer.append_data_file(f)
+            producer.commit()  # writes the manifests and stages the snapshot; the catalog is not called yet
+            try:
+                fault_point("maintenance.before_catalog_commit")
+            except BaseException:
+                _remove_paths(table, producer._written_manifest_lists)
+                raise
+            unknown = True  # until the catalog answers, it may apply the commit: its files stay
+            try:
+                tx.commit_transaction()
+            except CommitFailedException as exc:
+                unknown = False
+                _remove_paths(table, producer._written_manifest_lists)  # its manifests serve the next attempt
+                log.info("compaction of %s lost a race to another commit (%s); rebasing", report.table, exc)
+                table.refresh()
+                rewrites = _still_live(table, rewrites, report, reads)
+                if not rewrites:
+                    return
+                continue
+            except Exception as exc:
+                if _landed(table, snapshot_id):
+                    unknown, committed = False, True
+                    break
+                raise CompactionOutcomeUnknown(
+                    f"compaction of {report.table}: the catalog commit failed ({type(exc).__name__}: {exc}) and the "
+                    f"table does not show snapshot {snapshot_id}; it may still apply it. Its written files are left "
+                    "for orphan-file removal"
+                ) from exc
+            unknown, committed = False, True
+            break
+        else:
+            raise CompactionConflict(
+                f"compaction of {report.table}: {MAX_ATTEMPTS} commits lost to concurrent writers; "
+                "nothing was committed"
+            )
+    finally:
+        if not unknown:
+            attempt.remove_unused(table.io, committed)
     report.snapshot_id = snapshot_id
     _count(report, [r.bin for r in rewrites], [f for r in rewrites for f in r.written])
     fault_point("maintenance.after_catalog_commit")
@@ -533,21 +409,31 @@ def _commit(
     )
 
 
+def _summary(rewrites: list[_Rewrite], run_id: str) -> dict[str, str]:
+    return {
+        SUMMARY_MAINTENANCE: COMPACTION,
+        SUMMARY_REWRITTEN_FILES: str(sum(len(r.bin.files) for r in rewrites)),
+        SUMMARY_REWRITTEN_BYTES: str(sum(r.bin.bytes for r in rewrites)),
+        SUMMARY_MAINTENANCE_RUN: run_id,
+        SUMMARY_FOLDED_DELETES: str(sum(r.folded for r in rewrites)),
+    }
+
+
 def _removable_deletes(
-    table: Table, rewrites: list[_Rewrite], entries: ManifestEntries, referenced: dict[str, set[str]]
+    table: Table, rewrites: list[_Rewrite], reads: ManifestReads, referenced: dict[str, set[str]]
 ) -> list[ManifestEntry]:
     """The live position delete files of the head that name only files the rewrites replace (or files no longer
     live): after the commit they apply to nothing, so they go with it."""
-    snapshot = table.current_snapshot()
-    if snapshot is None:
+    manifests = reads.manifests(table.current_snapshot())
+    if not any(m.content == ManifestContent.DELETES for m in manifests):
         return []
     replaced = {f.file_path for r in rewrites for f in r.bin.files}
-    live = {f.file_path for f in live_data_files(table, entries)} - replaced
+    live = {f.file_path for f in live_data_files(table, reads)} - replaced
     removable = []
-    for manifest in snapshot.manifests(table.io):
+    for manifest in manifests:
         if manifest.content != ManifestContent.DELETES:
             continue
-        for e in live_entries(manifest, table.io, entries):
+        for e in reads.live_entries(manifest):
             if e.data_file.content != DataFileContent.POSITION_DELETES:
                 continue
             path = e.data_file.file_path
@@ -567,7 +453,7 @@ def _landed(table: Table, snapshot_id: int) -> bool:
 
 
 def _still_live(
-    table: Table, rewrites: list[_Rewrite], report: CompactionReport, entries: ManifestEntries
+    table: Table, rewrites: list[_Rewrite], report: CompactionReport, reads: ManifestReads
 ) -> list[_Rewrite]:
     """The rewrites whose files are all live at the new head, with the delete files they were read with; the others'
     written files are deleted. None if the new head has equality delete files."""
@@ -575,7 +461,7 @@ def _still_live(
         report.skipped.append("the partition spec changed during the compaction; nothing was committed")
         _remove(table, [f for r in rewrites for f in r.written])
         return []
-    deletes = delete_files_by_data_file(table)
+    deletes = _delete_files(table, reads)
     if _equality_deletes(deletes):
         report.skipped.append(
             "another writer added equality delete files while the compaction ran; nothing was committed"
@@ -598,7 +484,7 @@ def _still_live(
         rewrites = [r for r in rewrites if r not in changed]
         if not rewrites:
             return []
-    live = {f.file_path for f in live_data_files(table, entries)}
+    live = {f.file_path for f in live_data_files(table, reads)}
     kept, dropped = [], []
     for r in rewrites:
         (kept if all(f.file_path in live for f in r.bin.files) else dropped).append(r)
@@ -622,8 +508,12 @@ def _count(report: CompactionReport, bins: Iterable[Bin], written: Sequence[Data
 
 
 def _remove(table: Table, files: Sequence[DataFile]) -> None:
-    for f in files:
+    _remove_paths(table, [f.file_path for f in files])
+
+
+def _remove_paths(table: Table, paths: Iterable[str]) -> None:
+    for path in paths:
         try:
-            table.io.delete(f.file_path)
+            table.io.delete(path)
         except Exception:  # a leftover file is an orphan, not an error of the compaction
-            log.warning("could not remove %s, written for a compaction that did not commit", f.file_path, exc_info=True)
+            log.warning("could not remove %s, written for a compaction that did not commit", path, exc_info=True)

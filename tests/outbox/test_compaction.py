@@ -64,6 +64,7 @@ from outbox.relay import (
     high_water_property,
     snapshot_summary,
 )
+from outbox.replace_files import ReplaceFiles
 from outbox.snapshot_producer import row_delta
 from tests.outbox.test_relay import TABLE, DiesBeforeMarking, stage
 
@@ -182,6 +183,52 @@ def test_a_relay_commit_between_plan_and_commit_is_rebased_on(sqlite: Catalog, l
     assert head.snapshot_id == report.snapshot_id
     assert table.metadata.snapshot_by_id(head.parent_snapshot_id).summary[SUMMARY_BATCH_ID] == "6"
     assert len(rows_of(table)) == 7 and len(live_data_files(table)) == 2, "the batch after the plan is kept"
+    assert_checks_clean(table, ledger)
+
+
+def metadata_manifests(table: Table) -> set[str]:
+    folder = Path(table.location().removeprefix("file://")) / "metadata"
+    return {p.as_uri() for p in folder.glob("*.avro")}
+
+
+def test_relay_commits_during_every_attempt_are_rebased_on_without_rewriting_its_manifests(
+    sqlite: Catalog, ledger: Ledger, monkeypatch
+):
+    """Two relay commits land while the compaction is about to commit (a real race on the catalog): the third
+    attempt commits, its manifests are those the first one wrote, and no manifest or list of the lost attempts is
+    left in the metadata folder."""
+    for b in range(6):
+        stage(sqlite, ledger, b, b)
+    CommitRelay(ledger, sqlite).commit_table(TABLE)
+    written: list[str] = []
+    real_output = ReplaceFiles.new_manifest_output
+
+    def counted_output(self: ReplaceFiles) -> Any:
+        out = real_output(self)
+        written.append(out.location)
+        return out
+
+    def relay_commits_first(point: str, *args: Any) -> None:
+        nonlocal batch
+        if point == "maintenance.before_catalog_commit" and batch < 8:
+            stage(sqlite, ledger, batch, batch)
+            assert CommitRelay(ledger, sqlite).commit_table(TABLE).committed == [batch]
+            batch += 1
+
+    batch = 6
+    monkeypatch.setattr(ReplaceFiles, "new_manifest_output", counted_output)
+    monkeypatch.setattr("outbox.compaction.fault_point", relay_commits_first)
+    report = compact_table(sqlite.load_table(TABLE), target_file_size=MB, min_files=2)
+
+    assert report.attempts == 3 and report.files_rewritten == 6
+    table = sqlite.load_table(TABLE)
+    assert table.current_snapshot().snapshot_id == report.snapshot_id
+    assert len(rows_of(table)) == 8 and len(live_data_files(table)) == 3, "both batches after the plan are kept"
+    own = {m.manifest_path for m in table.current_snapshot().manifests(table.io)} & set(written)
+    assert own == set(written) and len(written) == 2, "the added and the deleted entries' manifests, written once"
+    listed = {m.manifest_path for s in table.snapshots() for m in s.manifests(table.io)}
+    listed |= {s.manifest_list for s in table.snapshots()}
+    assert metadata_manifests(table) == listed, "nothing of the lost attempts is left"
     assert_checks_clean(table, ledger)
 
 
