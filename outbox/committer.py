@@ -243,9 +243,10 @@ class Committer:
         except KrishivError as exc:  # the relay's other errors are certain too: nothing was committed
             self._refused(table, exc)
             return True
-        if report.committed or report.recovered:
-            self.reports.append(report)
-            self._on_report(report)
+        for done in (report, *self.relay.also):  # a batch's other tables, committed with it
+            if done.committed or done.recovered:
+                self.reports.append(done)
+                self._on_report(done)
         return True
 
     def _refused(self, table: str, exc: BaseException) -> None:

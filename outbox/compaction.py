@@ -12,8 +12,8 @@ them: scans open every file and every commit reads every manifest. :func:`compac
    Each bin must give back exactly the rows its files held, in one file of the bin's partition; otherwise
    nothing of it is committed.
 3. Commit ONE snapshot with operation ``replace`` (pyiceberg 0.12 cannot summarise one, see
-   :class:`outbox.replace_files.ReplaceFiles`) that removes the bins' files and adds their rewrites, with the requirement that the
-   branch head is still the snapshot the plan read. Its summary names the maintenance
+   :class:`outbox.replace_files.ReplaceFiles`) that removes the bins' files and adds their rewrites, with the
+   requirement that the branch head is still the snapshot the plan read. Its summary names the maintenance
    (``krishiv.maintenance=compaction``, the files and bytes rewritten, the run id) and never a batch, a query
    or a high-water batch id; no table property is set, so the relay's high-water marks stay as they are.
 

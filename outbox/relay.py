@@ -57,7 +57,7 @@ from krishiv_core.catalog import (
     masked,
     refusal_hint,
 )
-from krishiv_core.entries import MERGE, OffsetSkip, OutboxEntry
+from krishiv_core.entries import MERGE, PENDING, OffsetSkip, OutboxEntry
 from krishiv_core.errors import CatalogUnavailable, ConfigError, KrishivError
 from krishiv_core.evolution import SchemaChange, bring_to_staged_schema
 from krishiv_core.faults import fault_point
@@ -72,6 +72,7 @@ from outbox.errors import (
 )
 from outbox.ledger import Ledger
 from outbox.merge import merge_commit
+from outbox.multi_table_commit import ATOMIC, DeferredCommits, commit_atomically, multi_table_commits
 from outbox.snapshot_producer import fast_append
 
 log = logging.getLogger(__name__)
@@ -244,6 +245,8 @@ class CommitRelay:
         self.catalog_address = catalog_address
         self.committed_by = committed_by  # recorded with each commit in the ledger (who committed it)
         self._skips: dict[str, list[OffsetSkip]] = {}
+        #: Reports of the other tables the last :meth:`commit_table` committed batches to (a batch's siblings).
+        self.also: list[TableCommitReport] = []
 
     @property
     def catalog(self) -> Catalog:
@@ -264,6 +267,7 @@ class CommitRelay:
             report = TableCommitReport(name)
             try:
                 self.commit_table(name, report)
+                reports += self.also
             except RUN_STOPS:
                 raise
             except TABLE_STOPS as exc:
@@ -274,23 +278,81 @@ class CommitRelay:
 
     def commit_table(self, table_name: str, report: TableCommitReport | None = None) -> TableCommitReport:
         """Commit ``table_name``'s pending entries in order into ``report`` (a new one by default); the first that
-        cannot be committed raises, leaving it and those after it pending."""
+        cannot be committed raises, leaving it and those after it pending.
+
+        On a catalog with atomic multi-table commits (``outbox.multi_table_commit``), a batch that also has rows
+        for other tables (its rejects, its other routes) is committed to all of them in one catalog transaction;
+        their reports are in :attr:`also` afterwards. A sibling table's earlier pending batches of the query are
+        committed first, so each table still takes its batches in order."""
         report = report if report is not None else TableCommitReport(table_name)
+        self.also = []
         pending = self.ledger.pending(table_name)
         if not pending:
             return report
         self._skips = {}
-        table: Table | None = None
+        reports = {table_name: report}
+        siblings: dict[tuple[str, int], list[str]] | None = None  # read once the catalog has answered
+        tables: dict[str, Table] = {}
         for entry in pending:
             if entry.changes_nothing:
                 self.ledger.mark_committed(entry, None, self.committed_by)
                 report.empty.append(entry.batch_id)
                 continue
-            if table is None:
-                table = self._load(table_name)
+            if table_name not in tables:
+                tables[table_name] = self._load(table_name)
                 fault_point("relay.table_loaded", entry.batch_id)
-            table = self._commit_entry(table, entry, report)
+            if siblings is None:
+                siblings = self._pending_siblings(pending)
+            batch = [entry, *self._batch_rows_elsewhere(entry, siblings)]
+            for other in batch[1:]:
+                self._commit_earlier(other, tables, reports)
+            for other in batch[1:]:
+                if other.table not in tables:
+                    tables[other.table] = self._load(other.table)
+            self._commit_batch(tables, batch, reports)
+        self.also = [r for name, r in reports.items() if name != table_name]
         return report
+
+    def _pending_siblings(self, pending: list[OutboxEntry]) -> dict[tuple[str, int], list[str]]:
+        """On an atomic catalog: for each pending batch of these entries' pipelines, the tables it is pending in
+        (one ledger read per pipeline); empty on a catalog that commits table by table."""
+        if multi_table_commits(self.catalog) != ATOMIC:
+            return {}
+        tables: dict[tuple[str, int], list[str]] = {}
+        for pipeline in dict.fromkeys(e.pipeline for e in pending):
+            for key in self.ledger.pending_batches(tables=None, pipeline=pipeline):
+                tables.setdefault((key.query_id, key.batch_id), []).append(key.table)
+        return tables
+
+    def _batch_rows_elsewhere(
+        self, entry: OutboxEntry, siblings: dict[tuple[str, int], list[str]]
+    ) -> list[OutboxEntry]:
+        """The batch's pending entries with rows for other tables (committed with this one, at once)."""
+        found = []
+        for table in siblings.get((entry.query_id, entry.batch_id), ()):
+            if table == entry.table:
+                continue
+            other = self.ledger.get(entry.query_id, table, entry.batch_id)
+            if other is not None and other.status == PENDING and not other.changes_nothing:
+                found.append(other)
+        return found
+
+    def _commit_earlier(
+        self, entry: OutboxEntry, tables: dict[str, Table], reports: dict[str, TableCommitReport]
+    ) -> None:
+        """Commit the query's pending batches before ``entry`` in its table, each on its own: there are some only
+        where a batch was committed table by table and a crash came between its tables."""
+        report = reports.setdefault(entry.table, TableCommitReport(entry.table))
+        for earlier in self.ledger.pending(entry.table):
+            if earlier.query_id != entry.query_id or earlier.batch_id >= entry.batch_id:
+                continue
+            if earlier.changes_nothing:
+                self.ledger.mark_committed(earlier, None, self.committed_by)
+                report.empty.append(earlier.batch_id)
+                continue
+            if earlier.table not in tables:
+                tables[earlier.table] = self._load(earlier.table)
+            self._commit_batch(tables, [earlier], reports)
 
     # ------------------------------------------------------------------------------------ steps
 
@@ -338,78 +400,117 @@ class CommitRelay:
             text = masked(text, self._catalog.properties, str(self._catalog.properties.get("uri", "")))
         return text
 
-    def _commit_entry(self, table: Table, entry: OutboxEntry, report: TableCommitReport) -> Table:
-        conflicts = ambiguous = 0
-        while True:
-            found = find_committed(table, entry)
-            if found is not None:
-                self.ledger.mark_committed(entry, None if found == _EXPIRED else found, self.committed_by)
-                report.recovered.append(entry.batch_id)
-                return table
+    def _found(self, table: Table, entry: OutboxEntry) -> tuple[Table, int | None]:
+        """The table (reloaded if another committer got there after it was loaded) and the snapshot that holds
+        ``entry`` in it, or None."""
+        found = find_committed(table, entry)
+        if found is None:
             fresh = self._fail_closed(table, entry)
             if fresh is not None:  # another committer got there after this one loaded the table: check again
-                table = fresh
-                continue
+                table, found = fresh, find_committed(fresh, entry)
+        return table, found
+
+    def _commit_batch(
+        self, tables: dict[str, Table], batch: list[OutboxEntry], reports: dict[str, TableCommitReport]
+    ) -> None:
+        """Commit one batch's entries (one per table, the same query and batch id): each found already in its
+        table is marked; the others are committed at once, in one catalog transaction when there are several
+        (``outbox.multi_table_commit``), then marked. ``tables`` is updated with each table as committed."""
+        conflicts = ambiguous = 0
+        batch_id = batch[0].batch_id
+        while True:
+            todo = []
+            for entry in batch:
+                report = reports.setdefault(entry.table, TableCommitReport(entry.table))
+                tables[entry.table], found = self._found(tables[entry.table], entry)
+                if found is None:
+                    todo.append(entry)
+                    continue
+                self.ledger.mark_committed(entry, None if found == _EXPIRED else found, self.committed_by)
+                report.recovered.append(entry.batch_id)
+            if not todo:
+                return
             started = time.perf_counter()
             try:
-                if entry.schema_change is not None:  # the stager may have died between the record and the change
-                    change = SchemaChange.from_json(entry.schema_change)
-                    table = bring_to_staged_schema(table, change, entry.table, f"batch {entry.batch_id}")
-                fault_point("relay.before_catalog_commit", entry.batch_id)
-                table = commit_entry(
-                    table,
-                    entry,
-                    snapshot_summary(entry, self._skips_since(table, entry)),
-                    {high_water_property(entry.query_id): str(entry.batch_id)},
-                )
-                fault_point("relay.after_catalog_commit", entry.batch_id)
+                for entry in todo:
+                    if entry.schema_change is not None:  # the stager may have died between the record and the change
+                        change = SchemaChange.from_json(entry.schema_change)
+                        tables[entry.table] = bring_to_staged_schema(
+                            tables[entry.table], change, entry.table, f"batch {entry.batch_id}"
+                        )
+                fault_point("relay.before_catalog_commit", batch_id)
+                self._commit_at_once(tables, todo)
+                fault_point("relay.after_catalog_commit", batch_id)
             except CommitFailedException as exc:
                 conflicts += 1
+                names = ", ".join(e.table for e in todo)
                 if conflicts > MAX_CONFLICT_RETRIES:
                     raise CommitConflict(
-                        f"{entry.table} batch {entry.batch_id}: {MAX_CONFLICT_RETRIES} commits lost to concurrent "
+                        f"{names} batch {batch_id}: {MAX_CONFLICT_RETRIES} commits lost to concurrent "
                         f"writers; the entry stays pending: {exc}"
                     ) from exc
-                log.info(
-                    "commit of %s batch %s conflicted (%s); re-checking", entry.table, entry.batch_id, self._shown(exc)
-                )
+                log.info("commit of %s batch %s conflicted (%s); re-checking", names, batch_id, self._shown(exc))
                 time.sleep(_backoff(conflicts))
-                table = self._load(entry.table)
+                for entry in todo:
+                    tables[entry.table] = self._load(entry.table)
                 continue
             except KrishivError:
                 raise  # refused before the catalog was called (a staged file missing, a merge key null): certain
             except Exception as exc:
+                names = ", ".join(e.table for e in todo)
                 if isinstance(exc, RESTError) and http_status(exc) in REFUSED_STATUSES:
                     raise CatalogRefused(
-                        f"Iceberg catalog at {self.catalog_address} refused the commit of {entry.table} batch "
-                        f"{entry.batch_id} (HTTP {http_status(exc)}): {self._shown(exc)}; the entry stays pending "
+                        f"Iceberg catalog at {self.catalog_address} refused the commit of {names} batch "
+                        f"{batch_id} (HTTP {http_status(exc)}): {self._shown(exc)}; the entry stays pending "
                         + runbook("A catalog that refuses")
                     ) from exc
                 ambiguous += 1
                 if ambiguous > MAX_AMBIGUOUS_RECHECKS:
                     raise CatalogUnavailable(
-                        f"Iceberg catalog at {self.catalog_address}: the commit of {entry.table} batch "
-                        f"{entry.batch_id} had an unknown outcome {ambiguous} times, each reload showing it not "
+                        f"Iceberg catalog at {self.catalog_address}: the commit of {names} batch "
+                        f"{batch_id} had an unknown outcome {ambiguous} times, each reload showing it not "
                         f"committed (last: {type(exc).__name__}: {self._shown(exc)}); the entry stays pending and "
                         "the next krishiv commit checks the table for it first"
                     ) from exc
                 log.warning(
                     "commit of %s batch %s has an unknown outcome (%s: %s); reloading to check",
-                    entry.table,
-                    entry.batch_id,
+                    names,
+                    batch_id,
                     type(exc).__name__,
                     self._shown(exc),
                 )
                 time.sleep(_backoff(ambiguous))
-                table = self._load(entry.table)
+                for entry in todo:
+                    tables[entry.table] = self._load(entry.table)
                 continue
             commit_ms = (time.perf_counter() - started) * 1000
-            report.commit_latencies_ms.append(commit_ms)
-            self.ledger.mark_committed(entry, entry.intended_snapshot_id, self.committed_by, commit_ms)
-            report.committed.append(entry.batch_id)
-            report.snapshot_ids.append(entry.intended_snapshot_id)
-            report.records += entry.record_count
-            return table
+            for entry in todo:
+                report = reports[entry.table]
+                report.commit_latencies_ms.append(commit_ms)
+                self.ledger.mark_committed(entry, entry.intended_snapshot_id, self.committed_by, commit_ms)
+                report.committed.append(entry.batch_id)
+                report.snapshot_ids.append(entry.intended_snapshot_id)
+                report.records += entry.record_count
+            return
+
+    def _commit_at_once(self, tables: dict[str, Table], entries: list[OutboxEntry]) -> None:
+        """One snapshot per entry's table; several in one catalog transaction."""
+
+        def summary(entry: OutboxEntry, table: Table) -> tuple[dict[str, str], dict[str, str]]:
+            return snapshot_summary(entry, self._skips_since(table, entry)), {
+                high_water_property(entry.query_id): str(entry.batch_id)
+            }
+
+        if len(entries) == 1:
+            (entry,) = entries
+            tables[entry.table] = commit_entry(tables[entry.table], entry, *summary(entry, tables[entry.table]))
+            return
+        deferred = DeferredCommits(self.catalog)
+        for entry in entries:
+            commit_entry(deferred.table(tables[entry.table]), entry, *summary(entry, tables[entry.table]))
+        committed = commit_atomically(self.catalog, list(deferred.commits.values()), entries[0].batch_id)  # type: ignore[arg-type]
+        for entry in entries:
+            tables[entry.table] = committed[tables[entry.table].name()]
 
     def _skips_since(self, table: Table, entry: OutboxEntry) -> list[OffsetSkip]:
         """The operator's skips applied by batches of the query after its last snapshot in ``table``, up to this

@@ -219,7 +219,7 @@ def test_a_table_that_refuses_stops_while_the_others_go_on(tmp_path: Path, ledge
     catalog = sqlite_catalog(tmp_path)
     broken = stage(catalog, ledger, 0, 0)
     Path(broken.files[0].path.removeprefix("file://")).unlink()  # committing it would lose its rows
-    others = [stage(catalog, ledger, 0, 0, namespace="other")]
+    others = [stage(catalog, ledger, 0, 0, namespace="other", query_id="q2")]  # another pipeline's table
     committer = Committer(
         CommitRelay(ledger, lambda: sqlite_catalog(tmp_path)), [TABLE, OTHER], progress=lines.append, idle_s=600
     )
@@ -227,7 +227,7 @@ def test_a_table_that_refuses_stops_while_the_others_go_on(tmp_path: Path, ledge
     try:
         wait_for(all_committed(ledger, others), "the other table's batch")
         wait_for(lambda: TABLE in committer.failures, "the refusal")
-        later = [stage(catalog, ledger, 1, 1), stage(catalog, ledger, 1, 1, namespace="other")]
+        later = [stage(catalog, ledger, 1, 1), stage(catalog, ledger, 1, 1, namespace="other", query_id="q2")]
         others.append(later[1])
         committer.wake()
         wait_for(all_committed(ledger, others), "the other table's next batch")

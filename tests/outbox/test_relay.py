@@ -39,6 +39,7 @@ def stage(
     *,
     pipeline: PipelineSpec | None = None,
     namespace: str = "krishiv",
+    query_id: str = "q1",
 ) -> OutboxEntry:
     """One batch of one window row (the repository's pipeline by default), staged beside the table as Spark would,
     and recorded in the ledger."""
@@ -53,9 +54,9 @@ def stage(
             "amount_total": pa.array([Decimal("10.25")], pa.decimal128(22, 2)),
         }
     )
-    (staged,) = write_parquet(table, rows, staging_folder(table, "q1", batch_id))
+    (staged,) = write_parquet(table, rows, staging_folder(table, query_id, batch_id))
     entry = OutboxEntry(
-        "q1",
+        query_id,
         pipeline.name,
         f"{namespace}.{pipeline.table}",
         batch_id,
@@ -92,7 +93,7 @@ def test_concurrent_writer_conflict_is_rechecked_and_retried(catalog: Catalog, l
     assert foreign is not None and foreign.snapshot_id != first.intended_snapshot_id
 
     report = TableCommitReport(TABLE)
-    relay._commit_entry(stale, entry, report)
+    relay._commit_batch({TABLE: stale}, [entry], {TABLE: report})
     assert report.committed == [1]
     table = catalog.load_table(TABLE)
     head = table.current_snapshot()
