@@ -47,7 +47,7 @@ from outbox.compaction import COMPACTION
 from outbox.errors import LedgerBusyError
 from outbox.ledger import Ledger
 from outbox.orphans import list_files
-from outbox.relay import SUMMARY_SKIPPED
+from outbox.relay import SUMMARY_SKIPPED, high_water_property
 from spark_jobs.checkpoint import Checkpoint
 from spark_jobs.job import WORKER_START_TIMEOUT
 from spark_jobs.kafka_source import latest_offsets
@@ -753,6 +753,12 @@ NEVER_ORDERED = b"c-nobody"
 KINDS_STAGE_POINTS = ("stage.after_compute", "stage.after_files", "stage.after_ledger")
 KINDS_PAUSE_BATCHES = (1, 2, 3)
 KINDS_RELAY_POINTS = ("relay.before_catalog_commit", "relay.after_catalog_commit")
+#: Inside a batch's commit to several tables at once (``outbox.multi_table_commit``).
+MULTI_TABLE_POINTS = (
+    "relay.multi_table.metadata_written",
+    "relay.multi_table.pointer_swapped",
+    "relay.multi_table.before_db_commit",
+)
 KINDS_PAUSE_TIMEOUT_S = 240.0  # below the fault point's own pause limit, after which a paused kind would go on
 QUERY_FAILED = "terminated with error"  # Spark's log line when a streaming query fails
 
@@ -900,8 +906,11 @@ def kinds_driver_killed(ctx: Context) -> None:
 def kinds_relay_killed(ctx: Context) -> None:
     """The three newer kinds staged from one topic; then, for each kind, ``krishiv commit --pipeline`` SIGKILLed
     before the catalog commit of its first batch with rows, and again after the catalog commit of its second (a
-    fan-out's append, an upsert's merge, an update-mode window merge), before the ledger update; recovery by
-    committing again. Each kill is checked in the faults log to have fired in that kind's commit run."""
+    fan-out's append, an upsert's merge, an update-mode window merge), before the ledger update; then, in later
+    batches with rows for several tables (a fan-out's routes, a kind's rejects), at each step inside the commit to
+    all of them at once (:data:`MULTI_TABLE_POINTS`), each kill followed by the check that every batch is in all of
+    its tables or in none; recovery by committing again. Each kill is checked in the faults log to have fired in
+    that kind's commit run."""
     produce_kinds(ctx)
     ctx.stage()
     ledger = ctx.ws.ledger()
@@ -913,12 +922,45 @@ def kinds_relay_killed(ctx: Context) -> None:
         if len(batches) < 2:
             raise ScenarioError(f"{_kind(pipeline)}: expected at least 2 batches with rows, staged {batches}")
         for point, batch in zip(KINDS_RELAY_POINTS, batches, strict=False):
-            before = len(fired(ctx.ws))
-            ctx._step(("commit", "--pipeline", pipeline.name), f"{point}@{batch}", KILLED, None)
-            if not any(f["point"] == point and f["batch"] == batch for f in fired(ctx.ws)[before:]):
-                raise ScenarioError(f"{_kind(pipeline)}: the commit run was killed, but not at {point}@{batch}")
-            _log_line(ctx, f"{_kind(pipeline)} commit killed at {point}@{batch}")
+            _kill_commit_at(ctx, pipeline, point, batch)
+        # Inside the commit of a batch to several tables at once (the fan-out's routes and rejects): after the
+        # kill, every batch is in all its tables or in none.
+        spread = sorted(
+            b
+            for b in batches[len(KINDS_RELAY_POINTS) :]
+            if sum(1 for e in ledger.batch(_query_of(ledger, tables), b).values() if not e.changes_nothing) > 1
+        )
+        for point, batch in zip(MULTI_TABLE_POINTS, spread, strict=False):
+            _kill_commit_at(ctx, pipeline, point, batch)
+            _check_whole_batches(ctx, ledger, tables)
     ctx.finish()
+
+
+def _kill_commit_at(ctx: Context, pipeline: PipelineSpec, point: str, batch: int) -> None:
+    before = len(fired(ctx.ws))
+    ctx._step(("commit", "--pipeline", pipeline.name), f"{point}@{batch}", KILLED, None)
+    if not any(f["point"] == point and f["batch"] == batch for f in fired(ctx.ws)[before:]):
+        raise ScenarioError(f"{_kind(pipeline)}: the commit run was killed, but not at {point}@{batch}")
+    _log_line(ctx, f"{_kind(pipeline)} commit killed at {point}@{batch}")
+
+
+def _query_of(ledger: Ledger, tables: set[str]) -> str:
+    (query,) = {e.query_id for e in ledger.entries() if e.table in tables}
+    return query
+
+
+def _check_whole_batches(ctx: Context, ledger: Ledger, tables: set[str]) -> None:
+    """Every batch with rows is in all of its tables or in none (each table's high-water mark, read at once)."""
+    catalog = load_catalog(ctx.ws.spec)
+    query = _query_of(ledger, tables)
+    marks = {t: int(catalog.load_table(t).properties.get(high_water_property(query), -1)) for t in sorted(tables)}
+    for entry in ledger.entries():
+        if entry.table not in tables or entry.changes_nothing:
+            continue
+        siblings = [e for e in ledger.batch(query, entry.batch_id).values() if not e.changes_nothing]
+        shown = {e.table: marks[e.table] >= entry.batch_id for e in siblings}
+        if len(set(shown.values())) > 1:
+            raise ScenarioError(f"batch {entry.batch_id} is half-committed after a kill: {shown}")
 
 
 #: The field a user adds to every pipeline of the kinds spec in ``kinds-spec-changed``: optional, in no event.
@@ -1316,7 +1358,7 @@ MATRIX: tuple[Scenario, ...] = (
     ),
     Scenario("stager-lost-its-lease", stager_lost_its_lease, ("stage.after_files",), exclusive=True),
     Scenario("kinds-driver-killed", kinds_driver_killed, KINDS_STAGE_POINTS, weight=2, long=True),
-    Scenario("kinds-relay-killed", kinds_relay_killed, KINDS_RELAY_POINTS, weight=2, long=True),
+    Scenario("kinds-relay-killed", kinds_relay_killed, KINDS_RELAY_POINTS + MULTI_TABLE_POINTS, weight=2, long=True),
     # make test: tests/spark_jobs/test_schema_evolution.py (a run dying before, and right after, its first record)
     Scenario("kinds-spec-changed", kinds_spec_changed, ("stage.after_ledger",), long=True, in_ci=False),
     Scenario(

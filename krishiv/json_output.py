@@ -87,13 +87,18 @@ def reject_rate_document(rate: RejectRate, warn_above: float) -> dict[str, Any]:
 
 
 def status_document(
-    pipelines: Sequence[dict[str, Any]], removed: Sequence[dict[str, Any]], broker_error: str | None
+    pipelines: Sequence[dict[str, Any]],
+    removed: Sequence[dict[str, Any]],
+    broker_error: str | None,
+    batch_commits: str,
 ) -> str:
-    """``krishiv status --json``: every pipeline, the pipelines removed from the spec with batches pending, and the
-    broker's error (then every lag is null and the command exits 1)."""
+    """``krishiv status --json``: every pipeline, the pipelines removed from the spec with batches pending, the
+    broker's error (then every lag is null and the command exits 1), and how the catalog commits a batch's tables
+    (``atomic`` or ``table by table``, ``outbox.multi_table_commit``)."""
     doc = {
         "version": VERSION,
         "command": "status",
+        "batch_commits": batch_commits,
         "pipelines": list(pipelines),
         "removed_pipelines": list(removed),
         "broker_error": broker_error,

@@ -52,11 +52,22 @@ from krishiv_core.table_metadata import updated_metadata
 #: What a catalog gives a batch written to several tables (``krishiv status`` says which).
 ATOMIC = "atomic"  # one catalog transaction for all of a batch's tables
 TABLE_BY_TABLE = "table by table"
+#: What ``krishiv status`` says of each.
+SAID = {
+    ATOMIC: "each batch is committed to all of its tables at once (one catalog transaction)",
+    TABLE_BY_TABLE: "each batch is committed table by table (a reader may see it in some tables first)",
+}
 
 
 def multi_table_commits(catalog: Catalog) -> str:
     """How ``catalog`` commits a batch's tables: :data:`ATOMIC` on a SQL catalog, else :data:`TABLE_BY_TABLE`."""
     return ATOMIC if isinstance(catalog, SqlCatalog) else TABLE_BY_TABLE
+
+
+def multi_table_commits_at(catalog_uri: str) -> str:
+    """:func:`multi_table_commits` of the catalog at ``catalog_uri``, known without connecting (``krishiv status``):
+    pyiceberg builds its SQL catalog for ``sqlite:`` and ``postgresql:`` URIs."""
+    return ATOMIC if catalog_uri.startswith(("sqlite:", "postgresql:", "postgresql+")) else TABLE_BY_TABLE
 
 
 @dataclass(frozen=True)

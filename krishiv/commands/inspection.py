@@ -30,11 +30,12 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
         status_warnings,
     )
     from krishiv.views import lag_table, lease_text, short_id, table_name, when
-    from krishiv_core.catalog import qualified
+    from krishiv_core.catalog import qualified, redact
     from krishiv_core.entries import MERGE
     from krishiv_core.env_settings import seconds_from_env
     from krishiv_core.reject_rate import reject_rate_warn
     from krishiv_core.tables import output_tables
+    from outbox.multi_table_commit import SAID, multi_table_commits_at
     from spark_jobs.errors import KafkaSourceError
 
     warn_above = reject_rate_warn()
@@ -44,6 +45,9 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
         broker_down = None
     except BrokerUnavailable as exc:
         broker_down = str(exc)
+    batch_commits = multi_table_commits_at(spec.catalog_uri())
+    if not args.json:
+        console.print(f"catalog {escape(redact(spec.catalog_uri()))}: {SAID[batch_commits]}")
     documents: list[dict] = []
     topics_unread = 0  # pipelines whose topic the broker could not describe (missing, say): exit 1 as for the broker
     for p in chosen_pipelines(spec, args.pipeline):
@@ -118,7 +122,7 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
                     f"  {escape(table_name(spec, table, args.wide))}: {t.pending} pending, {t.committed} committed"
                 )
     if args.json:
-        print(status_document(documents, removed, broker_down))
+        print(status_document(documents, removed, broker_down, batch_commits))
         return 1 if broker_down or topics_unread else 0
     if broker_down:
         fail("status", f"{broker_down}; lag unknown")

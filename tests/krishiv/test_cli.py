@@ -27,11 +27,13 @@ def test_status_lineage_and_verify_catch_a_duplicate_window(make_spec, spec_file
     assert main(["--spec", str(spec_file), "status"]) == 0
     out = capsys.readouterr().out
     assert "pending" in out and "4 rejected" in out
+    assert "each batch is committed to all of its tables at once (one catalog transaction)" in out
     assert "late events by batch, kept in orders_per_minute_rejects (reason late: …): batch " in out
 
     assert main(["--spec", str(spec_file), "status", "--json"]) == 0
     status = json.loads(capsys.readouterr().out)
     assert (status["version"], status["command"], status["broker_error"]) == (1, "status", None)
+    assert status["batch_commits"] == "atomic", "a SQLite catalog"
     [pipeline] = status["pipelines"]
     assert pipeline["events"]["rejected"] == 4 and pipeline["events"]["late"] == 5
     assert sum(b["late_events"] for b in pipeline["late_batches"]) == 5  # the batches are few: all recent

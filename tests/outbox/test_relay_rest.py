@@ -29,6 +29,7 @@ from krishiv_core.entries import COMMITTED, PENDING, OutboxEntry
 from krishiv_core.errors import CatalogUnavailable
 from krishiv_core.spec import KrishivSpec, parse_spec
 from outbox.ledger import Ledger
+from outbox.multi_table_commit import TABLE_BY_TABLE, multi_table_commits, multi_table_commits_at
 from outbox.relay import MAX_AMBIGUOUS_RECHECKS, CommitRelay
 from tests.outbox.test_relay import stage as stage_in
 from tests.services.rest_catalog import NAMESPACE, TOKEN_VARIABLE
@@ -293,3 +294,25 @@ def test_a_server_that_quotes_the_token_back_never_gets_it_shown(spec: KrishivSp
     with pytest.raises(CatalogRefused) as refused:  # the relay's load
         relay_for(spec, ledger).commit_table(entry.table)
     assert os.environ[TOKEN_VARIABLE] not in str(refused.value) and "'Bearer ***'" in str(refused.value)
+
+
+def test_a_batch_of_several_tables_is_committed_table_by_table_on_a_rest_catalog(
+    spec: KrishivSpec, proxy: CommitProxy
+) -> None:
+    """The server has no ``transactions/commit`` (its config advertises no endpoints): each table of a batch is its
+    own commit request, in order, and every table holds the batch once."""
+    catalog = load_catalog(spec)
+    assert multi_table_commits(catalog) == TABLE_BY_TABLE == multi_table_commits_at(spec.catalog_uri())
+    ledger = Ledger(spec.resolve(spec.storage.ledger_path))
+    namespaces = (NAMESPACE, "silver")  # the server admits tables under bronze, silver and gold
+    entries = [
+        stage_in(catalog, ledger, b, b, pipeline=spec.pipeline(), namespace=ns) for b in range(2) for ns in namespaces
+    ]
+    reports = relay_for(spec, ledger).run()
+
+    assert sorted((r.table, r.committed) for r in reports) == sorted((e.table, [0, 1]) for e in entries[:2])
+    assert proxy.commits_forwarded == 4, "one commit request per table and batch"
+    for entry in entries[:2]:
+        table = load_catalog(spec).load_table(entry.table)
+        assert table.scan().to_arrow().num_rows == 2, "each batch's row once"
+        assert check_ledger_agreement(table, entry.table, ledger) == []
