@@ -12,7 +12,7 @@ from typing import Any
 
 from krishiv.commands.common import fail
 from krishiv.commands.first_hour import cmd_broker, cmd_init, cmd_produce, cmd_topic
-from krishiv.commands.inspection import cmd_check, cmd_lineage, cmd_status, cmd_verify
+from krishiv.commands.inspection import cmd_check, cmd_cut, cmd_lineage, cmd_status, cmd_verify
 from krishiv.commands.maintenance import (
     cmd_clean_staging,
     cmd_compact,
@@ -48,6 +48,7 @@ COMMANDS = {
     "compact": cmd_compact,
     "maintain": cmd_maintain,
     "lineage": cmd_lineage,
+    "cut": cmd_cut,
     "verify": cmd_verify,
     "demo": cmd_demo,
 }

@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from krishiv.check import Finding
+from krishiv.cut import Cut
 from krishiv.lineage import LineageRow
 from krishiv.status import PipelineStatus
 from krishiv.verify import Verification
@@ -124,6 +125,27 @@ def verify_document(results: Iterable[Verification]) -> str:
         for r in results
     ]
     doc = {"version": VERSION, "command": "verify", "ok": all(t["ok"] for t in tables), "tables": tables}
+    return json.dumps(doc, indent=2)
+
+
+def cut_document(cuts: Iterable[Cut]) -> str:
+    """``krishiv cut --json``: per pipeline, the batch of the cut and each table's snapshot as of it."""
+    doc = {
+        "version": VERSION,
+        "command": "cut",
+        "pipelines": [
+            {
+                "pipeline": c.pipeline,
+                "query_id": c.query_id,
+                "batch_id": c.batch_id,
+                "tables": [
+                    {"table": t.table, "snapshot_id": t.snapshot_id, "batch_id": t.batch_id, "expired": t.expired}
+                    for t in c.tables
+                ],
+            }
+            for c in cuts
+        ],
+    }
     return json.dumps(doc, indent=2)
 
 

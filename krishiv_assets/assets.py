@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import dagster as dg
 
+from krishiv.cut import consistent_cut
 from krishiv.verify import table_rows
 from krishiv_assets.commit_reports import (
     added,
@@ -282,12 +283,14 @@ def pipeline_assets(
                     f"{report.table} (no longer in the spec): committed batches {report.committed}, found "
                     f"{report.recovered} already there"
                 )
+        tables = {name: catalog.load_table(name) for name in names.values() if not by_table[name].refused}
+        cut = consistent_cut(book, pipeline.name, first, tables)
         for key, name in names.items():
             report = by_table[name]
             if report.refused:
                 context.log.error(before_pointer(f"{name}: {report.refused}", "; its batches stay pending"))
                 continue
-            table = catalog.load_table(name)
+            table = tables[name]
             current = table.current_snapshot()
             latencies = report.commit_latencies_ms
             waits = [c.staged_to_committed_s for c in made if c.table == name]
@@ -306,6 +309,7 @@ def pipeline_assets(
                 "pending_entries": sum(1 for e in pending if e.table == name),
                 "committed_by": by,
                 "committed_batches": dg.MetadataValue.json(report.committed),
+                "consistent_cut": dg.MetadataValue.json(cut),
             }
             if waits:
                 metadata["staged_to_committed_s"] = round(max(waits), 3)

@@ -155,6 +155,50 @@ def cmd_lineage(args: argparse.Namespace, spec: KrishivSpec) -> int:
     return 0
 
 
+def cmd_cut(args: argparse.Namespace, spec: KrishivSpec) -> int:
+    from krishiv.cut import Cut, cut_at, default_cut
+    from krishiv.inputs import load_table
+    from krishiv.views import short_id, table_name
+    from krishiv_core.catalog import load_catalog, qualified, redact
+
+    ledger = open_existing_ledger(spec)
+    catalog = load_catalog(spec)
+    address = redact(spec.catalog_uri())
+    cuts = []
+    for p in chosen_pipelines(spec, args.pipeline):
+        current = default_cut(ledger, p.name, qualified(spec, p.all_tables[0]))
+        if current is None:
+            cuts.append(Cut(p.name, None, None, []))
+            continue
+        query, batch = current[0], current[1] if args.batch is None else args.batch
+        if batch > current[1]:
+            fail("cut", f"{p.name}: batch {batch} is not committed to every table yet (the newest is {current[1]})")
+            return 1
+        tables = {qualified(spec, t): load_table(catalog, qualified(spec, t), address) for t in p.all_tables}
+        cuts.append(Cut(p.name, query, batch, cut_at(tables, ledger, query, batch)))
+    if args.json:
+        from krishiv.json_output import cut_document
+
+        print(cut_document(cuts))
+        return 0
+    for c in cuts:
+        if c.batch_id is None:
+            console.print(f"[bold]{escape(c.pipeline)}[/]: no batch committed yet")
+            continue
+        console.print(
+            f"[bold]{escape(c.pipeline)}[/] as of batch {c.batch_id} (query {short_id(c.query_id, args.wide)})"
+        )
+        for t in c.tables:
+            name = escape(table_name(spec, t.table, args.wide))
+            if t.snapshot_id is not None:
+                console.print(f"  {name}: snapshot {t.snapshot_id} (batch {t.batch_id})")
+            elif t.expired:
+                console.print(f"  {name}: its snapshot of batch {t.batch_id} has expired; no time travel to this cut")
+            else:
+                console.print(f"  {name}: no rows of this query up to batch {c.batch_id}")
+    return 0
+
+
 def cmd_verify(args: argparse.Namespace, spec: KrishivSpec) -> int:
     results = verify_pipelines(spec, chosen_pipelines(spec, args.pipeline), ledger=open_existing_ledger(spec))
     if args.json:

@@ -278,6 +278,10 @@ def build_parser() -> argparse.ArgumentParser:
     c = _command(sub, "lineage", "snapshot lineage of the tables, newest last")
     _wide(c)
     _json(c)
+    c = _command(sub, "cut", "each table's snapshot as of one batch, to read every table at the same cut")
+    c.add_argument("--batch", type=int, help="the batch of the cut (default: the newest committed to every table)")
+    _wide(c)
+    _json(c)
     _json(_command(sub, "verify", "check the exactly-once invariants; exit 1 on any violation"))
     text = "what krishiv run checks before Spark starts (broker, topic, catalog, tables, history), changing nothing"
     _json(_command(sub, "check", text + "; exit 1 if a check fails"))

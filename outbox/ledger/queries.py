@@ -409,13 +409,16 @@ class Queries(LedgerConnection):
             published=frozenset((q, b) for q, b, _, snapshot in hot if snapshot),
         )
 
-    def last_committed_batch(self, query_id: str, table: str) -> int | None:
-        """The highest COMMITTED batch of the query that gave ``table`` rows (archive included), None if none."""
+    def last_committed_batch(self, query_id: str, table: str, at_most: int | None = None) -> int | None:
+        """The highest COMMITTED batch of the query that gave ``table`` rows (archive included), None if none; with
+        ``at_most``, the highest at or below it (an archived range reaching past it counts as its upper end's
+        least possible batch, its ``min_batch_id``)."""
+        bound = (1 << 62) if at_most is None else at_most
         rows = self._read(
             "SELECT greatest((SELECT max(batch_id) FROM outbox WHERE query_id = ? AND table_name = ? "
-            "AND status = ? AND record_count > 0), (SELECT max(max_batch_id) FROM outbox_archive "
-            "WHERE query_id = ? AND table_name = ? AND record_count > 0))",
-            [query_id, table, COMMITTED, query_id, table],
+            "AND status = ? AND record_count > 0 AND batch_id <= ?), (SELECT max(least(max_batch_id, ?)) "
+            "FROM outbox_archive WHERE query_id = ? AND table_name = ? AND record_count > 0 AND min_batch_id <= ?))",
+            [query_id, table, COMMITTED, bound, bound, query_id, table, bound],
         )
         return None if not rows or rows[0][0] is None else int(rows[0][0])
 

@@ -52,6 +52,13 @@ def test_status_lineage_and_verify_catch_a_duplicate_window(make_spec, spec_file
     assert main(["--spec", str(spec_file), "lineage"]) == 0
     assert main(["--spec", str(spec_file), "verify"]) == 0
     assert "VIOLATIONS" not in capsys.readouterr().out
+    assert main(["--spec", str(spec_file), "cut", "--json"]) == 0
+    [cut] = json.loads(capsys.readouterr().out)["pipelines"]
+    for t in cut["tables"]:  # every batch is committed: each table's cut is its current snapshot, if it has rows
+        current = load_catalog(spec).load_table(t["table"]).current_snapshot()
+        assert t["snapshot_id"] == (current.snapshot_id if current else None), t
+    assert main(["--spec", str(spec_file), "cut", "--batch", str(cut["batch_id"] + 1)]) == 1
+    assert "is not committed to every table yet" in capsys.readouterr().err
     assert main(["--spec", str(spec_file), "status", "-v", "--json"]) == 0  # -v after the command too
     status = json.loads(capsys.readouterr().out)
     assert all(p["lag"] == 0 for p in status["pipelines"][0]["partitions"])
