@@ -223,7 +223,20 @@ class Committer:
             self.compactions.append(report)
 
     def _commit(self, table: str) -> bool:
-        """Commit ``table``'s pending entries; False if the catalog or the ledger did not answer."""
+        """Commit ``table``'s pending entries; False if the catalog or the ledger did not answer. What a batch's
+        other tables got with them is reported too, even when a later batch stopped this table."""
+        try:
+            return self._commit_table(table)
+        finally:
+            self._publish(self.relay.also)
+
+    def _publish(self, reports: list[TableCommitReport]) -> None:
+        for done in reports:
+            if done.committed or done.recovered:
+                self.reports.append(done)
+                self._on_report(done)
+
+    def _commit_table(self, table: str) -> bool:
         try:
             report = self.relay.commit_table(table)
         except CatalogUnavailable as exc:
@@ -243,10 +256,7 @@ class Committer:
         except KrishivError as exc:  # the relay's other errors are certain too: nothing was committed
             self._refused(table, exc)
             return True
-        for done in (report, *self.relay.also):  # a batch's other tables, committed with it
-            if done.committed or done.recovered:
-                self.reports.append(done)
-                self._on_report(done)
+        self._publish([report])
         return True
 
     def _refused(self, table: str, exc: BaseException) -> None:

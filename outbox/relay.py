@@ -221,6 +221,23 @@ def commit_entry(table: Table, entry: OutboxEntry, summary: Mapping[str, str], p
     )
 
 
+def _merged(reports: list[TableCommitReport]) -> list[TableCommitReport]:
+    """One report per table, in first-seen order: a table's batches may be committed with another table's."""
+    by_table: dict[str, TableCommitReport] = {}
+    for r in reports:
+        into = by_table.setdefault(r.table, r)
+        if into is r:
+            continue
+        into.committed += r.committed
+        into.recovered += r.recovered
+        into.empty += r.empty
+        into.snapshot_ids += r.snapshot_ids
+        into.commit_latencies_ms += r.commit_latencies_ms
+        into.records += r.records
+        into.refused = into.refused or r.refused
+    return list(by_table.values())
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -267,14 +284,14 @@ class CommitRelay:
             report = TableCommitReport(name)
             try:
                 self.commit_table(name, report)
-                reports += self.also
             except RUN_STOPS:
                 raise
             except TABLE_STOPS as exc:
                 report.refused = _first_line(exc)
                 log.warning("commits of %s stopped: %s", name, report.refused)
             reports.append(report)
-        return reports
+            reports += self.also
+        return _merged(reports)
 
     def commit_table(self, table_name: str, report: TableCommitReport | None = None) -> TableCommitReport:
         """Commit ``table_name``'s pending entries in order into ``report`` (a new one by default); the first that
@@ -285,12 +302,19 @@ class CommitRelay:
         their reports are in :attr:`also` afterwards. A sibling table's earlier pending batches of the query are
         committed first, so each table still takes its batches in order."""
         report = report if report is not None else TableCommitReport(table_name)
-        self.also = []
+        reports = {table_name: report}
+        try:
+            self._commit_pending(table_name, reports)
+        finally:  # what a batch's other tables got, even when a later batch stopped this table
+            self.also = [r for name, r in reports.items() if name != table_name]
+        return report
+
+    def _commit_pending(self, table_name: str, reports: dict[str, TableCommitReport]) -> None:
+        report = reports[table_name]
         pending = self.ledger.pending(table_name)
         if not pending:
-            return report
+            return
         self._skips = {}
-        reports = {table_name: report}
         siblings: dict[tuple[str, int], list[str]] | None = None  # read once the catalog has answered
         tables: dict[str, Table] = {}
         for entry in pending:
@@ -310,8 +334,6 @@ class CommitRelay:
                 if other.table not in tables:
                     tables[other.table] = self._load(other.table)
             self._commit_batch(tables, batch, reports)
-        self.also = [r for name, r in reports.items() if name != table_name]
-        return report
 
     def _pending_siblings(self, pending: list[OutboxEntry]) -> dict[tuple[str, int], list[str]]:
         """On an atomic catalog: for each pending batch of these entries' pipelines, the tables it is pending in
