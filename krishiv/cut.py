@@ -74,9 +74,7 @@ def cut_at(tables: Mapping[str, Table], ledger: Ledger, query_id: str, batch_id:
     return cuts
 
 
-def consistent_cut(
-    ledger: Ledger, pipeline: str, first_table: str, tables: Mapping[str, Table]
-) -> dict[str, object]:
+def consistent_cut(ledger: Ledger, pipeline: str, first_table: str, tables: Mapping[str, Table]) -> dict[str, object]:
     """The default cut of the pipeline's ``tables``, as Dagster's materializations carry it."""
     current = default_cut(ledger, pipeline, first_table)
     if current is None:
