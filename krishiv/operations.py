@@ -80,21 +80,34 @@ class CommitsStopped(KrishivError):
 
 class TablesRefused(KrishivError):
     """Some tables refused their commits (a staged file gone, the catalog refused, ...) while every other table was
-    committed: one line per refused table, naming it and the way out; their entries stay pending."""
+    committed: one line per cause, naming the tables it holds back and the way out; their entries stay pending. A
+    batch is committed to all of its tables or to none, so one missing file holds back each table of its batch."""
 
     def __init__(self, reports: list[TableCommitReport]) -> None:
         self.reports = reports
         self.refused = {r.table: r.refused for r in reports if r.refused}
-        super().__init__(  # each table's refusal keeps its runbook pointer last
+        tables: dict[str, list[str]] = {}
+        for table, why in self.refused.items():
+            tables.setdefault(why, []).append(table)
+        self._causes = [(", ".join(names), why, len(names)) for why, names in tables.items()]
+        super().__init__(  # each cause keeps its runbook pointer last
             "; ".join(
-                before_pointer(f"{table}: {why}", "; its batches stay pending: put that right, then run krishiv commit")
-                for table, why in self.refused.items()
+                before_pointer(
+                    f"{names}: {why}", f"; {_their(n)} batches stay pending: put that right, then run krishiv commit"
+                )
+                for names, why, n in self._causes
             )
         )
 
     def lines(self) -> list[str]:
-        """One line per refused table: the table, why, and that its batches stay pending (the pointer last)."""
-        return [before_pointer(f"{table}: {why}", "; its batches stay pending") for table, why in self.refused.items()]
+        """One line per cause: the tables it holds back, why, and that their batches stay pending (pointer last)."""
+        return [
+            before_pointer(f"{names}: {why}", f"; {_their(n)} batches stay pending") for names, why, n in self._causes
+        ]
+
+
+def _their(tables: int) -> str:
+    return "its" if tables == 1 else "their"
 
 
 #: How long a command waits for a ledger another process holds (seconds; default 30).

@@ -275,8 +275,9 @@ class CommitRelay:
         """Commit each table's pending entries (``tables``, or every table of the ledger), one table after the other.
 
         A table that refuses (:data:`TABLE_STOPS`: the catalog refused it, a staged file is gone, the table lost the
-        query's batches, a merge is refused, writers kept winning) stops that table only: its report's ``refused``
-        says why, its entries stay pending, and the other tables are still committed. An outage of the catalog or
+        query's batches, a merge is refused, writers kept winning) stops that table (and, on a catalog that commits
+        a batch at once, the other tables of the batch it refused on): its report's ``refused`` says why, its
+        entries stay pending, and the other tables are still committed. An outage of the catalog or
         the ledger, which no other table would escape, is raised at once.
         """
         reports = []

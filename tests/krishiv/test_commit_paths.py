@@ -130,7 +130,7 @@ def pending_line(out: str, name: str) -> str:
     return next(line.strip() for line in out.splitlines() if line.strip().startswith(f"{name}:"))
 
 
-def test_a_refused_table_is_named_and_every_other_table_still_commits(tmp_path: Path, capsys) -> None:
+def test_a_refused_table_holds_back_its_batchs_other_tables_and_every_other_pipeline_still_commits(tmp_path: Path, capsys) -> None:
     spec_file = write_spec(tmp_path, second=True)
     spec = load_spec(spec_file, env={})
     catalog, ledger = load_catalog(spec), open_ledger(spec)
@@ -143,15 +143,19 @@ def test_a_refused_table_is_named_and_every_other_table_still_commits(tmp_path: 
 
     assert main(["--spec", str(spec_file), "commit"]) == 1
     out, err = capsys.readouterr()
-    assert err.count("\n") == 1 and "Traceback" not in err, "one line: the refused table, why, and the way out"
-    assert err.startswith(f"krishiv commit: {broken}: ") and gone.path in err and "stay pending" in err
+    assert err.count("\n") == 1 and "Traceback" not in err, "one line: the tables held back, why, and the way out"
+    routed = [qualified(spec, t) for t in spec.pipeline("orders_routed").all_tables]
+    held = {t for t in routed if any(e.batch_id == 1 and not e.changes_nothing for e in ledger.entries(t))}
+    assert broken in held and len(held) > 1, "batch 1 has rows for several tables of the fan-out"
+    named = err.removeprefix("krishiv commit: ").split(": ", 1)[0]
+    assert set(named.split(", ")) == held, "each table of the batch is held back, in one line"
+    assert gone.path in err and "stay pending" in err
     assert "`krishiv restage` stages the batch again" in err, "the way out"
     assert err.rstrip("\n").endswith("(see docs/operations.md: Recovery runbook > A staged file that is gone)"), err
-    assert "orders_c001 " in out and "payments " in out, "the others' commits are shown"
+    assert "payments " in out, "the other pipeline's commits are shown"
     for table in [qualified(spec, t) for p in spec.pipelines for t in p.all_tables]:
         statuses = [e.status for e in sorted(ledger.entries(table), key=lambda e: e.batch_id)]
-        assert statuses == ([COMMITTED, PENDING] if table == broken else [COMMITTED, COMMITTED]), table
-    assert rows_in(catalog, qualified(spec, "orders_c001")) == 4
+        assert statuses == ([COMMITTED, PENDING] if table in held else [COMMITTED, COMMITTED]), table
     assert rows_in(catalog, broken) == 2, "its batch 0 went in before the refusal, batch 1 waits"
     assert rows_in(catalog, qualified(spec, "payments")) == 4
 
@@ -170,11 +174,11 @@ def test_a_refused_table_is_named_and_every_other_table_still_commits(tmp_path: 
     message = failure.step_failure_data.user_failure_data.description
     assert "TablesRefused" in message and broken in message and gone.path in message
     materialized = {e.asset_key for e in result.get_asset_materialization_events()}
-    assert materialized == {k for n, k in keys.tables.items() if n != "orders_c002"}
-    for name in pipeline.all_tables:
+    assert materialized == {k for n, k in keys.tables.items() if qualified(spec, n) not in held}
+    for name in pipeline.all_tables:  # batch 2 waits behind batch 1 in the tables batch 1 holds back
         table = qualified(spec, name)
         statuses = [e.status for e in sorted(ledger.entries(table), key=lambda e: e.batch_id)]
-        assert statuses == ([COMMITTED, PENDING, PENDING] if table == broken else [COMMITTED] * 3), table
+        assert statuses == ([COMMITTED, PENDING, PENDING] if table in held else [COMMITTED] * 3), table
 
 
 def test_a_route_removed_with_pending_batches_is_still_seen_and_committed(tmp_path: Path, broker, capsys) -> None:
@@ -195,12 +199,11 @@ def test_a_route_removed_with_pending_batches_is_still_seen_and_committed(tmp_pa
     assert "payments (no longer in the spec" in out
     assert pending_line(out, "payments") == "payments: 2 pending, 0 committed"
 
-    # The tables the spec still names are committed; the Dagster outbox sensor still sees the route's batches.
+    # The Dagster outbox sensor still sees the route's batches; committing the tables the spec still names commits
+    # the route's too, since each batch is committed to all of its tables at once (PROTOCOL.md, invariant 19).
     spec = load_spec(spec_file, env={})
     tables = [qualified(spec, t) for t in spec.pipeline().all_tables]
     assert route not in tables
-    CommitRelay(ledger, catalog).run(tables)
-    assert {b.table for b in ledger.pending_batches()} == {route, payments, payments + "_rejects"}
     defs = build_definitions(spec)
     sensor = defs.resolve_sensor_def("orders_routed_outbox_sensor")
     with (
@@ -209,10 +212,13 @@ def test_a_route_removed_with_pending_batches_is_still_seen_and_committed(tmp_pa
     ):
         (request,) = sensor.evaluate_tick(context).run_requests
     assert request.run_key == f"orders_routed:commit:{(QUERY + 'orders_routed')[:8]}:0-1"
+    reports = CommitRelay(ledger, catalog).run(tables)
+    assert {r.table: r.committed for r in reports}[route] == [0, 1]
+    assert {b.table for b in ledger.pending_batches()} == {payments, payments + "_rejects"}
 
     assert main(["--spec", str(spec_file), "commit"]) == 0
     out = capsys.readouterr().out
-    assert "orders_c002 " in out and "payments " in out
+    assert "payments " in out
     assert rows_in(catalog, route) == 4 and rows_in(catalog, payments) == 4, "each batch where it was staged for"
     assert ledger.pending_batches() == []
     assert main(["--spec", str(spec_file), "status"]) == 0
