@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.table import Table
 
+from chaos.cut_reader import CutReader, half_committed
 from chaos.oracle import Records, read_topic
 from chaos.workspace import Workspace
 from krishiv.broker import LocalBroker
@@ -963,6 +964,40 @@ def _check_whole_batches(ctx: Context, ledger: Ledger, tables: set[str]) -> None
             raise ScenarioError(f"batch {entry.batch_id} is half-committed after a kill: {shown}")
 
 
+#: Where ``kinds-read-under-kills`` SIGKILLs its runs: inside the commit of a batch to several tables at once.
+READER_KILLS = ("relay.multi_table.pointer_swapped", "relay.multi_table.before_db_commit")
+#: Half-committed observations are rare only if there are many observations: at least this many.
+READER_MIN_CUTS = 100
+
+
+def kinds_read_under_kills(ctx: Context) -> None:
+    """A user's reader (``chaos.cut_reader``) takes every table's pointer in one catalog read, over and over, while
+    a continuous ``krishiv run`` stages and commits the three kinds (a fan-out's routes and rejects among their
+    tables), SIGKILLed inside its committer's commit of a batch to several tables (:data:`READER_KILLS`, one run
+    each), then run again to the end. Every batch must be, in every observation, in all of its tables or in none;
+    the oracle then checks every table as the matrix does."""
+    produce_kinds(ctx)
+    reader = CutReader(load_catalog(ctx.ws.spec)).start()  # type: ignore[arg-type]
+    try:
+        for point, batch in zip(READER_KILLS, (1, 3), strict=True):
+            before = len(fired(ctx.ws))
+            rc = _continuous_run(ctx, f"{point}@{batch}", f"krishiv run, to be killed at {point}@{batch}")
+            if rc != KILLED or not any(f["point"] == point for f in fired(ctx.ws)[before:]):
+                raise ScenarioError(f"krishiv run exited {rc}, expected the SIGKILL at {point}@{batch}")
+            _log_line(ctx, f"run killed at {point}@{batch}")
+        if _continuous_run(ctx, None, "krishiv run to the end") != 0:
+            raise ScenarioError("the last krishiv run did not stop cleanly on SIGTERM; see commands.log")
+        ctx.finish()
+    finally:
+        reader.stop()
+    if len(reader.cuts) < READER_MIN_CUTS:
+        raise ScenarioError(f"the reader made {len(reader.cuts)} observations, fewer than {READER_MIN_CUTS}")
+    half = half_committed(reader.cuts, ctx.ws.ledger())
+    _log_line(ctx, f"reader: {len(reader.cuts)} cuts, {len(half)} half-committed, {len(reader.errors)} failed reads")
+    if half:
+        raise ScenarioError(f"{len(half)} of {len(reader.cuts)} cuts saw a batch half-committed: {half[:3]}")
+
+
 #: The field a user adds to every pipeline of the kinds spec in ``kinds-spec-changed``: optional, in no event.
 ADDED_FIELD = "coupon"
 
@@ -1360,6 +1395,9 @@ MATRIX: tuple[Scenario, ...] = (
     Scenario("kinds-driver-killed", kinds_driver_killed, KINDS_STAGE_POINTS, weight=2, long=True),
     Scenario("kinds-relay-killed", kinds_relay_killed, KINDS_RELAY_POINTS + MULTI_TABLE_POINTS, weight=2, long=True),
     # make test: tests/spark_jobs/test_schema_evolution.py (a run dying before, and right after, its first record)
+    # make test: tests/outbox/test_multi_table_commit.py (the reader beside the relay, SQLite and PostgreSQL)
+    Scenario("kinds-read-under-kills", kinds_read_under_kills, READER_KILLS, long=True, in_ci=False),
+    Scenario("kinds-read-under-kills-postgres", kinds_read_under_kills, READER_KILLS, needs_postgres=True, long=True),
     Scenario("kinds-spec-changed", kinds_spec_changed, ("stage.after_ledger",), long=True, in_ci=False),
     Scenario(
         "maintenance-beside-the-relay",

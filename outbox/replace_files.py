@@ -93,6 +93,17 @@ class AttemptManifests:
         self.written -= unused
 
 
+def _restated(entry: ManifestEntry, status: ManifestEntryStatus, snapshot_id: int | None) -> ManifestEntry:
+    """``entry``'s file with its sequence numbers, under a new status (EXISTING in a copy, DELETED when replaced)."""
+    return ManifestEntry.from_args(
+        status=status,
+        snapshot_id=snapshot_id,
+        sequence_number=entry.sequence_number,
+        file_sequence_number=entry.file_sequence_number,
+        data_file=entry.data_file,
+    )
+
+
 class ReplaceFiles(_OverwriteFiles):
     """An overwrite producer whose snapshot is labelled ``replace``: the same data, rearranged.
 
@@ -204,15 +215,7 @@ class ReplaceFiles(_OverwriteFiles):
     def _copy(self, manifest: ManifestFile, entries: list[ManifestEntry]) -> ManifestFile:
         with self._manifest_writer(manifest) as writer:
             for e in entries:
-                writer.add_entry(
-                    ManifestEntry.from_args(
-                        status=ManifestEntryStatus.EXISTING,
-                        snapshot_id=e.snapshot_id,
-                        sequence_number=e.sequence_number,
-                        file_sequence_number=e.file_sequence_number,
-                        data_file=e.data_file,
-                    )
-                )
+                writer.add_entry(_restated(e, ManifestEntryStatus.EXISTING, e.snapshot_id))
         return writer.to_manifest_file()
 
     def _deleted_entries(self) -> list[ManifestEntry]:
@@ -220,13 +223,7 @@ class ReplaceFiles(_OverwriteFiles):
         required to be live in the parent."""
         parent = self._transaction.table_metadata.snapshot_by_id(self._parent_snapshot_id or -1)
         deleted = [
-            ManifestEntry.from_args(
-                status=ManifestEntryStatus.DELETED,
-                snapshot_id=self._snapshot_id,
-                sequence_number=e.sequence_number,
-                file_sequence_number=e.file_sequence_number,
-                data_file=e.data_file,
-            )
+            _restated(e, ManifestEntryStatus.DELETED, self._snapshot_id)
             for manifest in self.reads.manifests(parent)
             for e in self.reads.live_entries(manifest)
             if e.data_file.content == DataFileContent.DATA and e.data_file in self._deleted_data_files
