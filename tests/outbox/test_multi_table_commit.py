@@ -209,3 +209,18 @@ def test_canary_pyiceberg_internals_the_multi_table_commit_relies_on() -> None:
     assert "self.catalog.commit_table(self, requirements, updates)" in inspect.getsource(Table._do_commit)
     assert "_delete_old_metadata" in inspect.getsource(Table._do_commit)
     assert hasattr(SqlCatalog, "engine") or "self.engine" in inspect.getsource(SqlCatalog.__init__)
+
+
+def test_a_table_left_behind_by_a_table_by_table_commit_takes_its_earlier_batch_first(address, ledger: Ledger) -> None:
+    """Batch 0 went into the first table only (committed table by table, then a crash): committing batch 1 of the
+    first table commits batch 0 of the others first, then batch 1 to all of them at once."""
+    catalog = sql_catalog(address)
+    first, *_ = stage_batch(catalog, ledger, 0)
+    relay = CommitRelay(ledger, catalog)
+    relay._commit_batch({first.table: catalog.load_table(first.table)}, [first], {})
+    assert [batches_in(catalog, t) for t in TABLES] == [[0], [], []]
+    stage_batch(catalog, ledger, 1)
+
+    assert relay.commit_table(TABLES[0]).committed == [1]
+    assert sorted((r.table, r.committed) for r in relay.also) == [(TABLES[1], [0, 1]), (TABLES[2], [0, 1])]
+    assert [batches_in(catalog, t) for t in TABLES] == [[0, 1]] * 3
