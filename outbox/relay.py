@@ -330,7 +330,11 @@ class CommitRelay:
                 siblings = self._pending_siblings(pending)
             batch = [entry, *self._batch_rows_elsewhere(entry, siblings)]
             for other in batch[1:]:
-                self._commit_earlier(other, tables, reports)
+                if any(
+                    q == other.query_id and b < other.batch_id and other.table in names
+                    for (q, b), names in siblings.items()
+                ):
+                    self._commit_earlier(other, tables, reports)
             for other in batch[1:]:
                 if other.table not in tables:
                     tables[other.table] = self._load(other.table)
