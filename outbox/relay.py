@@ -355,14 +355,14 @@ class CommitRelay:
         self, entry: OutboxEntry, siblings: dict[tuple[str, int], list[str]]
     ) -> list[OutboxEntry]:
         """The batch's pending entries with rows for other tables (committed with this one, at once)."""
-        found = []
-        for table in siblings.get((entry.query_id, entry.batch_id), ()):
-            if table == entry.table:
-                continue
-            other = self.ledger.get(entry.query_id, table, entry.batch_id)
-            if other is not None and other.status == PENDING and not other.changes_nothing:
-                found.append(other)
-        return found
+        if not set(siblings.get((entry.query_id, entry.batch_id), ())) - {entry.table}:
+            return []
+        batch = self.ledger.batch(entry.query_id, entry.batch_id)  # every table's entry of the batch, in one read
+        return [
+            e
+            for table, e in sorted(batch.items())
+            if table != entry.table and e.status == PENDING and not e.changes_nothing
+        ]
 
     def _commit_earlier(
         self, entry: OutboxEntry, tables: dict[str, Table], reports: dict[str, TableCommitReport]

@@ -130,7 +130,7 @@ def pending_line(out: str, name: str) -> str:
     return next(line.strip() for line in out.splitlines() if line.strip().startswith(f"{name}:"))
 
 
-def test_a_refused_table_holds_back_its_batchs_other_tables_and_every_other_pipeline_still_commits(tmp_path: Path, capsys) -> None:
+def test_a_refused_table_holds_back_its_batch_and_every_other_pipeline_commits(tmp_path: Path, capsys) -> None:
     spec_file = write_spec(tmp_path, second=True)
     spec = load_spec(spec_file, env={})
     catalog, ledger = load_catalog(spec), open_ledger(spec)
