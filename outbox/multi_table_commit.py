@@ -54,8 +54,8 @@ ATOMIC = "atomic"  # one catalog transaction for all of a batch's tables
 TABLE_BY_TABLE = "table by table"
 #: What ``krishiv status`` says of each.
 SAID = {
-    ATOMIC: "each batch is committed to all of its tables at once (one catalog transaction)",
-    TABLE_BY_TABLE: "each batch is committed table by table (a reader may see it in some tables first)",
+    ATOMIC: "each batch goes into all of its tables at once",
+    TABLE_BY_TABLE: "each batch goes into its tables one by one",
 }
 
 

@@ -128,10 +128,14 @@ class ReplaceFiles(_OverwriteFiles):
         changes = (frozenset(self._deleted_data_files), frozenset(e.data_file for e in self.removed_deletes))
         if attempt.changes != changes:
             attempt.changes, attempt.own, attempt.rewritten = changes, None, {}
-        if attempt.own is None:
-            attempt.own = self._added_manifests() + self._deleted_manifests(deleted) + self._removed_delete_manifests()
-        manifests = attempt.own + self._existing_manifests()
-        attempt.written.update(self._written_manifests)
+        try:
+            if attempt.own is None:
+                attempt.own = (
+                    self._added_manifests() + self._deleted_manifests(deleted) + self._removed_delete_manifests()
+                )
+            manifests = attempt.own + self._existing_manifests()
+        finally:  # whatever was written, for the clean-up
+            attempt.written.update(self._written_manifests)
         attempt.last = {m.manifest_path for m in manifests}
         return manifests
 

@@ -27,7 +27,7 @@ def test_status_lineage_and_verify_catch_a_duplicate_window(make_spec, spec_file
     assert main(["--spec", str(spec_file), "status"]) == 0
     out = capsys.readouterr().out
     assert "pending" in out and "4 rejected" in out
-    assert "each batch is committed to all of its tables at once (one catalog transaction)" in out
+    assert "commits: each batch goes into all of its tables at once" in out
     assert "late events by batch, kept in orders_per_minute_rejects (reason late: …): batch " in out
 
     assert main(["--spec", str(spec_file), "status", "--json"]) == 0
