@@ -57,6 +57,12 @@ def address(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str]:
     return uri, tmp_path.as_uri()
 
 
+@pytest.fixture
+def ledger(tmp_path: Path) -> Ledger:
+    """A DuckDB ledger only: what is under test is the catalog's transaction (both catalogs run), not the ledger's."""
+    return Ledger(str(tmp_path / "ledger.duckdb"))
+
+
 def sql_catalog(address: tuple[str, str]) -> SqlCatalog:
     return SqlCatalog("t", uri=address[0], warehouse=address[1])
 
