@@ -48,7 +48,7 @@ from outbox.compaction import COMPACTION
 from outbox.errors import LedgerBusyError
 from outbox.ledger import Ledger
 from outbox.orphans import list_files
-from outbox.relay import SUMMARY_SKIPPED, high_water_property
+from outbox.relay import SUMMARY_SKIPPED
 from spark_jobs.checkpoint import Checkpoint
 from spark_jobs.job import WORKER_START_TIMEOUT
 from spark_jobs.kafka_source import latest_offsets
@@ -926,14 +926,17 @@ def kinds_relay_killed(ctx: Context) -> None:
             _kill_commit_at(ctx, pipeline, point, batch)
         # Inside the commit of a batch to several tables at once (the fan-out's routes and rejects): after the
         # kill, every batch is in all its tables or in none.
+        (query,) = {e.query_id for e in ledger.entries() if e.table in tables}
         spread = sorted(
             b
             for b in batches[len(KINDS_RELAY_POINTS) :]
-            if sum(1 for e in ledger.batch(_query_of(ledger, tables), b).values() if not e.changes_nothing) > 1
+            if sum(1 for e in ledger.batch(query, b).values() if not e.changes_nothing) > 1
         )
         for point, batch in zip(MULTI_TABLE_POINTS, spread, strict=False):
             _kill_commit_at(ctx, pipeline, point, batch)
-            _check_whole_batches(ctx, ledger, tables)
+            half = half_committed([CutReader(load_catalog(ctx.ws.spec)).read()], ledger)  # type: ignore[arg-type]
+            if half:
+                raise ScenarioError(f"half-committed after the kill at {point}@{batch}: {half}")
     ctx.finish()
 
 
@@ -943,25 +946,6 @@ def _kill_commit_at(ctx: Context, pipeline: PipelineSpec, point: str, batch: int
     if not any(f["point"] == point and f["batch"] == batch for f in fired(ctx.ws)[before:]):
         raise ScenarioError(f"{_kind(pipeline)}: the commit run was killed, but not at {point}@{batch}")
     _log_line(ctx, f"{_kind(pipeline)} commit killed at {point}@{batch}")
-
-
-def _query_of(ledger: Ledger, tables: set[str]) -> str:
-    (query,) = {e.query_id for e in ledger.entries() if e.table in tables}
-    return query
-
-
-def _check_whole_batches(ctx: Context, ledger: Ledger, tables: set[str]) -> None:
-    """Every batch with rows is in all of its tables or in none (each table's high-water mark, read at once)."""
-    catalog = load_catalog(ctx.ws.spec)
-    query = _query_of(ledger, tables)
-    marks = {t: int(catalog.load_table(t).properties.get(high_water_property(query), -1)) for t in sorted(tables)}
-    for entry in ledger.entries():
-        if entry.table not in tables or entry.changes_nothing:
-            continue
-        siblings = [e for e in ledger.batch(query, entry.batch_id).values() if not e.changes_nothing]
-        shown = {e.table: marks[e.table] >= entry.batch_id for e in siblings}
-        if len(set(shown.values())) > 1:
-            raise ScenarioError(f"batch {entry.batch_id} is half-committed after a kill: {shown}")
 
 
 #: Where ``kinds-read-under-kills`` SIGKILLs its runs: inside the commit of a batch to several tables at once.

@@ -86,28 +86,22 @@ class TablesRefused(KrishivError):
     def __init__(self, reports: list[TableCommitReport]) -> None:
         self.reports = reports
         self.refused = {r.table: r.refused for r in reports if r.refused}
-        tables: dict[str, list[str]] = {}
+        self._tables: dict[str, list[str]] = {}  # cause -> the tables it holds back
         for table, why in self.refused.items():
-            tables.setdefault(why, []).append(table)
-        self._causes = [(", ".join(names), why, len(names)) for why, names in tables.items()]
-        super().__init__(  # each cause keeps its runbook pointer last
-            "; ".join(
-                before_pointer(
-                    f"{names}: {why}", f"; {_their(n)} batches stay pending: put that right, then run krishiv commit"
-                )
-                for names, why, n in self._causes
-            )
-        )
+            self._tables.setdefault(why, []).append(table)
+        super().__init__("; ".join(self._lines(": put that right, then run krishiv commit")))
 
     def lines(self) -> list[str]:
         """One line per cause: the tables it holds back, why, and that their batches stay pending (pointer last)."""
+        return self._lines()
+
+    def _lines(self, then: str = "") -> list[str]:  # each cause keeps its runbook pointer last
         return [
-            before_pointer(f"{names}: {why}", f"; {_their(n)} batches stay pending") for names, why, n in self._causes
+            before_pointer(
+                f"{', '.join(t)}: {why}", f"; {'its' if len(t) == 1 else 'their'} batches stay pending{then}"
+            )
+            for why, t in self._tables.items()
         ]
-
-
-def _their(tables: int) -> str:
-    return "its" if tables == 1 else "their"
 
 
 #: How long a command waits for a ledger another process holds (seconds; default 30).

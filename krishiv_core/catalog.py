@@ -246,6 +246,24 @@ def catalog_exists(spec: KrishivSpec) -> bool | None:
         return None
 
 
+#: How a catalog commits a batch written to several tables (``outbox.multi_table_commit``): all of them in one
+#: catalog transaction, or one after the other.
+ATOMIC = "atomic"
+TABLE_BY_TABLE = "table by table"
+#: What ``krishiv status`` says of each.
+BATCH_COMMITS_SAID = {
+    ATOMIC: "each batch goes into all of its tables at once",
+    TABLE_BY_TABLE: "each batch goes into its tables one by one",
+}
+
+
+def multi_table_commits_at(catalog_uri: str) -> str:
+    """How the catalog at ``catalog_uri`` commits a batch's tables, known without connecting (``krishiv status``):
+    pyiceberg builds its SQL catalog, whose commits are atomic across tables, for ``sqlite:`` and ``postgresql``
+    URIs."""
+    return ATOMIC if catalog_uri.startswith(("sqlite:", "postgresql:", "postgresql+")) else TABLE_BY_TABLE
+
+
 def load_catalog(spec: KrishivSpec) -> Catalog:
     """The spec's catalog: pyiceberg's SQL catalog for ``sqlite:``/``postgresql:`` URIs, its REST catalog for
     ``http(s):`` ones; a catalog that does not answer is one :class:`CatalogUnavailable` line."""

@@ -207,13 +207,6 @@ def live_data_files(table: Table, reads: ManifestReads | None = None) -> list[Da
     return (reads or ManifestReads(table.io)).live_data_files(table.current_snapshot())
 
 
-def _delete_files(table: Table, reads: ManifestReads) -> dict[str, frozenset[DataFile]]:
-    """The delete files that apply to each live data file; no scan is planned when the head has none."""
-    if not any(m.content == ManifestContent.DELETES for m in reads.manifests(table.current_snapshot())):
-        return {}
-    return delete_files_by_data_file(table)
-
-
 def _equality_deletes(deletes: dict[str, frozenset[DataFile]]) -> bool:
     return any(d.content == DataFileContent.EQUALITY_DELETES for ds in deletes.values() for d in ds)
 
@@ -236,7 +229,7 @@ def plan_bins(
         skipped.append("the table has no snapshot")
         return []
     reads = reads or ManifestReads(table.io)
-    deletes = _delete_files(table, reads)
+    deletes = delete_files_by_data_file(table, manifests=reads.manifests(table.current_snapshot()))
     if _equality_deletes(deletes):
         # An equality delete applies to every older file of its partition, and pyiceberg cannot read it.
         skipped.append("the table has equality delete files; compaction folds position deletes only")
@@ -461,7 +454,7 @@ def _still_live(
         report.skipped.append("the partition spec changed during the compaction; nothing was committed")
         _remove(table, [f for r in rewrites for f in r.written])
         return []
-    deletes = _delete_files(table, reads)
+    deletes = delete_files_by_data_file(table, manifests=reads.manifests(table.current_snapshot()))
     if _equality_deletes(deletes):
         report.skipped.append(
             "another writer added equality delete files while the compaction ran; nothing was committed"

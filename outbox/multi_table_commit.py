@@ -46,28 +46,15 @@ from pyiceberg.typedef import Identifier
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
+from krishiv_core.catalog import ATOMIC, TABLE_BY_TABLE
 from krishiv_core.faults import fault_point
 from krishiv_core.table_metadata import updated_metadata
 
-#: What a catalog gives a batch written to several tables (``krishiv status`` says which).
-ATOMIC = "atomic"  # one catalog transaction for all of a batch's tables
-TABLE_BY_TABLE = "table by table"
-#: What ``krishiv status`` says of each.
-SAID = {
-    ATOMIC: "each batch goes into all of its tables at once",
-    TABLE_BY_TABLE: "each batch goes into its tables one by one",
-}
-
 
 def multi_table_commits(catalog: Catalog) -> str:
-    """How ``catalog`` commits a batch's tables: :data:`ATOMIC` on a SQL catalog, else :data:`TABLE_BY_TABLE`."""
+    """How ``catalog`` commits a batch's tables: ``ATOMIC`` on a SQL catalog, else ``TABLE_BY_TABLE``
+    (``krishiv_core.catalog.multi_table_commits_at`` says the same from the URI alone)."""
     return ATOMIC if isinstance(catalog, SqlCatalog) else TABLE_BY_TABLE
-
-
-def multi_table_commits_at(catalog_uri: str) -> str:
-    """:func:`multi_table_commits` of the catalog at ``catalog_uri``, known without connecting (``krishiv status``):
-    pyiceberg builds its SQL catalog for ``sqlite:`` and ``postgresql:`` URIs."""
-    return ATOMIC if catalog_uri.startswith(("sqlite:", "postgresql:", "postgresql+")) else TABLE_BY_TABLE
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ from pyiceberg.manifest import (
     FileFormat,
     ManifestContent,
     ManifestEntry,
+    ManifestFile,
     ManifestWriterV2,
 )
 from pyiceberg.schema import Schema
@@ -224,11 +225,17 @@ def _by_data_file(io: FileIO, delete_file: DataFile) -> dict[str, pa.Array]:
     return {path: positions.filter(pc.equal(paths, path)) for path in pc.unique(paths).to_pylist()}
 
 
-def delete_files_by_data_file(table: Table, snapshot_id: int | None = None) -> dict[str, frozenset[DataFile]]:
+def delete_files_by_data_file(
+    table: Table, snapshot_id: int | None = None, manifests: Iterable[ManifestFile] | None = None
+) -> dict[str, frozenset[DataFile]]:
     """The delete files that apply to each data file of a snapshot (the current one by default), as pyiceberg's scan
-    matches them (partition, sequence number, path bounds); empty, without planning a scan, when it has none."""
+    matches them (partition, sequence number, path bounds); empty, without planning a scan, when it has none (its
+    ``manifests``, when the caller has read them already)."""
     snapshot = table.current_snapshot() if snapshot_id is None else table.metadata.snapshot_by_id(snapshot_id)
-    if snapshot is None or not any(m.content == ManifestContent.DELETES for m in snapshot.manifests(table.io)):
+    if snapshot is None:
+        return {}
+    manifests = snapshot.manifests(table.io) if manifests is None else manifests
+    if not any(m.content == ManifestContent.DELETES for m in manifests):
         return {}
     tasks = table.scan(snapshot_id=snapshot.snapshot_id).plan_files()
     return {t.file.file_path: frozenset(t.delete_files) for t in tasks if t.delete_files}

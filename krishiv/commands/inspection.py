@@ -30,12 +30,11 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
         status_warnings,
     )
     from krishiv.views import lag_table, lease_text, short_id, table_name, when
-    from krishiv_core.catalog import qualified
+    from krishiv_core.catalog import BATCH_COMMITS_SAID, multi_table_commits_at, qualified
     from krishiv_core.entries import MERGE
     from krishiv_core.env_settings import seconds_from_env
     from krishiv_core.reject_rate import reject_rate_warn
     from krishiv_core.tables import output_tables
-    from outbox.multi_table_commit import SAID, multi_table_commits_at
     from spark_jobs.errors import KafkaSourceError
 
     warn_above = reject_rate_warn()
@@ -47,7 +46,7 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
         broker_down = str(exc)
     batch_commits = multi_table_commits_at(spec.catalog_uri())
     if not args.json:
-        console.print(f"commits: {SAID[batch_commits]}")  # the catalog's address is in `krishiv check`
+        console.print(f"commits: {BATCH_COMMITS_SAID[batch_commits]}")  # the catalog's address is in `krishiv check`
     documents: list[dict] = []
     topics_unread = 0  # pipelines whose topic the broker could not describe (missing, say): exit 1 as for the broker
     for p in chosen_pipelines(spec, args.pipeline):

@@ -230,3 +230,18 @@ def test_a_table_left_behind_by_a_table_by_table_commit_takes_its_earlier_batch_
     assert relay.commit_table(TABLES[0]).committed == [1]
     assert sorted((r.table, r.committed) for r in relay.also) == [(TABLES[1], [0, 1]), (TABLES[2], [0, 1])]
     assert [batches_in(catalog, t) for t in TABLES] == [[0, 1]] * 3
+
+
+def test_other_engines_read_every_table_committed_at_once(tmp_path: Path, ledger: Ledger, other_engines) -> None:
+    """polars, DuckDB and daft read each table of batches committed at once as the batches staged it: one window
+    row per batch, its ``order_count`` the batch id + 1 (``tests/outbox/test_relay.py``'s ``stage``)."""
+    catalog = sql_catalog((f"sqlite:///{tmp_path}/c.db", tmp_path.as_uri()))
+    for b in range(2):
+        stage_batch(catalog, ledger, b)
+    CommitRelay(ledger, catalog).run(TABLES)
+    tables = {t.replace(".", "_"): catalog.load_table(t) for t in TABLES}
+    assert all(len(t.snapshots()) == 2 for t in tables.values()), "one snapshot per batch in each table"
+    read = other_engines.read({n: t.metadata_location for n, t in tables.items()}, tmp_path / "read")
+    for name, by_engine in read.items():
+        for engine, rows in by_engine.items():
+            assert sorted(rows.column("order_count").to_pylist()) == [1, 2], (name, engine)

@@ -24,12 +24,12 @@ from urllib.parse import urlparse
 import pytest
 
 from krishiv.verify import check_ledger_agreement
-from krishiv_core.catalog import CatalogRefused, load_catalog, redact
+from krishiv_core.catalog import TABLE_BY_TABLE, CatalogRefused, load_catalog, multi_table_commits_at, redact
 from krishiv_core.entries import COMMITTED, PENDING, OutboxEntry
 from krishiv_core.errors import CatalogUnavailable
 from krishiv_core.spec import KrishivSpec, parse_spec
 from outbox.ledger import Ledger
-from outbox.multi_table_commit import TABLE_BY_TABLE, multi_table_commits, multi_table_commits_at
+from outbox.multi_table_commit import multi_table_commits
 from outbox.relay import MAX_AMBIGUOUS_RECHECKS, CommitRelay
 from tests.outbox.test_relay import stage as stage_in
 from tests.services.rest_catalog import NAMESPACE, TOKEN_VARIABLE
