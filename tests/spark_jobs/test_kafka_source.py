@@ -640,6 +640,13 @@ def test_an_identity_change_stops_the_query_naming_both() -> None:
     message = str(info.value)
     assert "'orders'" in message and '"topic_id": "topic-1"' in message and '"topic_id": "topic-2"' in message
 
+    # Re-created with more partitions: the way out names the partition the query reads, not the new ones.
+    wider = ScriptedConsumer(watermarks={0: [(0, 3)], 1: [(0, 3)], 2: [(0, 0)]})
+    with pytest.raises(SourceChanged) as info:
+        reader(wider, ScriptedAdmin("topic-2"), expectedIdentity=expected).latestOffset({"0": 7}, ReadAllAvailable())
+    message = str(info.value)
+    assert "--partition 0 --to 0" in message and "--partition 1 " not in message and "--partition 2 " not in message
+
     other_cluster = ScriptedConsumer(cluster_id="cluster-b")
     with pytest.raises(SourceChanged, match='"cluster_id": "cluster-b"'):
         reader(other_cluster, ScriptedAdmin("topic-1"), expectedIdentity=expected).latestOffset(
