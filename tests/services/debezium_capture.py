@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -94,7 +94,7 @@ class CaptureFailed(RuntimeError):
 
 def debezium_properties(
     pg: LogicalPostgres,
-    table: str,
+    table: str | Sequence[str],
     *,
     out_dir: Path,
     slot_name: str,
@@ -107,8 +107,10 @@ def debezium_properties(
     drop_slot_on_stop: bool = True,
     extra: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """The embedded engine's properties for capturing ``table`` (``schema.table``; ``public`` if unqualified)."""
-    qualified = table if "." in table else f"public.{table}"
+    """The embedded engine's properties for capturing ``table`` (``schema.table``; ``public`` if unqualified), or
+    each of several tables (one topic each, ``<topic_prefix>.<schema>.<table>``)."""
+    tables = [table] if isinstance(table, str) else list(table)
+    qualified = [t if "." in t else f"public.{t}" for t in tables]
     props = {
         "name": f"krishiv-capture-{slot_name}",
         "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
@@ -126,7 +128,7 @@ def debezium_properties(
         "slot.drop.on.stop": str(drop_slot_on_stop).lower(),
         "publication.name": publication_name,
         "publication.autocreate.mode": "filtered",
-        "table.include.list": re.escape(qualified),  # a regular expression, anchored by Debezium
+        "table.include.list": ",".join(map(re.escape, qualified)),  # regular expressions, anchored by Debezium
         "snapshot.mode": "initial",
         "tombstones.on.delete": "true",
         "decimal.handling.mode": decimal_handling_mode,
@@ -285,7 +287,7 @@ def _tail(path: Path, errors_only: bool = False) -> str:
 
 def start_capture(
     pg: LogicalPostgres,
-    table: str,
+    table: str | Sequence[str],
     *,
     out_dir: Path,
     converter: Converter = "json",
@@ -297,9 +299,10 @@ def start_capture(
     wait_streaming: bool = True,
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> Capture:
-    """Start capturing ``table`` of ``pg`` in a child process; with ``wait_streaming``, return once it streams.
+    """Start capturing ``table`` (or several tables) of ``pg`` in a child process; with ``wait_streaming``, return
+    once it streams.
 
-    The slot and the publication get unique names (the publication is created for this table only). ``out_dir``
+    The slot and the publication get unique names (the publication is created for these tables only). ``out_dir``
     receives the offsets, the records and the logs; it must not be shared with another capture.
     """
     out_dir.mkdir(parents=True, exist_ok=True)

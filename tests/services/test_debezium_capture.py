@@ -350,3 +350,69 @@ def test_arrays_json_jsonb_and_a_composite_type(cdc_database: LogicalPostgres, t
         "null",
         None,
     )
+
+
+def test_transaction_metadata_over_several_tables(cdc_database: LogicalPostgres, tmp_path: Path) -> None:
+    """With ``provide.transaction.metadata``, one capture of two tables (a topic each) also writes each source
+    transaction's BEGIN and END to ``<prefix>.transaction`` (the END counting its events per table), and each data
+    event names its transaction and its place in it, overall and within its table: what a pipeline needs to end its
+    batches only where a transaction ends.
+
+    Captured, not assumed: Debezium's PostgreSQL connector writes a transaction's id as ``<xid>:<lsn>``
+    (DBZ-5329, DBZ-7454) with the LSN of the record itself, so the BEGIN, each event and the END of one transaction
+    carry different ids: only the xid before the colon (``source.txId`` on an event) names the transaction.
+    """
+    pg = cdc_database
+    suffix = uuid.uuid4().hex[:8]
+    orders, lines = f"orders_{suffix}", f"order_lines_{suffix}"
+    with pg.connect() as conn:
+        conn.execute(f"CREATE TABLE {orders} (id int PRIMARY KEY, total numeric(12,2) NOT NULL)")
+        conn.execute(
+            f"CREATE TABLE {lines} (order_id int REFERENCES {orders}(id), line int, amount numeric(12,2) NOT NULL,"
+            " PRIMARY KEY (order_id, line))"
+        )
+        conn.execute(f"INSERT INTO {orders} VALUES (1, 5.00)")  # the snapshot's: no transaction
+    extra = {"provide.transaction.metadata": "true"}
+    with start_capture(pg, [orders, lines], out_dir=tmp_path / "capture", extra_properties=extra) as capture:
+        capture.wait(1)
+        with pg.connect() as conn, conn.transaction():  # one transaction, both tables
+            conn.execute(f"INSERT INTO {orders} VALUES (2, 7.50)")
+            conn.execute(f"INSERT INTO {lines} VALUES (2, 1, 5.00), (2, 2, 2.50)")
+        with pg.connect() as conn:  # and one of one table
+            conn.execute(f"UPDATE {orders} SET total = 6.00 WHERE id = 1")
+        # r, BEGIN, c, c, c, END, BEGIN, u, END
+        records = capture.wait(9)
+
+    transaction_topic = f"{TOPIC_PREFIX}.transaction"
+    payloads = [(r.destination, r.value_json()["payload"]) for r in records]
+    snapshot = payloads[0]
+    assert snapshot[0] == f"{TOPIC_PREFIX}.public.{orders}" and snapshot[1]["op"] == "r"
+    assert snapshot[1]["transaction"] is None
+
+    marks = [(i, p) for i, (topic, p) in enumerate(payloads) if topic == transaction_topic]
+    assert [(i, p["status"]) for i, p in marks] == [(1, "BEGIN"), (5, "END"), (6, "BEGIN"), (8, "END")]
+    begin, first, second = marks[0][1], marks[1][1], marks[3][1]
+    assert begin["event_count"] is None and begin["data_collections"] is None
+    assert first["event_count"] == 3 and sorted(
+        (c["data_collection"], c["event_count"]) for c in first["data_collections"]
+    ) == [(f"public.{lines}", 2), (f"public.{orders}", 1)]
+    assert second["event_count"] == 1
+
+    def xid(transaction_id: str) -> str:
+        return transaction_id.split(":")[0]
+
+    assert xid(begin["id"]) == xid(first["id"]) != xid(second["id"]) and begin["id"] != first["id"]
+    assert json.loads(records[5].key or b"{}")["payload"] == {"id": first["id"]}
+
+    data = [(topic, p) for topic, p in payloads[1:] if topic != transaction_topic]
+    assert [(topic.rsplit(".", 1)[1], p["op"]) for topic, p in data] == [
+        (orders, "c"),
+        (lines, "c"),
+        (lines, "c"),
+        (orders, "u"),
+    ]
+    assert [p["transaction"]["id"] for _, p in data] == [f"{p['source']['txId']}:{p['source']['lsn']}" for _, p in data]
+    assert [
+        (xid(p["transaction"]["id"]), p["transaction"]["total_order"], p["transaction"]["data_collection_order"])
+        for _, p in data
+    ] == [(xid(first["id"]), 1, 1), (xid(first["id"]), 2, 1), (xid(first["id"]), 3, 2), (xid(second["id"]), 1, 1)]
