@@ -1335,7 +1335,15 @@ class Scenario:
 
 
 MATRIX: tuple[Scenario, ...] = (
-    Scenario("driver-killed-at-every-step", driver_killed_at_every_step, lambda size: size.driver_points, weight=2),
+    # make test: tests/spark_jobs/test_crashes.py (the driver killed after writing a batch's files, and after its
+    # ledger write); kinds-driver-killed kills every kind at every staging step after the batch is computed
+    Scenario(
+        "driver-killed-at-every-step",
+        driver_killed_at_every_step,
+        lambda size: size.driver_points,
+        weight=2,
+        in_ci=False,
+    ),
     Scenario(
         "relay-faults-at-every-step",
         relay_faults_at_every_step,
@@ -1353,16 +1361,22 @@ MATRIX: tuple[Scenario, ...] = (
     # make test: tests/outbox/test_expiry.py::test_relay_restarted_after_a_lost_ledger_update_recovers_an_expired_…
     Scenario("snapshots-expired-before-a-restart", snapshots_expired, ("relay.after_catalog_commit",), in_ci=False),
     Scenario("dagster-killed-mid-commit", dagster_killed_mid_commit, ("relay.before_catalog_commit",), exclusive=True),
+    # make test: kinds-driver-killed (a windowed kind killed after computing a batch and after its ledger write, each
+    # restart closing the windows its batch closed against the oracle)
     Scenario(
         "one-shot-run-in-one-batch",
         one_shot_in_one_batch,
         ("stage.after_compute", "stage.after_ledger"),
         max_records=ONE_BATCH,
+        in_ci=False,
     ),
+    # make test: tests/outbox/test_relay.py::test_a_commit_whose_snapshot_expired_behind_another_writers_is_found,
+    # tests/outbox/test_expiry.py::test_relay_restarted_after_a_lost_ledger_update_recovers_an_expired_batch_once
     Scenario(
         "relay-killed-then-foreign-rewrite-and-expiry",
         foreign_rewrite_after_relay_kill,
         ("relay.after_catalog_commit",),
+        in_ci=False,
     ),
     # make test: tests/krishiv/test_offsets.py (the topic re-created with a batch in flight, skip, verify)
     Scenario("topic-re-created-offsets-backwards", topic_recreated, ("relay.after_catalog_commit",), in_ci=False),

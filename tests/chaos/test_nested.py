@@ -233,6 +233,7 @@ def test_the_nested_scenario_is_in_the_matrix_outside_make_test():
     assert not scenario.in_ci and scenario.long
 
 
+@pytest.mark.heavy  # make test keeps nested records through Spark in the quickstart's, init's and registry tests
 @pytest.mark.timeout(900)
 def test_nested_records_through_a_sigkill_equal_the_oracle(tmp_path: Path, broker):
     """The compact nested scenario: the three pipelines from one generated topic, ``krishiv run --once`` SIGKILLed
