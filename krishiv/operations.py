@@ -172,14 +172,15 @@ def _query_failed(running: RunningPipeline, failure: BaseException, leases: dict
     Python process died at every start, with the runbook's section. A :class:`LedgerOutage` when the stager stopped
     because the ledger could not be written, or because its lease expired while renewals could not reach it. A query
     whose stager lost its lease says so (``StagerLeaseLost``), whatever Spark failed on."""
-    from spark_jobs.job import source_process_died, worker_start_timed_out
+    from spark_jobs.job import source_process_loss, worker_start_timed_out
 
     pointer = f" {WORKER_START_RUNBOOK}" if worker_start_timed_out(failure) else ""
     message = f"query {running.query.name} failed: {_root_cause(failure)}{pointer}"
-    if source_process_died(failure):
+    said = source_process_loss(failure)
+    if said is not None:
         message = (
-            f"query {running.query.name} failed: the Python process of its Kafka source died again (Spark said: no "
-            f"cause message) {SOURCE_DIED_RUNBOOK}"
+            f"query {running.query.name} failed: the Python process of its Kafka source died again (Spark said: "
+            f"{said}) {SOURCE_DIED_RUNBOOK}"
         )
     cause, lease = running.stager.failure, leases[running.stager.pipeline.name]
     if cause is None:  # Spark's own: fenced off, a run fails on the checkpoint logs the new holder wrote
@@ -248,7 +249,7 @@ def run_pipelines(
         WORKER_START_ATTEMPTS,
         check_checkpoint,
         new_writer_schema,
-        source_process_died,
+        source_process_loss,
         start_pipeline,
         stop_between_batches,
         worker_start_timed_out,
@@ -312,7 +313,7 @@ def run_pipelines(
                         return started_with_latest_fields(i)
                     if worker_start_timed_out(failure):
                         why, attempts = "worker start", WORKER_START_ATTEMPTS
-                    elif source_process_died(failure):
+                    elif (said := source_process_loss(failure)) is not None:
                         why, attempts = "source process", SOURCE_RESTART_ATTEMPTS
                     else:
                         return False
@@ -327,8 +328,8 @@ def run_pipelines(
                         )
                     else:
                         say(
-                            f"query {name}: the Python process of its Kafka source died (Spark said: no cause "
-                            f"message); {again}, from its checkpoint {SOURCE_DIED_RUNBOOK}"
+                            f"query {name}: the Python process of its Kafka source died (Spark said: {said}); "
+                            f"{again}, from its checkpoint {SOURCE_DIED_RUNBOOK}"
                         )
                     before = running[i].stager.history
                     running[i] = start(by_name[name])

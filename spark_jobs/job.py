@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -122,15 +123,28 @@ def worker_start_timed_out(failure: BaseException) -> bool:
 SOURCE_RESTART_ATTEMPTS = 3
 
 
-def source_process_died(failure: BaseException) -> bool:
-    """Whether a query failed because the driver-side Python process of its Kafka source died (Spark's
+#: What Spark says when the JVM's socket to the source's Python process broke under a read or a write: the query
+#: fails with the socket's own message, alone or after ``[STREAM_FAILED] … terminated with exception:``.
+_SOCKET_LOST = re.compile(r"(?:^|terminated with exception: )(Connection reset(?: by peer)?|Broken pipe)(?: |$)")
+
+
+def source_process_loss(failure: BaseException) -> str | None:
+    """What Spark said, when a query failed because the driver-side Python process of its Kafka source died (Spark's
     ``python_streaming_source_runner``; killed, or aborted in librdkafka: ``rd_kafka_broker_destroy_final:
-    Assertion `thrd_is_current(rkb->rkb_thread)' failed``, confluentinc/librdkafka#3608). Spark then reads the end of
-    the process's pipe and fails the query with an exception that has no message: ``[STREAM_FAILED] … terminated with
-    exception:  SQLSTATE: XXKST (no cause message)``, over a Python streaming source."""
+    Assertion `thrd_is_current(rkb->rkb_thread)' failed``, confluentinc/librdkafka#3608); else None.
+
+    Spark reads the end of the process's pipe and fails the query with an exception that has no message
+    (``[STREAM_FAILED] … terminated with exception:  SQLSTATE: XXKST (no cause message)``, over a Python streaming
+    source), or, when the process died with a request of the JVM unread, with the socket's ``Connection reset``.
+    Every Krishiv query reads through its Python source, and its tasks' Python workers fail their task instead, so
+    either message is the source's process. Starting the query again is safe whatever the cause: it replays from its
+    checkpoint."""
     text = str(failure)
-    first = text.splitlines()[0] if text else ""
-    return "[STREAM_FAILED]" in first and first.endswith("(no cause message)") and "PythonMicroBatchStream" in text
+    first = text.splitlines()[0].strip() if text else ""
+    if "[STREAM_FAILED]" in first and first.endswith("(no cause message)") and "PythonMicroBatchStream" in text:
+        return "no cause message"
+    lost = _SOCKET_LOST.search(first)
+    return lost.group(1) if lost else None
 
 
 def new_writer_schema(failure: BaseException) -> bool:

@@ -724,7 +724,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if old is not None and new is not None and old != new:
                 was, now = json.dumps(self.expected_identity, sort_keys=True), json.dumps(actual, sort_keys=True)
                 # The skips name only partitions the query reads (a partition of the new topic it has no start in
-                # begins at its low watermark anyway), those whose start is not already there first.
+                # begins at its low watermark anyway): those whose start is not that low watermark, else all of them.
                 lows = admin.earliest()
                 read = [p for p in sorted(lows, key=int) if start is None or p in start] or sorted(lows, key=int)
                 moved = [p for p in read if start is None or start.get(p) != lows[p]] or read

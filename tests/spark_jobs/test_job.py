@@ -14,6 +14,7 @@ from krishiv_core.spec import load_spec
 from outbox.errors import LedgerCorrupt
 from spark_jobs.checkpoint import Checkpoint
 from spark_jobs.errors import CheckpointMismatch
+from spark_jobs.job import source_process_loss
 from tests.spark_jobs.pipeline_helpers import assert_exactly_once, produce_orders
 
 RUNBOOK = "(see docs/operations.md: Recovery runbook > A checkpoint that does not match its ledger)"
@@ -84,3 +85,38 @@ def test_a_ledger_file_that_is_not_a_ledger_is_named_before_spark_starts(make_sp
     with pytest.raises(LedgerCorrupt, match=r"is not a DuckDB ledger") as refused:
         run_pipelines(spec, list(spec.pipelines), once=True)
     assert str(refused.value).endswith(runbook("A ledger that is locked or damaged"))
+
+
+_QUERY = "Query [id = 5f0c, runId = 9a1e]"
+_PLAN = '\n=== Streaming Query ===\nCurrent Committed Offsets: {PythonMicroBatchStream@1f2: {"0": 400}}'
+
+
+@pytest.mark.parametrize(
+    ("failure", "said"),
+    [
+        (
+            f"[STREAM_FAILED] {_QUERY} terminated with exception:  SQLSTATE: XXKST (no cause message){_PLAN}",
+            "no cause message",
+        ),
+        ("[STREAM_FAILED] over another source: SQLSTATE: XXKST (no cause message)", None),
+        (f"Connection reset{_PLAN}", "Connection reset"),
+        (
+            f"[STREAM_FAILED] {_QUERY} terminated with exception: Connection reset SQLSTATE: XXKST{_PLAN}",
+            "Connection reset",
+        ),
+        (
+            f"[STREAM_FAILED] {_QUERY} terminated with exception: Connection reset by peer SQLSTATE: XXKST",
+            "Connection reset by peer",
+        ),
+        ("Broken pipe", "Broken pipe"),
+        (
+            f"[STREAM_FAILED] {_QUERY} terminated with exception: spark_jobs.errors.SourceChanged: topic 'orders' …",
+            None,
+        ),
+        (f"[STREAM_FAILED] {_QUERY} terminated with exception: Connection refused SQLSTATE: XXKST{_PLAN}", None),
+    ],
+)
+def test_the_source_process_is_said_to_have_died_by_what_spark_says(failure: str, said: str | None) -> None:
+    """A run starts its query again when the source's Python process died; Spark says so without a message, or with
+    the message of the JVM's socket to the process (``Connection reset``, seen in a loaded CI run)."""
+    assert source_process_loss(RuntimeError(failure)) == said
