@@ -89,13 +89,11 @@ class TablesRefused(KrishivError):
         self._tables: dict[str, list[str]] = {}  # cause -> the tables it holds back
         for table, why in self.refused.items():
             self._tables.setdefault(why, []).append(table)
-        super().__init__("; ".join(self._lines(": put that right, then run krishiv commit")))
+        super().__init__("; ".join(self.lines(": put that right, then run krishiv commit")))
 
-    def lines(self) -> list[str]:
-        """One line per cause: the tables it holds back, why, and that their batches stay pending (pointer last)."""
-        return self._lines()
-
-    def _lines(self, then: str = "") -> list[str]:  # each cause keeps its runbook pointer last
+    def lines(self, then: str = "") -> list[str]:
+        """One line per cause: the tables it holds back, why, and that their batches stay pending, then ``then``
+        (each cause's runbook pointer last)."""
         return [
             before_pointer(
                 f"{', '.join(t)}: {why}", f"; {'its' if len(t) == 1 else 'their'} batches stay pending{then}"
