@@ -28,12 +28,13 @@ def _time(moment: datetime | None) -> str | None:
     return None if moment is None else moment.isoformat()
 
 
-def status_pipeline(s: PipelineStatus, kind: str, topic: str, merged: set[str]) -> dict[str, Any]:
-    """One pipeline's status."""
+def status_pipeline(s: PipelineStatus, kind: str, topics: Sequence[str], merged: set[str]) -> dict[str, Any]:
+    """One pipeline's status: ``topic`` its first topic, ``topics`` every one it reads."""
     return {
         "name": s.pipeline,
         "kind": kind,
-        "topic": topic,
+        "topic": topics[0],
+        "topics": list(topics),
         "events": {"read": s.records_read, "rejected": s.rejects, "late": s.late_events},
         "late_batches": [{"batch_id": b, "late_events": n} for b, n in s.late_batches],
         "tables": [
@@ -51,6 +52,7 @@ def status_pipeline(s: PipelineStatus, kind: str, topic: str, merged: set[str]) 
         "partitions": [
             {
                 "partition": int(p.partition),
+                **({"topic": p.topic} if p.topic is not None else {}),
                 "latest": p.latest,
                 "staged": p.staged,
                 "committed": p.committed,

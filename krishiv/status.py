@@ -29,6 +29,7 @@ class PartitionLag:
     latest: int | None  # the broker's high watermark, None if the broker did not answer
     staged: int  # end offset of the newest staged batch
     committed: int  # end offset of the newest committed batch
+    topic: str | None = None  # a pipeline over several topics: whose partition
 
     @property
     def lag(self) -> int | None:
@@ -90,9 +91,12 @@ def pipeline_status(
     latest: dict[str, int] | None,
     broker_error: str | None = None,
     other_tables: Sequence[str] = (),
+    topics: Mapping[str, dict[str, int] | None] | None = None,
 ) -> PipelineStatus:
     """The pipeline's status from aggregate reads of the ledger (compacted entries included): the batch counts
-    and offsets from ``table``, the first table's entries, and the outbox of it and each of ``other_tables``."""
+    and offsets from ``table``, the first table's entries, and the outbox of it and each of ``other_tables``.
+    ``topics``: a pipeline over several topics, each topic's high watermarks (None if unread), whose partitions
+    are shown each with its topic."""
     summary = ledger.table_summary(table, pipeline=pipeline, topic=topic)
     status = PipelineStatus(
         pipeline,
@@ -116,10 +120,20 @@ def pipeline_status(
     names = [pipeline, *map(maintenance_lease_name, status_tables)]
     held = {lease.pipeline: lease for lease in ledger.leases(names)}
     status.leases = [held[name] for name in names if name in held]  # the stager's first
-    staged, done = summary.staged_offsets, summary.committed_offsets
-    for p in sorted(set(staged) | set(latest or {}), key=int):
-        status.partitions.append(PartitionLag(p, (latest or {}).get(p), staged.get(p, 0), done.get(p, 0)))
+    if topics is None:
+        status.partitions = _lags(summary.staged_offsets, summary.committed_offsets, latest, None)
+        return status
+    for t, marks in topics.items():
+        of_topic = ledger.table_summary(table, pipeline=pipeline, topic=t)
+        status.partitions += _lags(of_topic.staged_offsets, of_topic.committed_offsets, marks, t)
     return status
+
+
+def _lags(
+    staged: Mapping[str, int], done: Mapping[str, int], latest: Mapping[str, int] | None, topic: str | None
+) -> list[PartitionLag]:
+    parts = sorted(set(staged) | set(latest or {}), key=int)
+    return [PartitionLag(p, (latest or {}).get(p), staged.get(p, 0), done.get(p, 0), topic) for p in parts]
 
 
 @dataclass(frozen=True)

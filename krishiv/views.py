@@ -121,7 +121,7 @@ def lag_table(status: PipelineStatus) -> RichTable:
     out = compact_table("partition", *numbers, numeric=numbers)
     for part in status.partitions:
         out.add_row(
-            part.partition,
+            part.partition if part.topic is None else f"{part.topic}/{part.partition}",
             str(part.latest if part.latest is not None else "?"),
             str(part.staged),
             str(part.committed),

@@ -437,10 +437,11 @@ def ensure_pipeline_tables(
     tables = {}
     for t in output_tables(pipeline):
         identifier = table_identifier(spec, t.name)
-        purpose = None if t.rejects else purpose_properties(pipeline)
+        writer = pipeline.writer_of(t.name)
+        purpose = None if t.rejects else purpose_properties(writer)
         if purpose is not None:
             with contextlib.suppress(NoSuchTableError), catalog_call(catalog, f"load table {'.'.join(identifier)}"):
-                check_purpose(pipeline, qualified(spec, t.name), catalog.load_table(identifier).properties)
+                check_purpose(writer, qualified(spec, t.name), catalog.load_table(identifier).properties)
         tables[t.name] = ensure_table(
             catalog,
             identifier,

@@ -34,7 +34,13 @@ DEBEZIUM = "debezium"
 #: Debezium's ``decimal.handling.mode``: how a ``numeric`` column is written.
 DECIMAL_HANDLING = ("precise", "string", "double")
 #: The change-event columns an upsert table fed by Debezium may carry, by the name ``cdc_columns`` uses.
-CDC_COLUMNS = {"op": ("_cdc_op", "string"), "lsn": ("_cdc_lsn", "long"), "ts": ("_cdc_ts", "timestamp")}
+#: ``tx``: the source transaction's id (PostgreSQL's xid) from Debezium's transaction metadata, null without it.
+CDC_COLUMNS = {
+    "op": ("_cdc_op", "string"),
+    "lsn": ("_cdc_lsn", "long"),
+    "ts": ("_cdc_ts", "timestamp"),
+    "tx": ("_cdc_tx", "string"),
+}
 #: What orders a key's change events (the upsert rule's version): PostgreSQL's log position, or the source time.
 CDC_POSITIONS = {"lsn": "_cdc_lsn", "ts_ms": "_cdc_ts"}
 

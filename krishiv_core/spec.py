@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from krishiv_core import spec_events, spec_upsert, spec_windowed
+from krishiv_core import spec_events, spec_topics, spec_upsert, spec_windowed
 from krishiv_core.errors import ConfigError
 from krishiv_core.formats import (
     AVRO,
@@ -163,6 +163,19 @@ class PipelineSpec:
     #: The pipeline's table as the spec file holds it, to read its fields from the registry again
     #: (:func:`with_latest_fields`).
     source: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+    #: A pipeline over several topics (``topics = [...]``, ``krishiv_core.spec_topics``): each topic's table as the
+    #: single-topic pipeline it would be. Empty for a pipeline of one topic.
+    members: tuple[PipelineSpec, ...] = ()
+    #: Debezium's transaction metadata topic, whose marks keep a source transaction whole (several topics only).
+    transaction_topic: str | None = None
+
+    @property
+    def topics(self) -> tuple[str, ...]:
+        """Every topic the pipeline's query reads: its topic, or each member's and the transaction topic."""
+        if not self.members:
+            return (self.topic,)
+        tail = (self.transaction_topic,) if self.transaction_topic else ()
+        return (*(m.topic for m in self.members), *tail)
 
     @property
     def remembers_deletes(self) -> bool:
@@ -176,11 +189,19 @@ class PipelineSpec:
 
     @property
     def tables(self) -> tuple[str, ...]:
-        """The tables the pipeline writes rows to, rejects aside: its table, or its routes' (and the default's)."""
+        """The tables the pipeline writes rows to, rejects aside: its table, or its routes' (and the default's), or
+        each member's."""
+        if self.members:
+            return tuple(m.table for m in self.members)
         if not self.routes:
             return (self.table,)
         routed = tuple(dict.fromkeys(r.table for r in self.routes))
         return routed + ((self.unrouted,) if self.unrouted != REJECTS and self.unrouted not in routed else ())
+
+    def writer_of(self, table: str) -> PipelineSpec:
+        """The pipeline as it writes ``table``: the member of a pipeline over several topics that writes it, else
+        itself."""
+        return next((m for m in self.members if m.table == table), self)
 
     @property
     def all_tables(self) -> tuple[str, ...]:
@@ -280,7 +301,7 @@ _COMMON_KEYS = {
 _KIND_KEYS = {WINDOWED: spec_windowed.KEYS, EVENTS: spec_events.KEYS, UPSERT: spec_upsert.KEYS}
 #: Every key a pipeline may have, whatever its kind: a key no kind has is matched against them as a misspelling
 #: (one of another kind is not: the message lists the kind's keys).
-_ALL_PIPELINE_KEYS = _COMMON_KEYS.union(*_KIND_KEYS.values())
+_ALL_PIPELINE_KEYS = _COMMON_KEYS.union(*_KIND_KEYS.values(), spec_topics.KEYS)
 
 
 def _catch_up_records(value: Any, where: str, max_records: int) -> int:
@@ -335,12 +356,14 @@ def _parse_pipeline(
     checkpoints: Path | None = None,
 ) -> PipelineSpec:
     expect(raw, dict, where, "a table")
+    if "topics" in raw:
+        return _parse_topics_pipeline(raw, where, registry, env, checkpoints)
     source = raw
     kind = raw.get("kind", WINDOWED)
     if kind not in KINDS:
         raise ConfigError(f"{where}.kind", f"expected one of {list(KINDS)}, got {kind!r}")
     known = _COMMON_KEYS | _KIND_KEYS[kind]
-    unknown = set(raw) - known
+    unknown = set(raw) - known - {_MEMBER_OF}
     if unknown:
         raise ConfigError(
             where,
@@ -353,7 +376,7 @@ def _parse_pipeline(
         raise ConfigError(f"{where}.topic", f"not a valid Kafka topic name: {topic!r}")
     table = identifier(raw.get("table", name), f"{where}.table")
     record_format = parse_record_format(raw, where, kind, topic, registry)
-    remembered = checkpoints / str(raw.get("name")) / REGISTRY_SCHEMA_FILE if checkpoints else None
+    remembered = checkpoints / _state_folder(raw, name) / REGISTRY_SCHEMA_FILE if checkpoints else None
     fields, record_format = _fields(raw, where, record_format, registry, env or {}, remembered)
     if record_format.envelope is not None:
         raw = dict(raw)
@@ -396,6 +419,51 @@ def _parse_pipeline(
         record_format=record_format,
         source=source,
         **extra,
+    )
+
+
+def _state_folder(raw: Mapping[str, Any], name: str) -> str:
+    """Where in the checkpoints a pipeline keeps what it reads of the registry: its folder, or its member's."""
+    member = raw.get(_MEMBER_OF)
+    return f"{member}/krishiv/tables/{raw['table']}" if member else name
+
+
+#: Marks a member's spec table (``krishiv_core.spec_topics``) with the pipeline it belongs to.
+_MEMBER_OF = "__member_of"
+
+
+def _parse_topics_pipeline(
+    raw: Mapping[str, Any],
+    where: str,
+    registry: RegistrySettings | None,
+    env: Mapping[str, str] | None,
+    checkpoints: Path | None,
+) -> PipelineSpec:
+    """An upsert pipeline over several topics (:mod:`krishiv_core.spec_topics`): one member per topic."""
+    name = identifier(raw.get("name"), f"{where}.name")
+    unknown = set(raw) - _COMMON_KEYS - _KIND_KEYS[UPSERT] - spec_topics.KEYS
+    if unknown:
+        raise ConfigError(where, f"unknown keys {sorted(unknown)} for an upsert pipeline over several topics")
+
+    def member(source: dict[str, Any], at: str) -> PipelineSpec:
+        return _parse_pipeline({**source, _MEMBER_OF: name}, at, registry, env, checkpoints)
+
+    members, transaction = spec_topics.parse_members(raw, where, member)
+    first = members[0]
+    return PipelineSpec(
+        name=name,
+        topic=first.topic,
+        table=name,
+        event_time_field=None,
+        fields=(),
+        kind=UPSERT,
+        trigger_interval_ms=first.trigger_interval_ms,
+        max_records_per_batch=first.max_records_per_batch,
+        catch_up_records_per_batch=first.catch_up_records_per_batch,
+        record_format=first.record_format,
+        source=raw,
+        members=members,
+        transaction_topic=transaction,
     )
 
 

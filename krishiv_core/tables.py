@@ -193,7 +193,10 @@ class OutputTable:
 
 
 def output_tables(pipeline: PipelineSpec) -> tuple[OutputTable, ...]:
-    """The pipeline's row tables (its table, or each route's), then its rejects table."""
+    """The pipeline's row tables (its table, or each route's, or each member's), then its rejects table."""
+    rejects = OutputTable(pipeline.rejects_table, rejects_table_schema(), (), CommitOperation(), rejects=True)
+    if pipeline.members:
+        return (*(output_tables(m)[0] for m in pipeline.members), rejects)
     if pipeline.kind == WINDOWED:
         schema = aggregate_table_schema(pipeline)
         operation = CommitOperation()
@@ -207,7 +210,7 @@ def output_tables(pipeline: PipelineSpec) -> tuple[OutputTable, ...]:
     else:  # pragma: no cover - the spec admits no other kind
         raise ValueError(pipeline.kind)
     rows = tuple(OutputTable(name, schema, pipeline.partition_by, operation) for name in pipeline.tables)
-    return (*rows, OutputTable(pipeline.rejects_table, rejects_table_schema(), (), CommitOperation(), rejects=True))
+    return (*rows, rejects)
 
 
 def rejects_table_schema() -> Schema:

@@ -20,16 +20,38 @@ STARTING_OFFSETS_FILE = "krishiv/starting_offsets.json"
 SOURCE_IDENTITY_FILE = "krishiv/source_identity.json"
 
 
+def _offsets(doc: dict) -> dict:
+    """Offsets from their JSON: ``{partition: offset}``, or ``{topic: {partition: offset}}`` for several topics."""
+    return {str(k): _offsets(v) if isinstance(v, dict) else int(v) for k, v in doc.items()}
+
+
 @dataclass(frozen=True)
 class BatchOffsets:
+    """A batch's start and end offsets: ``{partition: offset}`` for one topic, ``{topic: {partition: offset}}``
+    for a source over several."""
+
     batch_id: int
-    start: dict[str, int]
-    end: dict[str, int]
+    start: dict
+    end: dict
 
     def ranges(self) -> dict[str, list[int]]:
         """``{partition: [start, end]}``. A partition missing from ``start`` is new in this batch: the source ends it
         at its low watermark and reads nothing from it, so its range is ``[end, end]``."""
         return {p: [self.start.get(p, end), end] for p, end in sorted(self.end.items(), key=lambda kv: int(kv[0]))}
+
+    @property
+    def by_topic(self) -> bool:
+        """Whether the offsets are a source's over several topics: ``{topic: {partition: offset}}``."""
+        return any(isinstance(v, dict) for v in self.end.values())
+
+    def topic_ranges(self, topic: str) -> dict[str, dict[str, list[int]]]:
+        """``{topic: {partition: [start, end]}}``, as the ledger records a batch's offsets: ``topic``'s alone, or
+        each topic's of a source over several (a topic new in this batch starts where it ends)."""
+        if not self.by_topic:
+            return {topic: self.ranges()}
+        return {
+            t: BatchOffsets(self.batch_id, self.start.get(t, {}), end).ranges() for t, end in sorted(self.end.items())
+        }
 
 
 class Checkpoint:
@@ -72,18 +94,19 @@ class Checkpoint:
                     (self.path / log / name).unlink(missing_ok=True)
         return last
 
-    def starting_offsets(self) -> dict[str, int] | None:
+    def starting_offsets(self) -> dict | None:
         f = self.path / STARTING_OFFSETS_FILE
-        return {k: int(v) for k, v in json.loads(f.read_text()).items()} if f.exists() else None
+        return _offsets(json.loads(f.read_text())) if f.exists() else None
 
-    def pin_starting_offsets(self, offsets: dict[str, int]) -> None:
+    def pin_starting_offsets(self, offsets: dict) -> None:
         self._pin(STARTING_OFFSETS_FILE, offsets)
 
-    def source_identity(self) -> dict[str, str | None] | None:
+    def source_identity(self) -> dict | None:
+        """``{"cluster_id", "topic_id"}``, or one such per topic for a source over several."""
         f = self.path / SOURCE_IDENTITY_FILE
         return json.loads(f.read_text()) if f.exists() else None
 
-    def pin_source_identity(self, identity: dict[str, str | None]) -> None:
+    def pin_source_identity(self, identity: dict) -> None:
         self._pin(SOURCE_IDENTITY_FILE, identity)
 
     def _pin(self, name: str, doc: dict) -> None:
@@ -93,10 +116,10 @@ class Checkpoint:
         tmp.write_text(json.dumps(doc, sort_keys=True))
         tmp.replace(f)
 
-    def _end_offsets(self, batch_id: int) -> dict[str, int]:
+    def _end_offsets(self, batch_id: int) -> dict:
         lines = (self.path / "offsets" / str(batch_id)).read_text().splitlines()
         source = lines[2] if len(lines) > 2 else "{}"
-        return {str(k): int(v) for k, v in json.loads(source).items()}
+        return _offsets(json.loads(source))
 
     def batch(self, batch_id: int) -> BatchOffsets:
         start = (self.starting_offsets() or {}) if batch_id == 0 else self._end_offsets(batch_id - 1)

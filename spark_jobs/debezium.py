@@ -285,6 +285,16 @@ class ChangeEvent:
         return self.op == "d"
 
 
+def transaction_of(block: Any) -> str | None:
+    """The source transaction of Debezium's ``transaction`` block (``provide.transaction.metadata``): the part of its
+    ``id`` before the first ``:``. PostgreSQL's connector writes the id as ``<xid>:<lsn>`` with each record's own
+    LSN (DBZ-5329), so only the xid is the same for every event, and the BEGIN and END marks, of one transaction.
+    None for an event outside one (a snapshot's read) or without the metadata."""
+    if not isinstance(block, Mapping) or block.get("id") is None:
+        return None
+    return str(block["id"]).split(":", 1)[0]
+
+
 def change_event(
     decoded: Decoded, types: Mapping[str, FieldType], decimal_handling: str, position: str | None
 ) -> ChangeEvent:
@@ -304,6 +314,7 @@ def change_event(
         "_cdc_op": op,
         "_cdc_lsn": lsn,
         "_cdc_ts": _EPOCH + timedelta(milliseconds=ts_ms) if isinstance(ts_ms, int) else ts_ms,
+        "_cdc_tx": transaction_of(doc.get("transaction")),
     }
     if position is not None and cdc.get(position) is None:
         wanted = "source.lsn" if position == "_cdc_lsn" else "source.ts_ms"

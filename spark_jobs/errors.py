@@ -39,6 +39,10 @@ class DeleteMemoryMissing(CheckpointMismatch):
     """The deletes an upsert batch must remember are not in the checkpoint (a partial copy, or older than kept)."""
 
 
+class HeldRowsMissing(CheckpointMismatch):
+    """The change events waiting for their source transactions after the previous batch are not in the checkpoint."""
+
+
 class NewWriterSchema(KafkaSourceError):
     """A batch holds records of a schema version registered after the one the pipeline's fields were taken from, with
     fields the query does not read: the batch stops before anything is staged, and ``krishiv run`` starts the query

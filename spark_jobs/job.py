@@ -24,12 +24,15 @@ from krishiv_core.table_purpose import purpose_properties
 from krishiv_core.tables import OutputTable, output_tables
 from spark_jobs.checkpoint import Checkpoint
 from spark_jobs.delete_memory import DeleteMemoryStore
-from spark_jobs.errors import CheckpointMismatch, NewWriterSchema
+from spark_jobs.errors import CheckpointMismatch, NewWriterSchema, TopicMissing
 from spark_jobs.events import EventsShape
 from spark_jobs.kafka_source import SOURCE_NAME, KafkaAdmin
 from spark_jobs.ports import RecordedBatches, StagerLeaseHandle, StagingLedger
 from spark_jobs.record_decoder import Decoding
 from spark_jobs.staging import BatchShape, BatchStager, StagedBatch, Target
+from spark_jobs.topics_shape import TopicsShape
+from spark_jobs.topics_source import SOURCE_NAME as TOPICS_SOURCE
+from spark_jobs.topics_source import TopicsLayout
 from spark_jobs.transform import build_output
 from spark_jobs.upserts import UpsertShape
 from spark_jobs.window_state import WindowStateStore, check_output_mode
@@ -97,6 +100,65 @@ def _pin_source(checkpoint: Checkpoint, spec: KrishivSpec, pipeline: PipelineSpe
                 identity = admin.identity()
                 checkpoint.pin_source_identity(identity)
     return starting, identity
+
+
+def _pin_topics(checkpoint: Checkpoint, spec: KrishivSpec, pipeline: PipelineSpec) -> tuple[dict, dict]:
+    """:func:`_pin_source` for a pipeline over several topics: each topic's start and identity, pinned the first
+    time the query starts while the topic exists (a topic that does not exist yet, as Debezium makes a table's
+    topic with its first event, is pinned by the first run that finds it; the query reads it from its low
+    watermark). Its batch 0 starts at every topic's pinned offsets."""
+    starting = checkpoint.starting_offsets()
+    identity = checkpoint.source_identity() or {}
+    first = starting is None
+    starting = dict(starting or {})
+    for topic in pipeline.topics:
+        if topic in identity and (topic in starting or not first):
+            continue
+        with KafkaAdmin(spec.kafka.bootstrap_servers, topic, spec.kafka.consumer_settings()) as admin:
+            try:
+                earliest, found = admin.earliest(), admin.identity()
+            except TopicMissing:
+                continue
+        if first:
+            starting[topic] = earliest
+        identity[topic] = found
+    if first:
+        checkpoint.pin_starting_offsets(starting)
+    checkpoint.pin_source_identity(identity)
+    return starting, identity
+
+
+def topics_layout(spec: KrishivSpec, pipeline: PipelineSpec) -> TopicsLayout:
+    """The topics a pipeline over several reads, each decoded with its member's fields."""
+    decodings = tuple(decoding_of(spec, m) for m in pipeline.members)
+    registry = spec.schema_registry.client_config(os.environ) if spec.schema_registry else None
+    return TopicsLayout(
+        tuple(m.topic for m in pipeline.members),
+        decodings,
+        pipeline.transaction_topic,
+        pipeline.record_format.value,
+        registry,
+        decodings[0].registry_outage_s,
+    )
+
+
+def topics_stream(
+    spark: SparkSession, spec: KrishivSpec, pipeline: PipelineSpec, layout: TopicsLayout, **options: str
+) -> DataFrame:
+    """Every topic of a pipeline over several as one streaming DataFrame (:mod:`spark_jobs.topics_source`)."""
+    reader = (
+        spark.readStream.format(TOPICS_SOURCE)
+        .option("bootstrap.servers", spec.kafka.bootstrap_servers)
+        .option("pipeline", pipeline.name)
+        .option("brokerOutageSeconds", str(broker_outage_s()))
+        .option("maxRecordsPerBatch", str(pipeline.max_records_per_batch))
+        .option("catchUpRecordsPerBatch", str(pipeline.catch_up_records_per_batch))
+        .option("recordsPerSplit", str(spec.spark.records_per_split))
+        .option("layout", layout.to_option())
+    )
+    for key, value in {**{f"kafka.{k}": v for k, v in spec.kafka.consumer_settings().items()}, **options}.items():
+        reader = reader.option(key, value)
+    return reader.load()
 
 
 def _recorded(checkpoint: Checkpoint, ledger: StagingLedger, table: str, topic: str) -> RecordedBatches:
@@ -232,22 +294,39 @@ def start_pipeline(
         catalog, spec, pipeline, pending=lambda t: len(ledger.pending_batches([t])), defer_schema=True
     )
     targets = [_target(spec, pipeline, t, tables[t.name]) for t in output_tables(pipeline)]
-    starting, identity = _pin_source(checkpoint, spec, pipeline)
-
-    raw = kafka_stream(
-        spark,
-        spec,
-        pipeline,
-        startingOffsets=json.dumps(starting),
-        expectedIdentity=json.dumps(identity),
-        checkpointPath=str(checkpoint.path),
-        recorded=_recorded(checkpoint, ledger, qualified(spec, pipeline.rejects_table), pipeline.topic).to_option(),
-    )
-    shape = shape_of(pipeline, targets, checkpoint)
+    rejects = qualified(spec, pipeline.rejects_table)
+    shape: BatchShape
+    if pipeline.members:
+        starting, identity = _pin_topics(checkpoint, spec, pipeline)
+        recorded = {t: _recorded(checkpoint, ledger, rejects, t).to_option() for t in pipeline.topics}
+        layout = topics_layout(spec, pipeline)
+        output = topics_stream(
+            spark,
+            spec,
+            pipeline,
+            layout,
+            startingOffsets=json.dumps(starting),
+            expectedIdentity=json.dumps(identity),
+            checkpointPath=str(checkpoint.path),
+            recorded=json.dumps(recorded),
+        )
+        shape = TopicsShape(pipeline, layout, targets, checkpoint.path)
+    else:
+        starting_one, identity_one = _pin_source(checkpoint, spec, pipeline)
+        raw = kafka_stream(
+            spark,
+            spec,
+            pipeline,
+            startingOffsets=json.dumps(starting_one),
+            expectedIdentity=json.dumps(identity_one),
+            checkpointPath=str(checkpoint.path),
+            recorded=_recorded(checkpoint, ledger, rejects, pipeline.topic).to_option(),
+        )
+        output = build_output(raw, pipeline)
+        shape = shape_of(pipeline, targets, checkpoint)
     stager = BatchStager(pipeline, ledger, checkpoint, targets, shape, on_batch, lease, reject_rate_warn)
     writer = (
-        build_output(raw, pipeline)
-        .writeStream.queryName(pipeline.name)
+        output.writeStream.queryName(pipeline.name)
         .foreachBatch(stager)
         .option("checkpointLocation", str(checkpoint.path))
     )
@@ -265,7 +344,8 @@ def _target(spec: KrishivSpec, pipeline: PipelineSpec, output: OutputTable, tabl
     name = qualified(spec, output.name)
     if output.rejects:
         return Target(name, output, table)
-    return Target(name, output, table, planned_schema(table, output.schema, name), purpose_properties(pipeline))
+    properties = purpose_properties(pipeline.writer_of(output.name))
+    return Target(name, output, table, planned_schema(table, output.schema, name), properties)
 
 
 def shape_of(pipeline: PipelineSpec, targets: list[Target], checkpoint: Checkpoint) -> BatchShape:

@@ -323,10 +323,11 @@ def batch_rows(backlog: int, max_rows: int, catch_up_rows: int) -> int:
     return catch_up_rows
 
 
-def cap_offsets(start: Offsets, latest: Offsets, max_rows: int) -> Offsets:
+def cap_offsets(start: Offsets, latest: Offsets, max_rows: int, order: Callable[[str], Any] = int) -> Offsets:
     """End offsets spanning at most ``max_rows`` offsets, shared in proportion to each partition's backlog.
 
-    A partition missing from ``start`` is new: it has no backlog and ends at ``latest`` (where the caller puts its
+    ``order`` sorts partitions' keys (partition numbers; a source over several topics has its own keys). A
+    partition missing from ``start`` is new: it has no backlog and ends at ``latest`` (where the caller puts its
     low watermark), so the batch records where it starts and reads nothing from it. Offsets are an upper bound on
     records (transaction markers and compacted-away offsets hold none), so a batch may read fewer than ``max_rows``.
     """
@@ -339,7 +340,7 @@ def cap_offsets(start: Offsets, latest: Offsets, max_rows: int) -> Offsets:
     # to the partitions with the largest fractions (ties by partition), so every share is rounded down or up.
     take = {p: (n * max_rows) // total for p, n in backlog.items()}
     spare = max_rows - sum(take.values())
-    by_fraction = sorted(backlog, key=lambda q: (-((backlog[q] * max_rows) % total), int(q)))
+    by_fraction = sorted(backlog, key=lambda q: (-((backlog[q] * max_rows) % total), order(q)))
     for p in by_fraction[:spare]:
         take[p] += 1
     return {p: begin[p] + take[p] for p in latest}
@@ -787,11 +788,20 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._retrying(lambda: self._plan(begin, limit))
 
     def _plan(self, begin: Offsets, limit: ReadLimit) -> Offsets:
+        latest, recorded = self.plan_end(begin)
+        if not recorded and isinstance(limit, ReadMaxRows):
+            backlog = sum(max(0, end - begin[p]) for p, end in latest.items() if p in begin)
+            return cap_offsets(begin, latest, batch_rows(backlog, limit.max_rows, self.catch_up_records))
+        return latest
+
+    def plan_end(self, begin: Offsets) -> tuple[Offsets, bool]:
+        """The end of the batch Spark plans next before any read limit, and whether the ledger recorded it (then it
+        is the batch's end as it stands): every check of :meth:`latestOffset` made."""
         self._check_identity(begin)
         recorded = self._recorded_end(begin)
         marks = self.watermarks_moving_forward(begin, recorded)
         if recorded is not None:
-            return recorded
+            return recorded, True
         latest = {p: high for p, (_low, high) in marks.items()}
         if self._target is not None:
             # Trigger.AvailableNow: our own pinned target may lie below the start (it is not the broker going
@@ -800,11 +810,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 p: max(begin[p], min(end, self._target.get(p, begin[p]))) for p, end in latest.items() if p in begin
             }
         # A partition the start does not know is new: it starts at its low watermark, and nothing of it is read now.
-        latest = {p: latest[p] if p in begin else marks[p][0] for p in marks}
-        if isinstance(limit, ReadMaxRows):
-            backlog = sum(max(0, end - begin[p]) for p, end in latest.items() if p in begin)
-            return cap_offsets(begin, latest, batch_rows(backlog, limit.max_rows, self.catch_up_records))
-        return latest
+        return {p: latest[p] if p in begin else marks[p][0] for p in marks}, False
 
     def reportLatestOffset(self) -> dict | None:
         return self._retrying(self.admin.latest)

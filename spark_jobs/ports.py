@@ -138,3 +138,17 @@ def apply_skips(
             moved[skip.partition] = skip.to_offset
         after.append(skip)
     return moved, after
+
+
+def apply_topic_skips(
+    skips: list[OffsetSkip], start: dict[str, dict[str, int]], batch_id: int
+) -> tuple[dict[str, dict[str, int]], list[OffsetSkip]]:
+    """:func:`apply_skips` for a source over several topics (``start``: ``{topic: {partition: offset}}``), each
+    topic's skips applied to its offsets; the skips after it in their order."""
+    moved = {t: dict(offsets) for t, offsets in start.items()}
+    after: dict[int, OffsetSkip] = {}
+    for topic in {s.topic for s in skips}:
+        mine = [i for i, s in enumerate(skips) if s.topic == topic]
+        moved[topic], applied = apply_skips([skips[i] for i in mine], start.get(topic, {}), batch_id)
+        after |= dict(zip(mine, applied, strict=True))
+    return {t: o for t, o in moved.items() if o or t in start}, [after[i] for i in range(len(skips))]

@@ -133,7 +133,7 @@ def fetch_writer_schema(client: Any, schema_id: int, url: str, outage_s: float, 
         pause = min(pause * 2, 5.0)
 
 
-class _FormatReader:
+class FormatReader:
     """Bytes in one format to a decoded value, by confluent-kafka's deserializer for it."""
 
     def __init__(self, fmt: str, decoding: Decoding, field: str, outage_s: float) -> None:
@@ -377,8 +377,8 @@ class RegistryRecordDecoder(RecordDecoder):
     def __init__(self, decoding: Decoding) -> None:
         super().__init__(decoding)
         outage_s = decoding.registry_outage_s
-        self.values = _FormatReader(decoding.value_format, decoding, "value", outage_s)
-        self.keys = _FormatReader(decoding.key_format, decoding, "key", outage_s)
+        self.values = FormatReader(decoding.value_format, decoding, "value", outage_s)
+        self.keys = FormatReader(decoding.key_format, decoding, "key", outage_s)
         self._types = {f.name: f.type for f in decoding.fields}
         self._names = tuple(f.name for f in decoding.fields)
         self._field_names = frozenset(self._names)
@@ -482,7 +482,7 @@ class RegistryRecordDecoder(RecordDecoder):
             return Reading(str(reject), {})
 
     @staticmethod
-    def _read(reader: _FormatReader, data: bytes, topic: str) -> Decoded:
+    def _read(reader: FormatReader, data: bytes, topic: str) -> Decoded:
         what = "key" if reader.what == "key" else "value"
         return unwrap_json(data, what) if reader.fmt == JSON else reader.read(data, topic)
 

@@ -164,11 +164,14 @@ def prepare_environment(conf: Mapping[str, str] | None = None) -> None:
 
 
 def prepare_session(spark: SparkSession) -> SparkSession:
-    """Quiet logs and register Krishiv's Kafka source on a session, however it was built."""
+    """Quiet logs and register Krishiv's Kafka sources (of one topic, of several) on a session, however it was
+    built."""
     from spark_jobs.kafka_source import KafkaDataSource
+    from spark_jobs.topics_source import TopicsDataSource
 
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(KafkaDataSource)
+    spark.dataSource.register(TopicsDataSource)
     return spark
 
 

@@ -48,7 +48,7 @@ from krishiv_core.spec import WINDOWED, PipelineSpec
 from krishiv_core.staging_paths import staging_root_of
 from krishiv_core.tables import REJECT_COLUMNS, OutputTable
 from spark_jobs.checkpoint import BatchOffsets, Checkpoint
-from spark_jobs.ports import StagerLeaseHandle, StagingLedger, apply_skips
+from spark_jobs.ports import StagerLeaseHandle, StagingLedger, apply_skips, apply_topic_skips
 
 log = logging.getLogger(__name__)
 
@@ -273,9 +273,10 @@ class BatchStager:
                 for f in files[t.name]:
                     t.table.io.delete(f.path)
             raise
-        ranges = {self.pipeline.topic: offsets.ranges()}
+        ranges = offsets.topic_ranges(self.pipeline.topic)
         first = self.rows_targets[0].name
-        topic_id = (self.checkpoint.source_identity() or {}).get("topic_id")  # the one the source checked it read
+        # the topic id the source checked it read (a source over several topics has one each: none is recorded)
+        topic_id = None if offsets.by_topic else (self.checkpoint.source_identity() or {}).get("topic_id")
         entries = [
             OutboxEntry(
                 self.query_id,
@@ -381,10 +382,14 @@ class BatchStager:
         """
         offsets = self.checkpoint.batch(batch_id)
         if self._skips is None or any(s.applied_batch_id is None for s in self._skips):
-            self._skips = self.ledger.skips(self.query_id, self.pipeline.topic)
+            self._skips = self.ledger.skips(self.query_id, None if self.pipeline.members else self.pipeline.topic)
         if not self._skips:
             return offsets
-        start, after = apply_skips(self._skips, offsets.start, batch_id)
+        start, after = (
+            apply_topic_skips(self._skips, offsets.start, batch_id)
+            if offsets.by_topic
+            else apply_skips(self._skips, offsets.start, batch_id)
+        )
         for before, skip in zip(self._skips, after, strict=True):
             if before.applied_batch_id is None and skip.applied_batch_id is not None:
                 self.ledger.mark_skip_applied(before, batch_id, lease=self.lease.lease if self.lease else None)
@@ -472,7 +477,7 @@ class BatchStager:
                     tables[entry.table].io.delete(f.path)
 
     def _check_same_offsets(self, existing: list[Any], offsets: BatchOffsets) -> None:
-        ranges = {self.pipeline.topic: offsets.ranges()}
+        ranges = offsets.topic_ranges(self.pipeline.topic)
         for entry in existing:
             if entry.offsets != ranges:
                 raise BatchReplayMismatch(

@@ -110,9 +110,10 @@ class UpsertShape:
 
     def compute(self, batch: DataFrame, offsets: BatchOffsets, folder: Callable[[Target], str]) -> BatchResult:
         # The winners per key take a shuffle of the valid rows by key; the rejects are read apart.
-        return rejects_apart(batch, lambda valid: self._compute(valid, offsets, folder))
+        return rejects_apart(batch, lambda valid: self.compute_valid(valid, offsets, folder))
 
-    def _compute(self, valid: DataFrame, offsets: BatchOffsets, folder: Callable[[Target], str]) -> BatchResult:
+    def compute_valid(self, valid: DataFrame, offsets: BatchOffsets, folder: Callable[[Target], str]) -> BatchResult:
+        """The batch's valid rows (no reason) staged by the upsert rule: ``compute`` less the rejects."""
         records = valid.count()
         where = folder(self.target)
         schema = self.target.schema

@@ -5,6 +5,7 @@ checks before Spark starts)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 from rich.markup import escape
 
@@ -52,7 +53,13 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
     for p in chosen_pipelines(spec, args.pipeline):
         latest, broker_error = None, broker_down
         side = BrokerSide()
-        if broker_down is None:
+        of_topics: dict[str, dict[str, int] | None] | None = None
+        if p.members:  # every topic's lag; a topic Debezium has not made yet has none
+            of_topics = {t: None for t in p.topics}
+            for t in p.topics if broker_down is None else ():
+                with contextlib.suppress(KafkaSourceError):
+                    of_topics[t] = read_broker_side(spec, t)[0]
+        elif broker_down is None:
             try:
                 latest, side = read_broker_side(spec, p.topic)
             except KafkaSourceError as exc:
@@ -61,7 +68,9 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
         merged = {qualified(spec, o.name) for o in output_tables(p) if o.operation.kind == MERGE}
         names = [qualified(spec, t) for t in p.all_tables]  # the first table's entries carry the batch counts
         names += [t for t in ledger.pending_tables([p.name]) if t not in names]  # a route removed with batches pending
-        s = pipeline_status(ledger, p.name, names[0], p.topic, latest, broker_error, other_tables=names[1:])
+        s = pipeline_status(
+            ledger, p.name, names[0], p.topic, latest, broker_error, other_tables=names[1:], topics=of_topics
+        )
         warnings = status_warnings(
             s,
             side,
@@ -76,11 +85,13 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
         warnings += [storm] if storm else []
         if args.json:
             rates = {"recent_rejects": reject_rate_document(recent, warn_above)}
-            documents.append(status_pipeline(s, p.kind, p.topic, merged) | {"warnings": warnings} | rates)
+            documents.append(status_pipeline(s, p.kind, p.topics, merged) | {"warnings": warnings} | rates)
             continue
         for line in warnings:
             err_console.print(f"[yellow]warning: {escape(p.name)}: {escape(line)}[/]")
-        console.print(f"[bold]{escape(p.name)}[/] ({p.kind}) reads {escape(p.topic)} into {len(names)} tables")
+        console.print(
+            f"[bold]{escape(p.name)}[/] ({p.kind}) reads {escape(', '.join(p.topics))} into {len(names)} tables"
+        )
         console.print(f"  events: {s.records_read} read, {s.rejects} rejected, {s.late_events} late")
         if s.late_batches:  # the recent batches' late events, kept beside the rejects
             rejects_table = escape(table_name(spec, qualified(spec, p.rejects_table), args.wide))

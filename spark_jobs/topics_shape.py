@@ -1,0 +1,112 @@
+"""The shape of an upsert pipeline over several topics: each topic's rows staged into its table by the upsert rule.
+
+The batch's rows come from :mod:`spark_jobs.topics_source` (each topic's fields in a struct of its own). With a
+transaction topic the gate (:mod:`spark_jobs.transaction_gate`) first sets aside the change events whose source
+transaction is not whole yet, with the rows that waited after the previous batch joining this one. Then each
+member (a topic and its table) is staged as the single-topic upsert pipeline it is
+(:class:`spark_jobs.upserts.UpsertShape`, its deletes remembered in a folder of its own), and the rejects of
+every topic go to the pipeline's one rejects table. A member with no rows in the batch costs no Spark job; its
+remembered deletes are carried to the batch as they were.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from krishiv_core.spec import PipelineSpec
+from spark_jobs.checkpoint import BatchOffsets
+from spark_jobs.delete_memory import DeleteMemoryStore
+from spark_jobs.record_decoder import REASON
+from spark_jobs.staging import QUERY_REJECT_COLUMNS, BatchResult, Target
+from spark_jobs.topics_source import HEAD_COLUMNS, TopicsLayout
+from spark_jobs.transaction_gate import GATE_COLUMNS, HeldRowsStore, Release, describe_open, plan_release
+from spark_jobs.transform import build_output
+from spark_jobs.upserts import UpsertShape
+
+log = logging.getLogger(__name__)
+
+#: Where a member keeps its remembered deletes, inside the query's checkpoint.
+MEMBERS_DIR = "krishiv/tables"
+
+
+class TopicsShape:
+    def __init__(
+        self, pipeline: PipelineSpec, layout: TopicsLayout, targets: Sequence[Target], checkpoint: Path
+    ) -> None:
+        self.pipeline = pipeline
+        self.layout = layout
+        by_table = {t.output.name: t for t in targets}
+        self.members = [
+            UpsertShape(m, by_table[m.table], DeleteMemoryStore(checkpoint / MEMBERS_DIR / m.table))
+            for m in pipeline.members
+        ]
+        self.held = HeldRowsStore(checkpoint) if pipeline.transaction_topic else None
+        # what waits, and each member's remembered deletes, are carried through every batch, a replay's too
+        self.stateful = True
+
+    def compute(self, batch: DataFrame, offsets: BatchOffsets, folder: Callable[[Target], str]) -> BatchResult:
+        rows = self._with_held(batch, offsets.batch_id)
+        rows.persist()
+        try:
+            release = self._gate(rows, offsets.batch_id)
+            released = rows.where(~release.waiting(str(self.pipeline.transaction_topic))) if release.holds else rows
+            rejects = released.where(F.col(REASON).isNotNull()).select(
+                *[F.col("timestamp").alias(c) if c == "kafka_timestamp" else F.col(c) for c in QUERY_REJECT_COLUMNS]
+            )
+            result = BatchResult(0, rejects=rejects.toArrow())
+            # each topic's valid rows, counted on the driver: a member without any costs no Spark job
+            topics = released.where(F.col(REASON).isNull()).select("topic").toArrow().column("topic").to_pylist()
+            counts = Counter(t for t in topics if t in self.layout.topics)
+            for i, member in enumerate(self.members):
+                topic = self.layout.topics[i]
+                if not counts[topic]:
+                    self._carry(member, offsets.batch_id)
+                    continue
+                own = released.where((F.col("topic") == topic) & F.col(REASON).isNull()).select(
+                    *[name for name, _ in HEAD_COLUMNS], f"{self.layout.member_column(i)}.*"
+                )
+                staged = member.compute_valid(build_output(own, member.pipeline), offsets, folder)
+                result.files.update(staged.files)
+            result.records = sum(counts.values())
+            if release.holds:
+                result.metrics["held_events"] = sum(n for n, _ in release.open.values())
+        finally:
+            rows.unpersist()
+        return result
+
+    def _with_held(self, batch: DataFrame, batch_id: int) -> DataFrame:
+        """The batch's rows, with those that waited after the batch before it."""
+        if self.held is None:
+            return batch
+        held = self.held.load_before(batch_id)
+        if held is None:
+            return batch
+        return batch.sparkSession.createDataFrame(held, schema=batch.schema).unionByName(batch)
+
+    def _gate(self, rows: DataFrame, batch_id: int) -> Release:
+        """What waits after this batch, decided and kept in the checkpoint before anything is staged."""
+        if self.held is None:
+            return Release()
+        gate = rows.select(*GATE_COLUMNS).toArrow().to_pylist()
+        release = plan_release(gate, self.layout.topics, str(self.pipeline.transaction_topic))
+        waiting = rows.where(release.waiting(str(self.pipeline.transaction_topic))) if release.holds else rows.limit(0)
+        self.held.save(batch_id, waiting.toArrow())
+        if release.open:
+            log.info("batch %s: waiting for source transactions %s", batch_id, describe_open(release))
+        return release
+
+    @staticmethod
+    def _carry(member: UpsertShape, batch_id: int) -> None:
+        """A member without rows in the batch keeps its remembered deletes as they were."""
+        memory = member.memory
+        if memory is None:
+            return
+        before = memory.load_before(batch_id)
+        memory.save(batch_id, before if before is not None else pa.table({}))

@@ -1,0 +1,159 @@
+"""Source transactions kept whole: which of a batch's change events wait for the rest of their transaction.
+
+With Debezium's transaction metadata (``provide.transaction.metadata``) each change event carries its transaction
+(``_cdc_tx``: PostgreSQL's xid) and the transaction topic carries an END mark per transaction that counts its
+events per table. A pipeline over several topics with ``transaction_topic`` reads that topic in the same query, so
+a batch holds a range of it as of every change topic, recorded in the ledger like theirs.
+
+The rule (PROTOCOL.md invariant 16): a batch stages a change event only with every other event of its
+transaction that the pipeline reads. An event waits when its transaction is **open**: its END mark has not been
+read yet, or fewer of its events have been read than the END counts for the pipeline's tables. Kafka keeps a
+partition's order, and a key's events must be applied in it, so everything after a waiting event in its
+partition waits too (a tombstone, an event of a later transaction), and a transaction with any event waiting
+is open. Events outside a transaction (a snapshot's reads) and rejects never wait. A transaction touching tables
+the pipeline does not read counts only the events of the tables it reads.
+
+What waits is kept in the checkpoint after each batch (``krishiv/transaction-held/<batch>.parquet``, the rows
+as the source decoded them, END marks of open transactions included) and joins the next batch, so a replay of
+a batch reads the same waiting rows and stages the same files. A transaction larger than a batch waits over as
+many batches as it takes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import reduce
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+
+from krishiv_core.runbook import runbook
+from spark_jobs.batch_state_files import save_batch_file
+from spark_jobs.errors import HeldRowsMissing
+from spark_jobs.record_decoder import REASON, TOMBSTONE
+from spark_jobs.topics_source import TX_COUNTS, TX_STATUS, TX_XID
+
+log = logging.getLogger(__name__)
+
+STATE_DIR = "krishiv/transaction-held"
+#: The columns the gate decides by.
+GATE_COLUMNS = ("topic", "partition", "offset", REASON, TOMBSTONE, TX_STATUS, TX_XID, TX_COUNTS)
+
+
+def data_collection(topic: str) -> str:
+    """The table Debezium names in a transaction's END for a topic ``<prefix>.<schema>.<table>``:
+    ``<schema>.<table>``."""
+    return ".".join(topic.split(".")[-2:])
+
+
+@dataclass(frozen=True)
+class Release:
+    """What of a batch waits: each change partition from its first waiting offset on, and the END marks of the
+    transactions still open (kept to be counted against later)."""
+
+    hold_from: dict[tuple[str, int], int] = field(default_factory=dict)
+    kept_marks: frozenset[tuple[int, int]] = frozenset()  # (partition, offset) of the transaction topic
+    #: Each open transaction: (its events read, the events its END counts, or None before its END is read).
+    open: dict[str, tuple[int, int | None]] = field(default_factory=dict)
+
+    @property
+    def holds(self) -> bool:
+        return bool(self.hold_from or self.kept_marks)
+
+    def waiting(self, transaction_topic: str) -> Column:
+        """Spark's condition for a row that waits."""
+        parts = [
+            (F.col("topic") == t) & (F.col("partition") == p) & (F.col("offset") >= o) & F.col(REASON).isNull()
+            for (t, p), o in sorted(self.hold_from.items())
+        ]
+        parts += [
+            (F.col("topic") == transaction_topic) & (F.col("partition") == p) & (F.col("offset") == o)
+            for p, o in sorted(self.kept_marks)
+        ]
+        return reduce(lambda a, b: a | b, parts) if parts else F.lit(False)
+
+
+def plan_release(rows: Sequence[Mapping[str, Any]], topics: Sequence[str], transaction_topic: str) -> Release:
+    """Which of ``rows`` (:data:`GATE_COLUMNS` of a batch's rows, the waiting ones before it included) wait, by the
+    rule of this module. ``topics``: the change-event topics the pipeline reads."""
+    ours = {data_collection(t) for t in topics}
+    expected: dict[str, int] = {}
+    marks: list[Mapping[str, Any]] = []
+    events: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
+    seen: Counter[str] = Counter()
+    for r in rows:
+        if r[REASON] is not None:
+            continue
+        if r["topic"] == transaction_topic:
+            if r[TX_STATUS] == "END":
+                counts = json.loads(r[TX_COUNTS] or "{}")
+                expected[r[TX_XID]] = sum(n for c, n in counts.items() if c in ours)
+                marks.append(r)
+            continue
+        events.setdefault((r["topic"], r["partition"]), []).append(r)
+        if r[TX_XID] is not None:
+            seen[r[TX_XID]] += 1
+    open_ = {x for x in seen if x not in expected or seen[x] < expected[x]}
+    open_ |= {x for x, n in expected.items() if seen[x] < n}
+    for run in events.values():
+        run.sort(key=lambda r: r["offset"])
+    while True:
+        hold_from: dict[tuple[str, int], int] = {}
+        dragged: set[str] = set()
+        for where, run in events.items():
+            first = next((i for i, r in enumerate(run) if r[TX_XID] in open_), None)
+            if first is not None:
+                hold_from[where] = run[first]["offset"]
+                dragged |= {r[TX_XID] for r in run[first:] if r[TX_XID] is not None}
+        if dragged <= open_:
+            break
+        open_ |= dragged
+    kept = frozenset((m["partition"], m["offset"]) for m in marks if m[TX_XID] in open_)
+    return Release(hold_from, kept, {x: (seen[x], expected.get(x)) for x in sorted(open_)})
+
+
+class HeldRowsStore:
+    """The rows waiting after each batch, one Parquet file per batch id inside a query's checkpoint."""
+
+    def __init__(self, checkpoint: Path) -> None:
+        self.folder = checkpoint / STATE_DIR
+
+    def path(self, batch_id: int) -> Path:
+        return self.folder / f"{batch_id:012d}.parquet"
+
+    def load_before(self, batch_id: int) -> pa.Table | None:
+        """The rows waiting when batch ``batch_id`` starts; None when none do."""
+        if batch_id == 0:
+            return None
+        path = self.path(batch_id - 1)
+        if path.exists():
+            held = pq.read_table(path)
+            return held if held.num_rows else None
+        if not self.folder.exists() or not any(self.folder.glob("*.parquet")):
+            return None  # no batch has been staged by this gate yet
+        raise HeldRowsMissing(
+            f"the change events waiting for their transactions after batch {batch_id - 1} are not in {self.folder}, "
+            f"so batch {batch_id} cannot be staged; restore the checkpoint with its {STATE_DIR} folder "
+            + runbook("A checkpoint that does not match its ledger")
+        )
+
+    def save(self, batch_id: int, held: pa.Table) -> None:
+        save_batch_file(self.folder, self.path(batch_id), held, batch_id)
+
+
+def describe_open(release: Release, shown: int = 3) -> str:
+    """The open transactions, for a log line: ``571 (2 of 3 events), 572 (1 event, END not read)``."""
+    parts = []
+    for xid, (seen, expected) in list(release.open.items())[:shown]:
+        got = f"{seen} event{'s' * (seen != 1)}"
+        parts.append(f"{xid} ({got}, END not read)" if expected is None else f"{xid} ({seen} of {expected} events)")
+    more = len(release.open) - shown
+    return ", ".join(parts) + (f" and {more} more" if more > 0 else "")

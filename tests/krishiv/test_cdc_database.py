@@ -1,0 +1,351 @@
+"""A whole PostgreSQL database through one pipeline over several topics: every table equal to its source table,
+and every source transaction visible whole, through SIGKILLs of the run.
+
+Five tables with foreign keys (customers, products, orders, order_lines, payments) are captured by Debezium's
+embedded engine (``tests.services.debezium_capture``) with ``provide.transaction.metadata``: a topic per table and
+the transaction topic. A seeded workload runs each business change as one source transaction: an order placed
+with its lines (the order's total is the sum of its lines), a line changed or added with the total changed to
+match, an order deleted (its lines and payments by ``ON DELETE CASCADE``), a customer renamed, a price changed.
+The captured records go to the broker in order (each key's to one partition, as Kafka Connect's partitioner
+would put them). ``krishiv run`` reads them all with one query and is SIGKILLed while it stages.
+
+Beside it, a reader takes the pointers of ``orders`` and ``order_lines`` in one read of the catalog's database
+after every commit, as a query joining them would see them, and checks the invariant the source's transactions
+keep: each order's lines sum to its total, and no line belongs to an order that is not there. The oracle of the
+tables is the database itself (``SELECT *``).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import zlib
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pyarrow.compute as pc
+from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
+from pyiceberg.table import StaticTable
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from chaos.workspace import SETTINGS_TEMPLATE
+from krishiv.broker import LocalBroker
+from krishiv.operations import open_ledger
+from krishiv.produce import OrderEvent, ensure_topic, produce
+from krishiv_core.catalog import load_catalog, qualified
+from krishiv_core.entries import COMMITTED
+from krishiv_core.spec import KrishivSpec, load_spec
+from spark_jobs.kafka_source import latest_offsets
+from tests.services.debezium_capture import Capture, CapturedRecord, start_capture
+from tests.services.private_postgres import LogicalPostgres
+from tests.services.processes import stop
+from tests.spark_jobs.pipeline_helpers import krishiv_cli, start_krishiv, wait_for
+
+TIMEOUT_S = 300.0
+PARTITIONS = 2
+PREFIX = "shop"
+TABLES = {
+    "customers": "id int PRIMARY KEY, name text NOT NULL, email text",
+    "products": "id int PRIMARY KEY, name text NOT NULL, price numeric(10,2) NOT NULL",
+    "orders": "id int PRIMARY KEY, customer_id int NOT NULL REFERENCES customers(id), total numeric(12,2) NOT NULL",
+    "order_lines": "id int PRIMARY KEY, order_id int NOT NULL REFERENCES orders(id) ON DELETE CASCADE, "
+    "product_id int NOT NULL REFERENCES products(id), qty int NOT NULL, amount numeric(12,2) NOT NULL",
+    "payments": "id int PRIMARY KEY, order_id int NOT NULL REFERENCES orders(id) ON DELETE CASCADE, "
+    "amount numeric(12,2) NOT NULL",
+}
+FIELDS = {
+    "customers": 'id = "int"\nname = "string"\nemail = { type = "string", required = false }',
+    "products": 'id = "int"\nname = "string"\nprice = "decimal(10,2)"',
+    "orders": 'id = "int"\ncustomer_id = "int"\ntotal = "decimal(12,2)"',
+    "order_lines": 'id = "int"\norder_id = "int"\nproduct_id = "int"\nqty = "int"\namount = "decimal(12,2)"',
+    "payments": 'id = "int"\norder_id = "int"\namount = "decimal(12,2)"',
+}
+TRANSACTION_TOPIC = f"{PREFIX}.transaction"
+
+
+def topic_of(table: str) -> str:
+    return f"{PREFIX}.public.{table}"
+
+
+def spec_text(broker: LocalBroker) -> str:
+    settings = {
+        "bootstrap": broker.bootstrap,
+        "partitions": PARTITIONS,
+        "catalog_uri": "sqlite:///catalog.db",
+        "warehouse": "warehouse",
+    }
+    topics = ", ".join(f'"{topic_of(t)}"' for t in TABLES)
+    text = (
+        SETTINGS_TEMPLATE.format(**settings)
+        + f"""
+[[pipelines]]
+name = "shop"
+kind = "upsert"
+envelope = "debezium"
+topics = [{topics}]
+transaction_topic = "{TRANSACTION_TOPIC}"
+trigger_interval = "500ms"
+max_records_per_batch = 40
+"""
+    )
+    for table, fields in FIELDS.items():
+        text += f'\n[pipelines.tables.{table}]\nkey = ["id"]\n[pipelines.tables.{table}.fields]\n{fields}\n'
+    return text
+
+
+class Shop:
+    """The source database and a seeded workload of business transactions over it."""
+
+    def __init__(self, pg: LogicalPostgres, seed: int) -> None:
+        self.pg = pg
+        self.random = random.Random(seed)
+        self.next_id = {t: 1 for t in TABLES}
+
+    def _id(self, table: str) -> int:
+        self.next_id[table] += 1
+        return self.next_id[table] - 1
+
+    def create(self) -> None:
+        with self.pg.connect() as conn:
+            for table, columns in TABLES.items():
+                conn.execute(f"CREATE TABLE {table} ({columns})")
+            for _ in range(4):  # read by the snapshot: outside any transaction
+                conn.execute("INSERT INTO customers VALUES (%s, %s, %s)", (self._id("customers"), "c", None))
+                conn.execute("INSERT INTO products VALUES (%s, %s, %s)", (self._id("products"), "p", self._price()))
+
+    def _price(self) -> Decimal:
+        return Decimal(self.random.randrange(1, 10**6)).scaleb(-2)
+
+    def _ids(self, conn: Any, table: str, where: str = "", args: tuple = ()) -> list[int]:
+        return [r[0] for r in conn.execute(f"SELECT id FROM {table} {where} ORDER BY id", args)]
+
+    def transactions(self, n: int) -> None:
+        """``n`` business transactions, each one source transaction."""
+        with self.pg.connect() as conn:
+            for _ in range(n):
+                with conn.transaction():
+                    self._one(conn)
+
+    def _one(self, conn: Any) -> None:
+        r = self.random
+        orders = self._ids(conn, "orders")
+        roll = r.random()
+        if roll < 0.35 or not orders:  # an order placed with its lines and maybe a payment
+            order = self._id("orders")
+            customer = r.choice(self._ids(conn, "customers"))
+            lines = [(self._id("order_lines"), r.randrange(1, 5), self._price()) for _ in range(r.randrange(1, 5))]
+            total = sum((a for _, _, a in lines), Decimal(0))
+            conn.execute("INSERT INTO orders VALUES (%s, %s, %s)", (order, customer, total))
+            for line, qty, amount in lines:
+                product = r.choice(self._ids(conn, "products"))
+                conn.execute("INSERT INTO order_lines VALUES (%s, %s, %s, %s, %s)", (line, order, product, qty, amount))
+            if r.random() < 0.5:
+                conn.execute("INSERT INTO payments VALUES (%s, %s, %s)", (self._id("payments"), order, total))
+            return
+        order = r.choice(orders)
+        lines = self._ids(conn, "order_lines", "WHERE order_id = %s", (order,))
+        if roll < 0.55 and lines:  # a line changed, the total with it
+            conn.execute("UPDATE order_lines SET amount = %s WHERE id = %s", (self._price(), r.choice(lines)))
+        elif roll < 0.7:  # a line added
+            product = r.choice(self._ids(conn, "products"))
+            line = (self._id("order_lines"), order, product, 1, self._price())
+            conn.execute("INSERT INTO order_lines VALUES (%s, %s, %s, %s, %s)", line)
+        elif roll < 0.8 and len(lines) > 1:  # a line removed
+            conn.execute("DELETE FROM order_lines WHERE id = %s", (r.choice(lines),))
+        elif roll < 0.9:  # the order deleted, its lines and payments by cascade
+            conn.execute("DELETE FROM orders WHERE id = %s", (order,))
+            return
+        elif roll < 0.95:
+            customer = r.choice(self._ids(conn, "customers"))
+            conn.execute("UPDATE customers SET name = %s, email = %s WHERE id = %s", (f"n{r.random()}", "e", customer))
+            return
+        else:
+            product = r.choice(self._ids(conn, "products"))
+            conn.execute("UPDATE products SET price = %s WHERE id = %s", (self._price(), product))
+            return
+        conn.execute(
+            "UPDATE orders SET total = (SELECT coalesce(sum(amount), 0) FROM order_lines WHERE order_id = %s) "
+            "WHERE id = %s",
+            (order, order),
+        )
+
+    def rows(self, table: str) -> dict[int, dict[str, Any]]:
+        with self.pg.connect() as conn:
+            result = conn.execute(f"SELECT * FROM {table}")
+            names = [d.name for d in result.description]
+            return {row[0]: dict(zip(names, row, strict=True)) for row in result}
+
+
+class Producer:
+    """The captured records produced to the broker in order: a table's by the key's hash, the transaction
+    topic's to its one partition."""
+
+    def __init__(self, bootstrap: str, capture: Capture) -> None:
+        self.bootstrap, self.capture, self.sent = bootstrap, capture, 0
+        for table in TABLES:
+            ensure_topic(bootstrap, topic_of(table), PARTITIONS)
+        ensure_topic(bootstrap, TRANSACTION_TOPIC, 1)
+
+    def send_all(self, settle_s: float = 3.0) -> None:
+        """Everything captured so far, once the capture has been quiet for ``settle_s``."""
+        records = self.capture.records()
+        deadline = threading.Event()
+        while True:
+            deadline.wait(settle_s)
+            again = self.capture.records()
+            if len(again) == len(records):
+                break
+            records = again
+        by_topic: dict[str, list[CapturedRecord]] = {}
+        for r in records[self.sent :]:
+            by_topic.setdefault(r.destination, []).append(r)
+        for topic, batch in by_topic.items():
+            partitions = 1 if topic == TRANSACTION_TOPIC else PARTITIONS
+            produce(
+                self.bootstrap,
+                topic,
+                [
+                    OrderEvent(i, zlib.crc32(r.key or b"") % partitions, r.key or b"", r.value, "valid")  # type: ignore[arg-type]
+                    for i, r in enumerate(batch)
+                ],
+            )
+        self.sent = len(records)
+
+
+class InvariantReader:
+    """After every commit, ``orders`` and ``order_lines`` at one cut of the catalog: each order's lines sum to its
+    total, and every line's order is there."""
+
+    def __init__(self, catalog: SqlCatalog, namespace: str) -> None:
+        self.catalog, self.namespace = catalog, namespace
+        self.cuts = 0
+        self.broken: list[str] = []
+        self.errors: list[str] = []
+        self._seen: set[tuple[str, str]] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> InvariantReader:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            try:
+                self.check()
+            except Exception as exc:  # the catalog busy: the next read tries again
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+
+    def check(self) -> None:
+        with Session(self.catalog.engine) as session:
+            pointers = dict(
+                session.execute(
+                    select(IcebergTables.table_name, IcebergTables.metadata_location).where(
+                        IcebergTables.table_namespace == self.namespace,
+                        IcebergTables.table_name.in_(["orders", "order_lines"]),
+                    )
+                ).all()
+            )
+        if len(pointers) < 2 or (pointers["orders"], pointers["order_lines"]) in self._seen:
+            return
+        self._seen.add((pointers["orders"], pointers["order_lines"]))
+        orders = StaticTable.from_metadata(pointers["orders"]).scan().to_arrow()
+        lines = StaticTable.from_metadata(pointers["order_lines"]).scan().to_arrow()
+        self.cuts += 1
+        totals = dict(zip(orders.column("id").to_pylist(), orders.column("total").to_pylist(), strict=True))
+        sums: dict[int, Decimal] = {}
+        for order, amount in zip(lines.column("order_id").to_pylist(), lines.column("amount").to_pylist(), strict=True):
+            sums[order] = sums.get(order, Decimal(0)) + amount
+        for order, total in sums.items():
+            if order not in totals:
+                self.broken.append(f"cut {self.cuts}: lines of order {order}, which is not there")
+            elif totals[order] != total:
+                self.broken.append(f"cut {self.cuts}: order {order} total {totals[order]}, its lines sum to {total}")
+        for order, total in totals.items():
+            if order not in sums and total != 0:
+                self.broken.append(f"cut {self.cuts}: order {order} total {total} without its lines")
+
+
+def _all_committed(spec: KrishivSpec) -> bool:
+    pipeline = spec.pipeline()
+    ledger = open_ledger(spec)
+    if not Path(ledger.path).exists():
+        return False
+    rejects = qualified(spec, pipeline.rejects_table)
+    return all(
+        ledger.end_offsets(rejects, topic, status=COMMITTED) == latest_offsets(spec.kafka.bootstrap_servers, topic)
+        for topic in pipeline.topics
+    ) and not ledger.pending_batches([qualified(spec, t) for t in pipeline.all_tables])
+
+
+def _staged(spec: KrishivSpec) -> int:
+    ledger = open_ledger(spec)
+    if not Path(ledger.path).exists():
+        return 0
+    rejects = qualified(spec, spec.pipeline().rejects_table)
+    return sum(sum(ledger.end_offsets(rejects, t).values()) for t in spec.pipeline().topics)
+
+
+def _table_rows(spec: KrishivSpec, table: str) -> dict[int, dict[str, Any]]:
+    rows = load_catalog(spec).load_table(qualified(spec, table)).scan().to_arrow()
+    columns = [c for c in rows.column_names if not c.startswith("_cdc_")]
+    assert pc.count_distinct(rows.column("id")).as_py() == rows.num_rows, f"{table}: one row per key"
+    return {r["id"]: {c: r[c] for c in columns} for r in rows.to_pylist()}
+
+
+def test_a_database_of_five_tables_lands_whole_transactions_through_kills(
+    cdc_database: LogicalPostgres, broker: LocalBroker, tmp_path: Path
+) -> None:
+    shop = Shop(cdc_database, seed=38)
+    shop.create()
+    spec_file = tmp_path / "krishiv.toml"
+    spec_file.write_text(spec_text(broker))
+    extra = {"provide.transaction.metadata": "true"}
+    with start_capture(
+        cdc_database, list(TABLES), out_dir=tmp_path / "capture", topic_prefix=PREFIX, extra_properties=extra
+    ) as capture:
+        producer = Producer(broker.bootstrap, capture)
+        capture.wait(8)  # the snapshot's reads
+        spec = load_spec(spec_file, env={})
+        catalog = load_catalog(spec)
+        assert isinstance(catalog, SqlCatalog)
+        with InvariantReader(catalog, spec.iceberg.namespace) as reader:
+            shop.transactions(40)
+            producer.send_all()
+            for attempt in range(2):  # a run SIGKILLed once it has staged part of what was sent, then one more
+                output = tmp_path / f"run-{attempt}.log"
+                run = start_krishiv(spec_file, "run", output=output)
+                try:
+                    before = _staged(spec)
+                    shop.transactions(30)
+                    producer.send_all()
+                    wait_for(lambda b=before: _staged(spec) > b + 60, "nothing new was staged", output, TIMEOUT_S)
+                    os.kill(run.pid, signal.SIGKILL)
+                    run.wait(30)
+                finally:
+                    stop(run)
+            shop.transactions(30)
+            producer.send_all()
+            output = tmp_path / "run-last.log"
+            run = start_krishiv(spec_file, "run", output=output)
+            try:
+                wait_for(lambda: _all_committed(spec), "not everything was committed", output, TIMEOUT_S)
+            finally:
+                stop(run)
+            reader.check()
+
+    print(f"reader: {reader.cuts} cuts, {len(reader.broken)} broken, {len(reader.errors)} errors")
+    assert reader.broken == [], reader.broken[:5]
+    assert reader.cuts >= 5, f"the reader saw {reader.cuts} cuts ({reader.errors[:3]})"
+    for table in TABLES:
+        assert _table_rows(spec, table) == shop.rows(table), table
+    result = krishiv_cli(spec_file, "verify")
+    assert result.returncode == 0, result.stdout + result.stderr
