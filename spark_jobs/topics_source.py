@@ -267,12 +267,17 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.records_per_split = max(1, int(options.get("recordsPerSplit", "250000")))
 
     def initialOffset(self) -> dict:
-        return {t: self._unless_missing(r, r.initialOffset) for t, r in self.readers.items()}
+        """Each topic's pinned start; a topic without one (it did not exist when the query began) its low
+        watermarks, or no partitions while it does not exist."""
+        return {
+            t: r.initialOffset() if r.starting else self._unless_missing(r.admin.earliest)
+            for t, r in self.readers.items()
+        }
 
     @staticmethod
-    def _unless_missing(reader: KafkaStreamReader, call: Callable[[], Offsets]) -> Offsets:
-        """``call()`` of a topic the query has not read yet, or no partitions when the topic does not exist yet
-        (Debezium makes a table's topic with its first event): it is read from its low watermark once it does."""
+    def _unless_missing(call: Callable[[], Offsets]) -> Offsets:
+        """``call()`` for a topic the query has not read yet, asked once, or no partitions when the topic does not
+        exist yet (Debezium makes a table's topic with its first event): it is read once it does."""
         try:
             return call()
         except TopicMissing:
@@ -297,7 +302,7 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if seen:
                 end, was_recorded = r._retrying(lambda r=r, begin=begin: r.plan_end(begin))
             else:
-                end, was_recorded = self._unless_missing(r, lambda r=r: r.plan_end({})[0]), False
+                end, was_recorded = self._unless_missing(lambda r=r: r.plan_end({})[0]), False
             begins[topic], ends[topic] = begin, end
             recorded = recorded or was_recorded
         if recorded or not isinstance(limit, ReadMaxRows):
