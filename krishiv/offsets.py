@@ -50,8 +50,21 @@ def stuck_offsets(spec: KrishivSpec, pipeline: PipelineSpec, ledger: Ledger, sou
     return checkpoint.batch(last).end
 
 
-def skip_offsets(spec: KrishivSpec, pipeline: PipelineSpec, partition: int, to_offset: int, reason: str):
-    """Record the skip of ``partition`` to ``to_offset``; returns the ledger's :class:`OffsetSkip`."""
+def _topic(pipeline: PipelineSpec, topic: str | None) -> str:
+    """The topic a skip names: ``--topic``, one of the pipeline's (needed when it reads several)."""
+    if topic is None and pipeline.members:
+        topics = list(pipeline.topics)
+        raise ConfigError("--topic", f"pipeline {pipeline.name!r} reads several topics: name one of {topics}")
+    if topic is not None and topic not in pipeline.topics:
+        raise ConfigError("--topic", f"pipeline {pipeline.name!r} reads {list(pipeline.topics)}, not {topic!r}")
+    return topic or pipeline.topic
+
+
+def skip_offsets(
+    spec: KrishivSpec, pipeline: PipelineSpec, partition: int, to_offset: int, reason: str, topic: str | None = None
+):
+    """Record the skip of ``partition`` (of ``topic``, for a pipeline over several) to ``to_offset``; returns the
+    ledger's :class:`OffsetSkip`."""
     from krishiv.operations import open_ledger
     from outbox.lease import stager_lease
     from spark_jobs.checkpoint import Checkpoint
@@ -62,12 +75,16 @@ def skip_offsets(spec: KrishivSpec, pipeline: PipelineSpec, partition: int, to_o
     checkpoint = Checkpoint(spec.checkpoint_dir(pipeline))
     if not (checkpoint.path / "metadata").exists():
         raise KrishivError(f"pipeline {pipeline.name!r} has no checkpoint at {checkpoint.path}: nothing to skip")
+    topic = _topic(pipeline, topic)
     ledger = open_ledger(spec)
     with stager_lease(ledger, pipeline.name, "krishiv skip-offsets"):
-        with KafkaAdmin(spec.kafka.bootstrap_servers, pipeline.topic, spec.kafka.consumer_settings()) as admin:
+        with KafkaAdmin(spec.kafka.bootstrap_servers, topic, spec.kafka.consumer_settings()) as admin:
             identity = admin.identity()
-            pinned = checkpoint.source_identity()
+            pins = checkpoint.source_identity()
+            pinned = (pins or {}).get(topic) if pipeline.members else pins
             stuck = stuck_offsets(spec, pipeline, ledger, source_changed=pinned is not None and pinned != identity)
+            if pipeline.members:  # a source over several topics: its offsets by topic
+                stuck = stuck.get(topic, {})
             key = str(partition)
             if key not in stuck:
                 raise ConfigError(
@@ -76,18 +93,18 @@ def skip_offsets(spec: KrishivSpec, pipeline: PipelineSpec, partition: int, to_o
             low, high = admin.watermarks(partition)
         if not low <= to_offset <= high:
             raise ConfigError(
-                "--to", f"{pipeline.topic}/{partition} holds offsets [{low}, {high}) now; expected an offset in it"
+                "--to", f"{topic}/{partition} holds offsets [{low}, {high}) now; expected an offset in it"
             )
         if to_offset == stuck[key]:
-            raise ConfigError("--to", f"{pipeline.topic}/{partition} already stands at {to_offset}; nothing to skip")
+            raise ConfigError("--to", f"{topic}/{partition} already stands at {to_offset}; nothing to skip")
         if pinned is not None and pinned != identity:
             was, now = (", ".join(f"{k} {v}" for k, v in sorted(i.items())) for i in (pinned, identity))
             reason = f"{reason} (source identity {was} -> {now})"
-            checkpoint.pin_source_identity(identity)
+            checkpoint.pin_source_identity({**(pins or {}), topic: identity} if pipeline.members else identity)
         return ledger.record_skip(
             pipeline.name,
             checkpoint.query_id(),
-            pipeline.topic,
+            topic,
             key,
             stuck[key],
             to_offset,

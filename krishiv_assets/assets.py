@@ -57,14 +57,14 @@ from krishiv_core.spec import UPSERT, WINDOWED, KrishivSpec, PipelineSpec
 class PipelineKeys:
     """The asset keys of one pipeline, shared by the assets, checks, jobs and sensors."""
 
-    topic: dg.AssetKey
+    topics: tuple[dg.AssetKey, ...]  # every topic the pipeline reads
     staged: dg.AssetKey
     tables: Mapping[str, dg.AssetKey]  # every table of ``pipeline.all_tables``, by unqualified name, in that order
 
     @classmethod
     def of(cls, spec: KrishivSpec, pipeline: PipelineSpec) -> PipelineKeys:
         return cls(
-            topic=dg.AssetKey(["kafka", pipeline.topic]),
+            topics=tuple(dg.AssetKey(["kafka", t]) for t in pipeline.topics),
             staged=dg.AssetKey([pipeline.name, "staged_batches"]),
             tables={name: table_key(spec, name) for name in pipeline.all_tables},
         )
@@ -123,7 +123,8 @@ def shape_of(pipeline: PipelineSpec) -> str:
 def table_description(pipeline: PipelineSpec, table: str) -> str:
     """An asset's description: what one of the pipeline's tables holds."""
     if table == pipeline.rejects_table:
-        return f"Malformed events of {pipeline.topic} with their partition, offset and reason."
+        return f"Malformed events of {', '.join(pipeline.topics)} with their partition, offset and reason."
+    pipeline = pipeline.writer_of(table)
     if pipeline.kind == WINDOWED:
         how = "replaced as their events arrive" if pipeline.output_mode == "update" else "written once closed"
         what = f"{_windows(pipeline)} of {pipeline.topic}, {how}"
@@ -145,7 +146,7 @@ def table_description(pipeline: PipelineSpec, table: str) -> str:
 def topic_asset(spec: KrishivSpec, topic: str) -> dg.AssetSpec:
     """The topic's external asset, the same for every pipeline that reads it (the code location keeps one): in
     the group of its one pipeline, or in ``kafka`` when several read it."""
-    readers = [p.name for p in spec.pipelines if p.topic == topic]
+    readers = [p.name for p in spec.pipelines if topic in p.topics]
     return dg.AssetSpec(
         dg.AssetKey(["kafka", topic]),
         description=f"Kafka topic {topic!r}, read by the Spark queries of {', '.join(readers)}.",
@@ -165,11 +166,11 @@ def pipeline_assets(
     group = pipeline.name
     first = qualified(spec, pipeline.tables[0])  # its entries carry each batch's counts
 
-    topic = topic_asset(spec, pipeline.topic)
+    topics = [topic_asset(spec, t) for t in pipeline.topics]
 
     @dg.asset(
         key=keys.staged,
-        deps=[keys.topic],
+        deps=list(keys.topics),
         group_name=group,
         kinds={"spark", "duckdb"},
         pool=stage_pool(pipeline),
@@ -319,4 +320,4 @@ def pipeline_assets(
         if refused is not None:
             raise run_failure(refused)
 
-    return [topic, staged_batches, commit]
+    return [*topics, staged_batches, commit]

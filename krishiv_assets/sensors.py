@@ -63,6 +63,7 @@ from krishiv_assets.commit_reports import (
     pending_by_table,
 )
 from krishiv_assets.resources import IcebergCatalogResource, KafkaResource, LedgerResource
+from krishiv_assets.staging_run import latest_offsets, staged_offsets
 from krishiv_core.catalog import qualified
 from krishiv_core.env_settings import seconds_from_env
 from krishiv_core.errors import ConfigError
@@ -143,6 +144,11 @@ class SensorCursor:
         if self.history:
             raw["history"] = True
         return json.dumps(raw, sort_keys=True)
+
+
+def _topics(pipeline: PipelineSpec) -> str:
+    """How a sensor's description names what it watches."""
+    return f"topic {pipeline.topic!r}" if not pipeline.members else f"topics {', '.join(pipeline.topics)}"
 
 
 def materialized_by_run(
@@ -395,7 +401,7 @@ def kafka_sensor(
         job=job,
         minimum_interval_seconds=KAFKA_SENSOR_INTERVAL_S,
         default_status=dg.DefaultSensorStatus.RUNNING,
-        description=f"Requests a staging run of {pipeline.name} when topic {pipeline.topic!r} has new records.",
+        description=f"Requests a staging run of {pipeline.name} when {_topics(pipeline)} has new records.",
     )
     def sensor(
         context: SensorEvaluationContext, kafka: KafkaResource, ledger: LedgerResource
@@ -407,16 +413,16 @@ def kafka_sensor(
             lease = book.live_lease(pipeline.name)
             if lease is not None:
                 return dg.SkipReason(f"{pipeline.name} is being staged by {lease.describe()}")
-            staged = book.end_offsets(table, pipeline.topic)
+            staged = staged_offsets(book, table, pipeline)
         except (LedgerBusyError, LedgerCorrupt) as exc:
             return dg.SkipReason(str(exc))
         try:
-            latest = kafka.latest_offsets(pipeline.topic, spec.kafka.consumer_settings())
+            latest = latest_offsets(spec, pipeline, kafka)
         except (KafkaSourceError, ConfigError) as exc:  # ConfigError: a ${VARIABLE} of [kafka.properties] is unset
             return dg.SkipReason(f"broker {kafka.bootstrap_servers}: {exc}")
         behind = {p: end - staged.get(p, 0) for p, end in latest.items() if end > staged.get(p, 0)}
         if not behind:
-            return dg.SkipReason(f"topic {pipeline.topic}: nothing beyond the staged offsets {staged}")
+            return dg.SkipReason(f"topic {', '.join(pipeline.topics)}: nothing beyond the staged offsets {staged}")
         cursor = SensorCursor.parse(context.cursor)
         if _has_runs(context, job.name, IN_FLIGHT):
             return dg.SkipReason(f"a staging run of {pipeline.name} is in flight")

@@ -208,13 +208,37 @@ def unstaged_records(
 
     def ask() -> bool:
         try:
-            staged = ledger.end_offsets(table, pipeline.topic)
-            latest = kafka.latest_offsets(pipeline.topic, spec.kafka.consumer_settings())
+            staged = staged_offsets(ledger, table, pipeline)
+            latest = latest_offsets(spec, pipeline, kafka)
         except KrishivError:
             return False
         return any(end > staged.get(p, 0) for p, end in latest.items())
 
     return ask
+
+
+def _labels(pipeline: PipelineSpec, topic: str, offsets: Mapping[str, int]) -> dict[str, int]:
+    """A topic's offsets by partition, as ``topic/partition`` for a pipeline over several topics."""
+    return dict(offsets) if not pipeline.members else {f"{topic}/{p}": o for p, o in offsets.items()}
+
+
+def staged_offsets(ledger: Ledger, table: str, pipeline: PipelineSpec) -> dict[str, int]:
+    """The end offsets the ledger has staged for every topic of the pipeline (:func:`_labels`)."""
+    return {k: o for t in pipeline.topics for k, o in _labels(pipeline, t, ledger.end_offsets(table, t)).items()}
+
+
+def latest_offsets(spec: KrishivSpec, pipeline: PipelineSpec, kafka: KafkaResource) -> dict[str, int]:
+    """Every topic's end offsets (:func:`_labels`); a topic of several that does not exist yet has none."""
+    from spark_jobs.errors import TopicMissing
+
+    latest: dict[str, int] = {}
+    for topic in pipeline.topics:
+        try:
+            latest |= _labels(pipeline, topic, kafka.latest_offsets(topic, spec.kafka.consumer_settings()))
+        except TopicMissing:
+            if not pipeline.members:
+                raise
+    return latest
 
 
 def run_spec(

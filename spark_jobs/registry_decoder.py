@@ -36,7 +36,15 @@ from krishiv_core.formats import AVRO, DEBEZIUM, JSON, JSON_SCHEMA, PROTOBUF, ST
 from krishiv_core.runbook import runbook
 from krishiv_core.schema_fields import SEPARATOR
 from krishiv_core.spec_types import LIST, STRUCT, EventField, FieldType
-from spark_jobs.debezium import Decoded, Unreadable, avro_hints, change_event, decode_columns, unwrap_json
+from spark_jobs.debezium import (
+    Decoded,
+    Unreadable,
+    avro_hints,
+    change_event,
+    decode_columns,
+    transaction_of,
+    unwrap_json,
+)
 from spark_jobs.errors import KafkaSourceError, NewWriterSchema
 from spark_jobs.record_decoder import (
     CDC_DELETE,
@@ -56,6 +64,8 @@ _RUNBOOK = runbook("A Schema Registry that does not answer")
 _NEW_FIELDS_RUNBOOK = runbook("A schema version with new fields")
 #: The change-event columns a Debezium pipeline's table may carry (``krishiv_core.formats.CDC_COLUMNS``).
 CDC_PREFIX = "_cdc_"
+#: The column of a change event's source transaction (``cdc_columns`` ``tx``).
+TX_COLUMN = "_cdc_tx"
 
 
 class RegistryUnavailable(KafkaSourceError):
@@ -507,7 +517,10 @@ class RegistryRecordDecoder(RecordDecoder):
         return _read_fields(self._key_row(key, topic), self._types, names, set(names))
 
     def _change(self, decoded: Decoded, key: bytes | None, topic: str) -> Reading:
-        event = change_event(decoded, self._types, self.decoding.decimal_handling, self.decoding.cdc_version)
+        try:
+            event = change_event(decoded, self._types, self.decoding.decimal_handling, self.decoding.cdc_version)
+        except Unreadable as reject:
+            return self._counted(Reading(str(reject), {}), decoded.payload)
         names = self.decoding.tombstone_key or ()
         if event.deletes:
             row: Mapping[str, Any] = event.before or {}
@@ -520,4 +533,11 @@ class RegistryRecordDecoder(RecordDecoder):
             reading = _read_fields({**(event.after or {}), **event.cdc}, self._types, fields, self.decoding.required)
         if reading.reason is None:
             reading.values[CDC_DELETE] = event.deletes
+        return self._counted(reading, decoded.payload)
+
+    def _counted(self, reading: Reading, payload: Any) -> Reading:
+        """A reject keeps its source transaction (``_cdc_tx``), which still counts it among the transaction's
+        events (``spark_jobs.transaction_gate``): its END counts it too."""
+        if reading.reason is not None and TX_COLUMN in self._types and isinstance(payload, Mapping):
+            reading.values[TX_COLUMN] = transaction_of(payload.get("transaction"))
         return reading

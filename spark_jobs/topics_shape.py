@@ -56,7 +56,7 @@ class TopicsShape:
         rows.persist()
         try:
             release = self._gate(rows, offsets.batch_id)
-            released = rows.where(~release.waiting(str(self.pipeline.transaction_topic))) if release.holds else rows
+            released = rows.where(~release.waiting()) if release.holds else rows
             rejects = released.where(F.col(REASON).isNotNull()).select(
                 *[F.col("timestamp").alias(c) if c == "kafka_timestamp" else F.col(c) for c in QUERY_REJECT_COLUMNS]
             )
@@ -88,7 +88,8 @@ class TopicsShape:
         held = self.held.load_before(batch_id)
         if held is None:
             return batch
-        return batch.sparkSession.createDataFrame(held, schema=batch.schema).unionByName(batch)
+        rows = conform(held, self.layout.arrow_schema())
+        return batch.sparkSession.createDataFrame(rows, schema=batch.schema).unionByName(batch)
 
     def _gate(self, rows: DataFrame, batch_id: int) -> Release:
         """What waits after this batch, decided and kept in the checkpoint before anything is staged."""
@@ -96,7 +97,7 @@ class TopicsShape:
             return Release()
         gate = rows.select(*GATE_COLUMNS).toArrow().to_pylist()
         release = plan_release(gate, self.layout.topics, str(self.pipeline.transaction_topic))
-        waiting = rows.where(release.waiting(str(self.pipeline.transaction_topic))) if release.holds else rows.limit(0)
+        waiting = rows.where(release.waiting()) if release.holds else rows.limit(0)
         self.held.save(batch_id, waiting.toArrow())
         if release.open:
             log.info("batch %s: waiting for source transactions %s", batch_id, describe_open(release))
@@ -110,3 +111,25 @@ class TopicsShape:
             return
         before = memory.load_before(batch_id)
         memory.save(batch_id, before if before is not None else pa.table({}))
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table``'s rows in ``schema``, by name at every depth of a struct: rows kept before the spec changed (a
+    topic added, a field added, a type widened) in the layout of the query that reads them now. A column or field
+    ``schema`` lacks is not kept (a removed field: its table keeps the column, which the staged rows leave null)."""
+
+    def column(values: pa.Array | pa.ChunkedArray | None, t: pa.DataType, n: int) -> pa.Array:
+        if values is None:
+            return pa.nulls(n, t)
+        values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+        if pa.types.is_struct(t) and pa.types.is_struct(values.type):
+            names = {values.type.field(i).name for i in range(values.type.num_fields)}
+            parts = [column(values.field(f.name) if f.name in names else None, f.type, n) for f in t]
+            return pa.StructArray.from_arrays(parts, fields=list(t), mask=values.is_null())
+        return values.cast(t)
+
+    n = table.num_rows
+    return pa.Table.from_arrays(
+        [column(table.column(f.name) if f.name in table.column_names else None, f.type, n) for f in schema],
+        schema=schema,
+    )

@@ -255,6 +255,8 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.readers: dict[str, KafkaStreamReader] = {}
         for i, topic in enumerate(self.layout.all_topics):
             own = {**shared, "topic": topic, "startingOffsets": json.dumps(starting.get(topic, {}))}
+            # the way out a refusal names (krishiv skip-offsets --pipeline ...) names the topic too
+            own["pipeline"] = f"{options.get('pipeline', '<pipeline>')} --topic {topic}"
             if identity.get(topic) is not None:
                 own["expectedIdentity"] = json.dumps(identity[topic])
             if topic in recorded:

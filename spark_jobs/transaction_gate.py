@@ -5,13 +5,14 @@ With Debezium's transaction metadata (``provide.transaction.metadata``) each cha
 events per table. A pipeline over several topics with ``transaction_topic`` reads that topic in the same query, so
 a batch holds a range of it as of every change topic, recorded in the ledger like theirs.
 
-The rule (PROTOCOL.md invariant 16): a batch stages a change event only with every other event of its
+The rule (PROTOCOL.md invariant 20): a batch stages a change event only with every other event of its
 transaction that the pipeline reads. An event waits when its transaction is **open**: its END mark has not been
 read yet, or fewer of its events have been read than the END counts for the pipeline's tables. Kafka keeps a
 partition's order, and a key's events must be applied in it, so everything after a waiting event in its
 partition waits too (a tombstone, an event of a later transaction), and a transaction with any event waiting
-is open. Events outside a transaction (a snapshot's reads) and rejects never wait. A transaction touching tables
-the pipeline does not read counts only the events of the tables it reads.
+is open. Events outside a transaction (a snapshot's reads) never wait, and a reject waits only with its own
+transaction: it counts among the transaction's events (the decoder keeps its ``_cdc_tx``), as the END counts
+it. A transaction touching tables the pipeline does not read counts only the events of the tables it reads.
 
 What waits is kept in the checkpoint after each batch (``krishiv/transaction-held/<batch>.parquet``, the rows
 as the source decoded them, END marks of open transactions included) and joins the next batch, so a replay of
@@ -56,27 +57,28 @@ def data_collection(topic: str) -> str:
 
 @dataclass(frozen=True)
 class Release:
-    """What of a batch waits: each change partition from its first waiting offset on, and the END marks of the
-    transactions still open (kept to be counted against later)."""
+    """What of a batch waits: each change partition from its first waiting offset on (its rejects aside), and the
+    rows of open transactions kept one by one."""
 
     hold_from: dict[tuple[str, int], int] = field(default_factory=dict)
-    kept_marks: frozenset[tuple[int, int]] = frozenset()  # (partition, offset) of the transaction topic
+    #: (topic, partition, offset) of the rows that wait one by one: the END marks of open transactions, and the
+    #: rejects inside them (a reject waits with its transaction, which counts it, not in its partition's order).
+    kept: frozenset[tuple[str, int, int]] = frozenset()
     #: Each open transaction: (its events read, the events its END counts, or None before its END is read).
     open: dict[str, tuple[int, int | None]] = field(default_factory=dict)
 
     @property
     def holds(self) -> bool:
-        return bool(self.hold_from or self.kept_marks)
+        return bool(self.hold_from or self.kept)
 
-    def waiting(self, transaction_topic: str) -> Column:
+    def waiting(self) -> Column:
         """Spark's condition for a row that waits."""
         parts = [
             (F.col("topic") == t) & (F.col("partition") == p) & (F.col("offset") >= o) & F.col(REASON).isNull()
             for (t, p), o in sorted(self.hold_from.items())
         ]
         parts += [
-            (F.col("topic") == transaction_topic) & (F.col("partition") == p) & (F.col("offset") == o)
-            for p, o in sorted(self.kept_marks)
+            (F.col("topic") == t) & (F.col("partition") == p) & (F.col("offset") == o) for t, p, o in sorted(self.kept)
         ]
         return reduce(lambda a, b: a | b, parts) if parts else F.lit(False)
 
@@ -89,18 +91,20 @@ def plan_release(rows: Sequence[Mapping[str, Any]], topics: Sequence[str], trans
     marks: list[Mapping[str, Any]] = []
     events: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
     seen: Counter[str] = Counter()
+    rejects: list[Mapping[str, Any]] = []
     for r in rows:
-        if r[REASON] is not None:
-            continue
         if r["topic"] == transaction_topic:
-            if r[TX_STATUS] == "END":
+            if r[REASON] is None and r[TX_STATUS] == "END":
                 counts = json.loads(r[TX_COUNTS] or "{}")
                 expected[r[TX_XID]] = sum(n for c, n in counts.items() if c in ours)
                 marks.append(r)
             continue
-        events.setdefault((r["topic"], r["partition"]), []).append(r)
-        if r[TX_XID] is not None:
+        if r[TX_XID] is not None:  # a reject too: its END counts it
             seen[r[TX_XID]] += 1
+        if r[REASON] is None:
+            events.setdefault((r["topic"], r["partition"]), []).append(r)
+        elif r[TX_XID] is not None:
+            rejects.append(r)
     open_ = {x for x in seen if x not in expected or seen[x] < expected[x]}
     open_ |= {x for x, n in expected.items() if seen[x] < n}
     for run in events.values():
@@ -116,7 +120,7 @@ def plan_release(rows: Sequence[Mapping[str, Any]], topics: Sequence[str], trans
         if dragged <= open_:
             break
         open_ |= dragged
-    kept = frozenset((m["partition"], m["offset"]) for m in marks if m[TX_XID] in open_)
+    kept = frozenset((r["topic"], r["partition"], r["offset"]) for r in (*marks, *rejects) if r[TX_XID] in open_)
     return Release(hold_from, kept, {x: (seen[x], expected.get(x)) for x in sorted(open_)})
 
 

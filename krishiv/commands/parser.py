@@ -316,6 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
         "move a stopped query past offsets it cannot read exactly (topic re-created, retention); recorded",
         pipeline="the pipeline (default: the spec's first)",
     )
+    so.add_argument("--topic", help="the topic of the partition, for a pipeline over several topics")
     so.add_argument("--partition", type=int, required=True, help="the partition the query is stuck on (required)")
     so.add_argument(
         "--to", type=int, required=True, help="the offset to read on from, within the partition's log (required)"

@@ -12,7 +12,7 @@ from krishiv_core.spec import KrishivSpec
 def cmd_skip_offsets(args: argparse.Namespace, spec: KrishivSpec) -> int:
     from krishiv.offsets import skip_offsets
 
-    skip = skip_offsets(spec, spec.pipeline(args.pipeline), args.partition, args.to, args.reason)
+    skip = skip_offsets(spec, spec.pipeline(args.pipeline), args.partition, args.to, args.reason, args.topic)
     console.print(
         f"recorded in the ledger: {skip.topic} partition {skip.partition} of query {skip.query_id} moves from offset "
         f"{skip.from_offset} to {skip.to_offset} ({skip.reason}; by {skip.operator}); the next batch reads from "

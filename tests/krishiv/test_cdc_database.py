@@ -17,6 +17,7 @@ tables is the database itself (``SELECT *``).
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -349,3 +350,14 @@ def test_a_database_of_five_tables_lands_whole_transactions_through_kills(
         assert _table_rows(spec, table) == shop.rows(table), table
     result = krishiv_cli(spec_file, "verify")
     assert result.returncode == 0, result.stdout + result.stderr
+    status = krishiv_cli(spec_file, "status", "--json")
+    assert status.returncode == 0, status.stdout + status.stderr
+    shown = json.loads(status.stdout)["pipelines"][0]
+    assert shown["topics"] == [*map(topic_of, TABLES), TRANSACTION_TOPIC]
+    assert {(p["topic"], p["partition"]) for p in shown["partitions"]} == {
+        *((topic_of(t), p) for t in TABLES for p in range(PARTITIONS)),
+        (TRANSACTION_TOPIC, 0),
+    }
+    assert all(p["lag"] == 0 for p in shown["partitions"])
+    mistake = krishiv_cli(spec_file, "skip-offsets", "--partition", "0", "--to", "1", "--reason", "test")
+    assert mistake.returncode != 0 and "--topic" in mistake.stderr and "Traceback" not in mistake.stderr

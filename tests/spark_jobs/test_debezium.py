@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+from dataclasses import replace
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
@@ -440,3 +441,22 @@ def test_fields_from_a_debezium_avro_schema_are_lists_and_json() -> None:
     anynums = {"name": "anynums", "type": ["null", {"type": "array", "items": ["null", variable]}], "default": None}
     with pytest.raises(ConfigError, match=r"^anynums: is an unbounded numeric \(Debezium's VariableScaleDecimal"):
         avro_fields(envelope([*columns, anynums]), debezium=True)
+
+
+def test_each_event_keeps_its_source_transaction_a_reject_too() -> None:
+    """``_cdc_tx``: the xid of the event's ``transaction`` block (``<xid>:<lsn>`` on PostgreSQL), null outside one;
+    a reject keeps it, since the transaction's END counts it (``spark_jobs.transaction_gate``)."""
+    fields = (*FIELDS, EventField("_cdc_tx", FieldType("string"), False))
+    decoding = replace(_decoding(), fields=fields, output=tuple(f.name for f in fields))
+
+    def within(event: bytes, transaction: dict | None) -> bytes:
+        return json.dumps({**json.loads(event), "transaction": transaction}).encode()
+
+    block = {"id": "571:24023128", "total_order": 1, "data_collection_order": 1}
+    values = [
+        within(_event("c", None, {"id": 1, "name": "a"}), block),
+        within(_event("r", None, {"id": 2, "name": "b"}), None),  # a snapshot's read
+        within(_event("u", None, {"id": 3, "name": "__debezium_unavailable_value"}), block),
+    ]
+    rows = _rows(values, [_key(1), _key(2), _key(3)], decoding)
+    assert [(r["_cdc_tx"], r["reason"] is None) for r in rows] == [("571", True), (None, True), ("571", False)]

@@ -4,7 +4,7 @@
 - every change event is staged exactly once, once every END has been read;
 - the events of one source transaction (in the topics the pipeline reads) are all staged by one batch;
 - within a partition, events are staged in offset order;
-- rejects never wait.
+- a reject waits only with its own transaction, which counts it.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ def _row(topic: str, partition: int, offset: int, **values: Any) -> dict[str, An
 def _stream(rng: random.Random, transactions: int) -> tuple[dict[tuple[str, int], list[dict]], list[dict]]:
     """Each change partition's rows and the transaction topic's, as Debezium writes them: a snapshot's reads
     (no transaction), then transactions in commit order, each contiguous in every partition it touches, a delete's
-    tombstone after it, an END counting its events per table (one it does not read too), some rejects."""
+    tombstone after it, an END counting its events per table (one it does not read too), some rejects (inside a
+    transaction and outside)."""
     parts: dict[tuple[str, int], list[dict]] = defaultdict(list)
     marks: list[dict] = []
 
@@ -53,7 +54,10 @@ def _stream(rng: random.Random, transactions: int) -> tuple[dict[tuple[str, int]
             counts[data_collection(topic)] += 1
             if rng.random() < 0.15:
                 add(topic, key, **{TOMBSTONE: True})
-            if rng.random() < 0.05:
+            if rng.random() < 0.05:  # a change event that is a reject: its END counts it
+                add(topic, key, **{REASON: "column doc holds Debezium's placeholder", TX_XID: xid})
+                counts[data_collection(topic)] += 1
+            if rng.random() < 0.05:  # a record that is not a change event: no transaction
                 add(topic, key, **{REASON: "malformed JSON"})
         if rng.random() < 0.3:
             counts["public.not_read"] += rng.randrange(1, 3)
@@ -63,8 +67,8 @@ def _stream(rng: random.Random, transactions: int) -> tuple[dict[tuple[str, int]
 
 def _waits(release: Release, row: dict) -> bool:
     """Release's condition, as docs/formats.md states what waits."""
-    if row["topic"] == MARKS:
-        return (row["partition"], row["offset"]) in release.kept_marks
+    if (row["topic"], row["partition"], row["offset"]) in release.kept:
+        return True
     start = release.hold_from.get((row["topic"], row["partition"]))
     return start is not None and row["offset"] >= start and row[REASON] is None
 
@@ -96,16 +100,16 @@ def test_random_streams_cut_at_random_stage_each_transaction_whole_and_every_eve
     assert sorted(map(key, (r for _, r in staged))) == sorted(map(key, events)), "each event staged exactly once"
     batches_of: dict[str, set[int]] = defaultdict(set)
     for b, r in staged:
-        if r[TX_XID] is not None and r[REASON] is None:
+        if r[TX_XID] is not None:
             batches_of[r[TX_XID]].add(b)
     assert all(len(b) == 1 for b in batches_of.values()), {x: b for x, b in batches_of.items() if len(b) > 1}
-    last: dict[tuple[str, int], tuple[int, int]] = {}
-    for b, r in sorted(staged, key=lambda br: (br[0], br[1]["offset"])):
+    last: dict[tuple[str, int], int] = {}  # staged in batch order, a partition's offsets rise
+    for _batch, r in sorted(staged, key=lambda br: (br[0], br[1]["offset"])):
         if r[REASON] is not None:
             continue
         where = (r["topic"], r["partition"])
-        assert where not in last or last[where] < (b, r["offset"]) and last[where][1] < r["offset"], (where, r)
-        last[where] = (b, r["offset"])
+        assert where not in last or last[where] < r["offset"], (where, r)
+        last[where] = r["offset"]
 
 
 def test_an_event_waits_for_its_end_and_for_the_events_it_counts() -> None:
@@ -117,20 +121,21 @@ def test_an_event_waits_for_its_end_and_for_the_events_it_counts() -> None:
     )
     assert plan_release([order, line], TOPICS, MARKS).hold_from == {(orders, 0): 0, (lines, 1): 0}
     waiting = plan_release([order, line, end], TOPICS, MARKS)
-    assert waiting.kept_marks == {(0, 1)} and waiting.open == {"7": (2, 3)}
+    assert waiting.kept == {(MARKS, 0, 1)} and waiting.open == {"7": (2, 3)}
     assert describe_open(waiting) == "7 (2 of 3 events)"
     second = _row(lines, 1, 1, **{TX_XID: "7"})
     assert not plan_release([order, line, second, end], TOPICS, MARKS).holds
 
 
-def test_a_snapshot_read_behind_a_waiting_event_waits_with_it_and_a_reject_does_not() -> None:
+def test_a_snapshot_read_behind_a_waiting_event_waits_with_it_and_a_reject_only_with_its_transaction() -> None:
     orders = TOPICS[0]
     rows = [
         _row(orders, 0, 0),  # a snapshot's read: no transaction
         _row(orders, 0, 1, **{TX_XID: "9"}),
         _row(orders, 0, 2, **{REASON: "malformed JSON"}),
         _row(orders, 0, 3),
+        _row(orders, 1, 0, **{REASON: "column doc holds Debezium's placeholder", TX_XID: "9"}),
     ]
     release = plan_release(rows, TOPICS, MARKS)
-    assert [_waits(release, r) for r in rows] == [False, True, False, True]
-    assert describe_open(release) == "9 (1 event, END not read)"
+    assert [_waits(release, r) for r in rows] == [False, True, False, True, True]
+    assert describe_open(release) == "9 (2 events, END not read)"
