@@ -37,8 +37,19 @@ def _checked(pipeline: str, check: str, run: Callable[[], str]) -> Finding:
 def _topic(spec: KrishivSpec, p: PipelineSpec) -> str:
     from krishiv.preflight import check_topics
 
-    partitions = len(check_topics(spec, [p]).topics[p.topic].partitions)
-    return f"topic {p.topic} on {spec.kafka.bootstrap_servers}: {partitions} partition{'s' * (partitions != 1)}"
+    metadata = check_topics(spec, [p])
+
+    def shown(topic: str) -> str:
+        described = metadata.topics.get(topic)
+        if described is None or not described.partitions:
+            return f"{topic}: not made yet"
+        n = len(described.partitions)
+        return f"{topic}: {n} partition{'s' * (n != 1)}"
+
+    if p.members:
+        return f"topics on {spec.kafka.bootstrap_servers}: " + ", ".join(map(shown, p.topics))
+    n = len(metadata.topics[p.topic].partitions)
+    return f"topic {p.topic} on {spec.kafka.bootstrap_servers}: {n} partition{'s' * (n != 1)}"
 
 
 def _catalog(spec: KrishivSpec) -> str:

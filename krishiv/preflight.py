@@ -62,14 +62,26 @@ def check_topics(spec: KrishivSpec, pipelines: Sequence[PipelineSpec], timeout_s
     admin = build(AdminClient, settings, problems)
     metadata = list_topics(admin, problems, spec.kafka.bootstrap_servers, timeout_s)
     for pipeline in pipelines:
-        topic = metadata.topics.get(pipeline.topic)
-        if topic is None or topic.error is not None or not topic.partitions:
+        if pipeline.members:  # Debezium makes a table's topic with its first event: one of them is enough to start
+            if not any(_exists(metadata, t) for t in pipeline.topics):
+                raise TopicMissing(
+                    f"none of the topics of pipeline {pipeline.name!r} exists on Kafka broker "
+                    f"{spec.kafka.bootstrap_servers} ({', '.join(pipeline.topics)}): start the connector that "
+                    f"writes them, or correct topics in the spec {runbook('A topic that does not exist')}"
+                )
+            continue
+        if not _exists(metadata, pipeline.topic):
             raise TopicMissing(
                 f"topic {pipeline.topic!r} of pipeline {pipeline.name!r} does not exist on Kafka broker "
                 f"{spec.kafka.bootstrap_servers}: create it (krishiv produce creates it, or your Kafka tooling), or "
                 f"correct the topic in the spec {runbook('A topic that does not exist')}"
             )
     return metadata
+
+
+def _exists(metadata: Any, topic: str) -> bool:
+    described = metadata.topics.get(topic)
+    return described is not None and described.error is None and bool(described.partitions)
 
 
 def check_catalog(spec: KrishivSpec, timeout_s: float = CATALOG_TIMEOUT_S) -> None:
@@ -148,7 +160,7 @@ def check_topic_unchanged(pipelines: Sequence[PipelineSpec], ledger: Ledger) -> 
 
     for pipeline in pipelines:
         read = ledger.newest_topic(pipeline.name)
-        if read is not None and read != pipeline.topic:
+        if read is not None and read not in pipeline.topics:
             raise SpecChangeRefused(
                 f"pipeline {pipeline.name!r} has read topic {read!r} (its batches are in the ledger and its "
                 f"checkpoint) and the spec now says topic {pipeline.topic!r}; a pipeline's checkpoint and tables hold "

@@ -53,7 +53,7 @@ def describe_topic(spec: KrishivSpec, name: str) -> TopicView:
     with KafkaAdmin(spec.kafka.bootstrap_servers, name, spec.kafka.consumer_settings()) as admin:
         partitions = tuple(PartitionView(p, *admin.watermarks(p)) for p in admin.partitions())
         topic_id = admin.topic_id()
-    return TopicView(name, topic_id, partitions, tuple(p.name for p in spec.pipelines if p.topic == name))
+    return TopicView(name, topic_id, partitions, tuple(p.name for p in spec.pipelines if name in p.topics))
 
 
 def create_topic(spec: KrishivSpec, name: str, partitions: int) -> tuple[int, bool]:

@@ -55,16 +55,17 @@ class TopicsShape:
         rows = self._with_held(batch, offsets.batch_id)
         rows.persist()
         try:
-            release = self._gate(rows, offsets.batch_id)
+            # what the driver decides by: one Spark job, Kafka read once (the rows are cached)
+            gate = rows.select(*GATE_COLUMNS).toArrow().to_pylist()
+            release = self._gate(rows, gate, offsets.batch_id)
             released = rows.where(~release.waiting()) if release.holds else rows
-            rejects = released.where(F.col(REASON).isNotNull()).select(
-                *[F.col("timestamp").alias(c) if c == "kafka_timestamp" else F.col(c) for c in QUERY_REJECT_COLUMNS]
-            )
-            result = BatchResult(0, rejects=rejects.toArrow())
-            # each topic's valid rows, counted on the driver: a member without any costs no Spark job
-            topics = released.where(F.col(REASON).isNull()).select("topic").toArrow().column("topic").to_pylist()
-            counts = Counter(t for t in topics if t in self.layout.topics)
-            for i, member in enumerate(self.members):
+            staged = [r for r in gate if not release.waits(r)]
+            counts = Counter(r["topic"] for r in staged if r[REASON] is None and r["topic"] in self.layout.topics)
+            result = BatchResult(sum(counts.values()))
+            if any(r[REASON] is not None for r in staged):
+                columns = [F.col("timestamp" if c == "kafka_timestamp" else c).alias(c) for c in QUERY_REJECT_COLUMNS]
+                result.rejects = released.where(F.col(REASON).isNotNull()).select(*columns).toArrow()
+            for i, member in enumerate(self.members):  # a member without rows costs no Spark job
                 topic = self.layout.topics[i]
                 if not counts[topic]:
                     self._carry(member, offsets.batch_id)
@@ -72,9 +73,8 @@ class TopicsShape:
                 own = released.where((F.col("topic") == topic) & F.col(REASON).isNull()).select(
                     *[name for name, _ in HEAD_COLUMNS], f"{self.layout.member_column(i)}.*"
                 )
-                staged = member.compute_valid(build_output(own, member.pipeline), offsets, folder)
-                result.files.update(staged.files)
-            result.records = sum(counts.values())
+                valid = build_output(own, member.pipeline)
+                result.files.update(member.compute_valid(valid, offsets, folder, counts[topic]).files)
             if release.holds:
                 result.metrics["held_events"] = sum(n for n, _ in release.open.values())
         finally:
@@ -91,14 +91,13 @@ class TopicsShape:
         rows = conform(held, self.layout.arrow_schema())
         return batch.sparkSession.createDataFrame(rows, schema=batch.schema).unionByName(batch)
 
-    def _gate(self, rows: DataFrame, batch_id: int) -> Release:
+    def _gate(self, rows: DataFrame, gate: list[dict], batch_id: int) -> Release:
         """What waits after this batch, decided and kept in the checkpoint before anything is staged."""
         if self.held is None:
             return Release()
-        gate = rows.select(*GATE_COLUMNS).toArrow().to_pylist()
         release = plan_release(gate, self.layout.topics, str(self.pipeline.transaction_topic))
-        waiting = rows.where(release.waiting()) if release.holds else rows.limit(0)
-        self.held.save(batch_id, waiting.toArrow())
+        nothing = self.layout.arrow_schema().empty_table()
+        self.held.save(batch_id, rows.where(release.waiting()).toArrow() if release.holds else nothing)
         if release.open:
             log.info("batch %s: waiting for source transactions %s", batch_id, describe_open(release))
         return release

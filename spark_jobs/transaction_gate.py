@@ -71,6 +71,13 @@ class Release:
     def holds(self) -> bool:
         return bool(self.hold_from or self.kept)
 
+    def waits(self, row: Mapping[str, Any]) -> bool:
+        """Whether ``row`` (:data:`GATE_COLUMNS`) waits: :meth:`waiting` on the driver."""
+        if (row["topic"], row["partition"], row["offset"]) in self.kept:
+            return True
+        start = self.hold_from.get((row["topic"], row["partition"]))
+        return start is not None and row["offset"] >= start and row[REASON] is None
+
     def waiting(self) -> Column:
         """Spark's condition for a row that waits."""
         parts = [

@@ -112,9 +112,12 @@ class UpsertShape:
         # The winners per key take a shuffle of the valid rows by key; the rejects are read apart.
         return rejects_apart(batch, lambda valid: self.compute_valid(valid, offsets, folder))
 
-    def compute_valid(self, valid: DataFrame, offsets: BatchOffsets, folder: Callable[[Target], str]) -> BatchResult:
-        """The batch's valid rows (no reason) staged by the upsert rule: ``compute`` less the rejects."""
-        records = valid.count()
+    def compute_valid(
+        self, valid: DataFrame, offsets: BatchOffsets, folder: Callable[[Target], str], records: int | None = None
+    ) -> BatchResult:
+        """The batch's valid rows (no reason) staged by the upsert rule: ``compute`` less the rejects. ``records``:
+        how many rows ``valid`` has, when the caller knows (else a Spark job counts them)."""
+        records = valid.count() if records is None else records
         where = folder(self.target)
         schema = self.target.schema
         key = list(self.pipeline.key)

@@ -127,7 +127,7 @@ def cmd_topic(args: argparse.Namespace, spec: KrishivSpec) -> int:
     from krishiv.topics import create_topic, describe_topic, topic_names
 
     if args.action == "list":
-        reading = {p.topic: p.name for p in spec.pipelines}
+        reading = {t: p.name for p in spec.pipelines for t in p.topics}
         topics = topic_names(spec)
         for name, partitions in topics.items():
             pipeline = f"  (read by {reading[name]})" if name in reading else ""

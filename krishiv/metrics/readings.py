@@ -155,19 +155,22 @@ class LedgerReader:
                 continue
             for s in summaries:
                 tables.append(TableReading(p.name, s.table, s.pending, s.committed, self._newest_event(p, s.table)))
-            if p.topic not in latest_by_topic:
-                try:
-                    latest_by_topic[p.topic] = self._latest(p.topic)
-                except KrishivError as exc:  # no lag without the broker; the ledger's values still go out
-                    self._warn(f"broker:{p.topic}", f"metrics: consumer lag of {p.topic} not read ({exc})")
-                    latest_by_topic[p.topic] = None
-            latest = latest_by_topic[p.topic]
-            if latest is None:
-                continue
-            staged, committed = summaries[0].staged_offsets, summaries[0].committed_offsets
-            for part in sorted(latest, key=int):  # a partition the ledger has not read yet lags by all it holds
-                end, done = staged.get(part, 0), committed.get(part, 0)
-                partitions.append(PartitionReading(p.name, p.topic, part, latest[part], end, done))
+            for topic in p.topics:
+                if topic not in latest_by_topic:
+                    try:
+                        latest_by_topic[topic] = self._latest(topic)
+                    except KrishivError as exc:  # no lag without the broker; the ledger's values still go out
+                        self._warn(f"broker:{topic}", f"metrics: consumer lag of {topic} not read ({exc})")
+                        latest_by_topic[topic] = None
+                latest = latest_by_topic[topic]
+                if latest is None:
+                    continue
+                # the first table's entries carry every topic's offsets (a pipeline over several: one read each)
+                of_topic = summaries[0] if topic == p.topic else self.ledger.table_summary(names[0], topic=topic)
+                staged, committed = of_topic.staged_offsets, of_topic.committed_offsets
+                for part in sorted(latest, key=int):  # a partition the ledger has not read yet lags by all it holds
+                    end, done = staged.get(part, 0), committed.get(part, 0)
+                    partitions.append(PartitionReading(p.name, topic, part, latest[part], end, done))
         self._failing = self._failing_now
         return Readings(partitions, tables)
 

@@ -18,7 +18,7 @@ import pytest
 
 from spark_jobs.record_decoder import REASON, TOMBSTONE
 from spark_jobs.topics_source import TX_COUNTS, TX_STATUS, TX_XID
-from spark_jobs.transaction_gate import Release, data_collection, describe_open, plan_release
+from spark_jobs.transaction_gate import data_collection, describe_open, plan_release
 
 TOPICS = ("db.public.orders", "db.public.lines", "db.public.payments")
 MARKS = "db.transaction"
@@ -65,14 +65,6 @@ def _stream(rng: random.Random, transactions: int) -> tuple[dict[tuple[str, int]
     return parts, marks
 
 
-def _waits(release: Release, row: dict) -> bool:
-    """Release's condition, as docs/formats.md states what waits."""
-    if (row["topic"], row["partition"], row["offset"]) in release.kept:
-        return True
-    start = release.hold_from.get((row["topic"], row["partition"]))
-    return start is not None and row["offset"] >= start and row[REASON] is None
-
-
 @pytest.mark.parametrize("seed", range(40))
 def test_random_streams_cut_at_random_stage_each_transaction_whole_and_every_event_once(seed: int) -> None:
     rng = random.Random(seed)
@@ -90,8 +82,8 @@ def test_random_streams_cut_at_random_stage_each_transaction_whole_and_every_eve
             read[where] = min(len(rows), read[where] + step)
         rows = held + batch_rows
         release = plan_release(rows, TOPICS, MARKS)
-        held = [r for r in rows if _waits(release, r)]
-        staged += [(batch, r) for r in rows if not _waits(release, r) and r["topic"] != MARKS]
+        held = [r for r in rows if release.waits(r)]
+        staged += [(batch, r) for r in rows if not release.waits(r) and r["topic"] != MARKS]
         batch += 1
         assert batch < 400, "events wait although every END has been read"
 
@@ -137,5 +129,5 @@ def test_a_snapshot_read_behind_a_waiting_event_waits_with_it_and_a_reject_only_
         _row(orders, 1, 0, **{REASON: "column doc holds Debezium's placeholder", TX_XID: "9"}),
     ]
     release = plan_release(rows, TOPICS, MARKS)
-    assert [_waits(release, r) for r in rows] == [False, True, False, True, True]
+    assert [release.waits(r) for r in rows] == [False, True, False, True, True]
     assert describe_open(release) == "9 (2 events, END not read)"
