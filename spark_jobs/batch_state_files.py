@@ -30,3 +30,17 @@ def save_batch_file(folder: Path, path: Path, table: pa.Table, batch_id: int) ->
     for old in folder.glob("*.parquet"):
         if old.stem.isdigit() and int(old.stem) <= batch_id - RETAINED_BATCHES:
             old.unlink(missing_ok=True)
+
+
+class BatchStateFiles:
+    """A kind of state kept per batch in a query's checkpoint: ``<checkpoint>/<state_dir>/<batch id>.parquet``."""
+
+    def __init__(self, checkpoint: Path, state_dir: str) -> None:
+        self.folder = checkpoint / state_dir
+
+    def path(self, batch_id: int) -> Path:
+        return self.folder / f"{batch_id:012d}.parquet"
+
+    def save(self, batch_id: int, table: pa.Table) -> None:
+        """Write the state after ``batch_id`` atomically, and drop those older than the retained batches."""
+        save_batch_file(self.folder, self.path(batch_id), table, batch_id)

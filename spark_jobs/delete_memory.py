@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from krishiv_core.runbook import runbook
-from spark_jobs.batch_state_files import save_batch_file
+from spark_jobs.batch_state_files import BatchStateFiles
 from spark_jobs.errors import DeleteMemoryMissing
 
 log = logging.getLogger(__name__)
@@ -34,14 +34,11 @@ log = logging.getLogger(__name__)
 STATE_DIR = "krishiv/upsert-deletes"
 
 
-class DeleteMemoryStore:
+class DeleteMemoryStore(BatchStateFiles):
     """The remembered deletes after each batch, one Parquet file per batch id inside a query's checkpoint."""
 
     def __init__(self, checkpoint: Path) -> None:
-        self.folder = checkpoint / STATE_DIR
-
-    def path(self, batch_id: int) -> Path:
-        return self.folder / f"{batch_id:012d}.parquet"
+        super().__init__(checkpoint, STATE_DIR)
 
     def load_before(self, batch_id: int) -> pa.Table | None:
         """The memory batch ``batch_id`` starts from; None when it is empty (batch 0)."""
@@ -63,7 +60,3 @@ class DeleteMemoryStore:
             f"cannot be staged; restore the checkpoint with its {STATE_DIR} folder "
             + runbook("A checkpoint that does not match its ledger")
         )
-
-    def save(self, batch_id: int, memory: pa.Table) -> None:
-        """Write the memory after ``batch_id`` atomically, and drop those older than the retained batches."""
-        save_batch_file(self.folder, self.path(batch_id), memory, batch_id)

@@ -296,33 +296,25 @@ def start_pipeline(
     targets = [_target(spec, pipeline, t, tables[t.name]) for t in output_tables(pipeline)]
     rejects = qualified(spec, pipeline.rejects_table)
     shape: BatchShape
+    # what the source follows: where batch 0 starts, the topics it must find, the ledger's recorded batches
     if pipeline.members:
         starting, identity = _pin_topics(checkpoint, spec, pipeline)
-        recorded = {t: _recorded(checkpoint, ledger, rejects, t).to_option() for t in pipeline.topics}
+        recorded = json.dumps({t: _recorded(checkpoint, ledger, rejects, t).to_option() for t in pipeline.topics})
+    else:
+        starting, identity = _pin_source(checkpoint, spec, pipeline)
+        recorded = _recorded(checkpoint, ledger, rejects, pipeline.topic).to_option()
+    follows = {
+        "startingOffsets": json.dumps(starting),
+        "expectedIdentity": json.dumps(identity),
+        "checkpointPath": str(checkpoint.path),
+        "recorded": recorded,
+    }
+    if pipeline.members:
         layout = topics_layout(spec, pipeline)
-        output = topics_stream(
-            spark,
-            spec,
-            pipeline,
-            layout,
-            startingOffsets=json.dumps(starting),
-            expectedIdentity=json.dumps(identity),
-            checkpointPath=str(checkpoint.path),
-            recorded=json.dumps(recorded),
-        )
+        output = topics_stream(spark, spec, pipeline, layout, **follows)
         shape = TopicsShape(pipeline, layout, targets, checkpoint.path)
     else:
-        starting_one, identity_one = _pin_source(checkpoint, spec, pipeline)
-        raw = kafka_stream(
-            spark,
-            spec,
-            pipeline,
-            startingOffsets=json.dumps(starting_one),
-            expectedIdentity=json.dumps(identity_one),
-            checkpointPath=str(checkpoint.path),
-            recorded=_recorded(checkpoint, ledger, rejects, pipeline.topic).to_option(),
-        )
-        output = build_output(raw, pipeline)
+        output = build_output(kafka_stream(spark, spec, pipeline, **follows), pipeline)
         shape = shape_of(pipeline, targets, checkpoint)
     stager = BatchStager(pipeline, ledger, checkpoint, targets, shape, on_batch, lease, reject_rate_warn)
     writer = (

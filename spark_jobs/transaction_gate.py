@@ -37,7 +37,7 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from krishiv_core.runbook import runbook
-from spark_jobs.batch_state_files import save_batch_file
+from spark_jobs.batch_state_files import BatchStateFiles
 from spark_jobs.errors import HeldRowsMissing
 from spark_jobs.record_decoder import REASON, TOMBSTONE
 from spark_jobs.topics_source import TX_COUNTS, TX_STATUS, TX_XID
@@ -131,14 +131,11 @@ def plan_release(rows: Sequence[Mapping[str, Any]], topics: Sequence[str], trans
     return Release(hold_from, kept, {x: (seen[x], expected.get(x)) for x in sorted(open_)})
 
 
-class HeldRowsStore:
+class HeldRowsStore(BatchStateFiles):
     """The rows waiting after each batch, one Parquet file per batch id inside a query's checkpoint."""
 
     def __init__(self, checkpoint: Path) -> None:
-        self.folder = checkpoint / STATE_DIR
-
-    def path(self, batch_id: int) -> Path:
-        return self.folder / f"{batch_id:012d}.parquet"
+        super().__init__(checkpoint, STATE_DIR)
 
     def load_before(self, batch_id: int) -> pa.Table | None:
         """The rows waiting when batch ``batch_id`` starts; None when none do."""
@@ -155,9 +152,6 @@ class HeldRowsStore:
             f"so batch {batch_id} cannot be staged; restore the checkpoint with its {STATE_DIR} folder "
             + runbook("A checkpoint that does not match its ledger")
         )
-
-    def save(self, batch_id: int, held: pa.Table) -> None:
-        save_batch_file(self.folder, self.path(batch_id), held, batch_id)
 
 
 def describe_open(release: Release, shown: int = 3) -> str:
