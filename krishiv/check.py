@@ -77,7 +77,7 @@ def _table(spec: KrishivSpec, p: PipelineSpec, t: OutputTable) -> str:
     except NoSuchTableError:
         return "new: created at the first run"
     if not t.rejects:
-        check_purpose(p, qualified(spec, name), table.properties)
+        check_purpose(p.writer_of(name), qualified(spec, name), table.properties)
     changes = table_changes(table, t.schema, qualified(spec, name))
     said = []
     if changes.add:

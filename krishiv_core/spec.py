@@ -168,6 +168,8 @@ class PipelineSpec:
     members: tuple[PipelineSpec, ...] = ()
     #: Debezium's transaction metadata topic, whose marks keep a source transaction whole (several topics only).
     transaction_topic: str | None = None
+    #: How long (Kafka time) a source transaction waits for the rest of its events before it is staged as it is.
+    transaction_timeout_ms: int = 300_000
 
     @property
     def topics(self) -> tuple[str, ...]:
@@ -464,6 +466,7 @@ def _parse_topics_pipeline(
         source=raw,
         members=members,
         transaction_topic=transaction,
+        transaction_timeout_ms=parse_duration_ms(raw.get("transaction_timeout", "5m"), f"{where}.transaction_timeout"),
     )
 
 

@@ -24,7 +24,7 @@ from krishiv_core.errors import ConfigError
 from krishiv_core.spec_values import expect
 
 #: The keys only a pipeline over several topics has.
-KEYS = {"topics", "tables", "transaction_topic"}
+KEYS = {"topics", "tables", "transaction_topic", "transaction_timeout"}
 #: The settings that belong to one table, under ``[pipelines.tables.<table>]``.
 TABLE_KEYS = {"key", "fields", "partition_by", "subject", "kafka_metadata"}
 TABLE_TEMPLATE_DEFAULT = "{table}"

@@ -14,12 +14,14 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from pathlib import Path
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from krishiv_core.runbook import runbook
 from krishiv_core.spec import PipelineSpec
 from spark_jobs.checkpoint import BatchOffsets
 from spark_jobs.delete_memory import DeleteMemoryStore
@@ -75,8 +77,9 @@ class TopicsShape:
                 )
                 valid = build_output(own, member.pipeline)
                 result.files.update(member.compute_valid(valid, offsets, folder, counts[topic]).files)
-            if release.holds:
-                result.metrics["held_events"] = sum(n for n, _ in release.open.values())
+            if self.held is not None:  # the change events left waiting after this batch, kept in the checkpoint
+                marks = self.pipeline.transaction_topic
+                result.metrics["held_events"] = sum(1 for r in gate if r["topic"] != marks and release.waits(r))
         finally:
             rows.unpersist()
         return result
@@ -95,11 +98,23 @@ class TopicsShape:
         """What waits after this batch, decided and kept in the checkpoint before anything is staged."""
         if self.held is None:
             return Release()
-        release = plan_release(gate, self.layout.topics, str(self.pipeline.transaction_topic))
+        timeout = timedelta(milliseconds=self.pipeline.transaction_timeout_ms)
+        release = plan_release(gate, self.layout.topics, str(self.pipeline.transaction_topic), timeout)
         nothing = self.layout.arrow_schema().empty_table()
         self.held.save(batch_id, rows.where(release.waiting()).toArrow() if release.holds else nothing)
         if release.open:
-            log.info("batch %s: waiting for source transactions %s", batch_id, describe_open(release))
+            log.info("batch %s: waiting for source transactions %s", batch_id, describe_open(release.open))
+        if release.given_up:
+            log.warning(
+                "batch %s: source transactions %s waited longer than transaction_timeout (%ss of Kafka time) and are "
+                "staged as they are: an event of theirs was not read (a record that is not a change event, in %s?) "
+                "or their END mark was not written %s",
+                batch_id,
+                describe_open(release.given_up),
+                self.pipeline.transaction_timeout_ms // 1000,
+                self.pipeline.rejects_table,
+                runbook("A source transaction that waits"),
+            )
         return release
 
     @staticmethod

@@ -14,6 +14,12 @@ is open. Events outside a transaction (a snapshot's reads) never wait, and a rej
 transaction: it counts among the transaction's events (the decoder keeps its ``_cdc_tx``), as the END counts
 it. A transaction touching tables the pipeline does not read counts only the events of the tables it reads.
 
+A transaction waits at most ``transaction_timeout`` (5 minutes by default) of Kafka time: once a row of the batch is
+that much newer (by its Kafka timestamp) than the first row of the transaction read, the transaction is released
+as it is, with a warning naming it. That bounds what an event lost before Krishiv could read it costs (one that is
+not a change event at all, so its transaction is unknown; a connector writing no marks), and it is decided from
+the batch's own rows, so a replay decides the same.
+
 What waits is kept in the checkpoint after each batch (``krishiv/transaction-held/<batch>.parquet``, the rows
 as the source decoded them, END marks of open transactions included) and joins the next batch, so a replay of
 a batch reads the same waiting rows and stages the same files. A transaction larger than a batch waits over as
@@ -27,6 +33,7 @@ import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from functools import reduce
 from pathlib import Path
 from typing import Any
@@ -46,7 +53,7 @@ log = logging.getLogger(__name__)
 
 STATE_DIR = "krishiv/transaction-held"
 #: The columns the gate decides by.
-GATE_COLUMNS = ("topic", "partition", "offset", REASON, TOMBSTONE, TX_STATUS, TX_XID, TX_COUNTS)
+GATE_COLUMNS = ("topic", "partition", "offset", "timestamp", REASON, TOMBSTONE, TX_STATUS, TX_XID, TX_COUNTS)
 
 
 def data_collection(topic: str) -> str:
@@ -66,6 +73,8 @@ class Release:
     kept: frozenset[tuple[str, int, int]] = frozenset()
     #: Each open transaction: (its events read, the events its END counts, or None before its END is read).
     open: dict[str, tuple[int, int | None]] = field(default_factory=dict)
+    #: Transactions released as they are after waiting longer than the timeout, the same counts.
+    given_up: dict[str, tuple[int, int | None]] = field(default_factory=dict)
 
     @property
     def holds(self) -> bool:
@@ -90,9 +99,12 @@ class Release:
         return reduce(lambda a, b: a | b, parts) if parts else F.lit(False)
 
 
-def plan_release(rows: Sequence[Mapping[str, Any]], topics: Sequence[str], transaction_topic: str) -> Release:
+def plan_release(
+    rows: Sequence[Mapping[str, Any]], topics: Sequence[str], transaction_topic: str, timeout: timedelta | None = None
+) -> Release:
     """Which of ``rows`` (:data:`GATE_COLUMNS` of a batch's rows, the waiting ones before it included) wait, by the
-    rule of this module. ``topics``: the change-event topics the pipeline reads."""
+    rule of this module. ``topics``: the change-event topics the pipeline reads. ``timeout``: how long a
+    transaction waits, in Kafka time (from the Kafka timestamp of its first row read to the newest row's)."""
     ours = {data_collection(t) for t in topics}
     expected: dict[str, int] = {}
     marks: list[Mapping[str, Any]] = []
@@ -114,6 +126,8 @@ def plan_release(rows: Sequence[Mapping[str, Any]], topics: Sequence[str], trans
             rejects.append(r)
     open_ = {x for x in seen if x not in expected or seen[x] < expected[x]}
     open_ |= {x for x, n in expected.items() if seen[x] < n}
+    given_up = _timed_out(rows, open_, timeout) if timeout is not None else set()
+    open_ -= given_up
     for run in events.values():
         run.sort(key=lambda r: r["offset"])
     while True:
@@ -128,7 +142,23 @@ def plan_release(rows: Sequence[Mapping[str, Any]], topics: Sequence[str], trans
             break
         open_ |= dragged
     kept = frozenset((r["topic"], r["partition"], r["offset"]) for r in (*marks, *rejects) if r[TX_XID] in open_)
-    return Release(hold_from, kept, {x: (seen[x], expected.get(x)) for x in sorted(open_)})
+    counts = {x: (seen[x], expected.get(x)) for x in sorted(open_ | given_up)}
+    return Release(hold_from, kept, {x: counts[x] for x in sorted(open_)}, {x: counts[x] for x in sorted(given_up)})
+
+
+def _timed_out(rows: Sequence[Mapping[str, Any]], open_: set[str], timeout: timedelta) -> set[str]:
+    """The open transactions whose first row read is older than the newest row by more than ``timeout``, in Kafka
+    time: what a batch decides from its own rows, so a replay decides the same."""
+    stamps = [r["timestamp"] for r in rows if r["timestamp"] is not None]
+    if not stamps:
+        return set()
+    first: dict[str, datetime] = {}
+    for r in rows:
+        x = r[TX_XID]
+        if x in open_ and r["timestamp"] is not None and (x not in first or r["timestamp"] < first[x]):
+            first[x] = r["timestamp"]
+    newest = max(stamps)
+    return {x for x, at in first.items() if newest - at > timeout}
 
 
 class HeldRowsStore(BatchStateFiles):
@@ -154,11 +184,12 @@ class HeldRowsStore(BatchStateFiles):
         )
 
 
-def describe_open(release: Release, shown: int = 3) -> str:
-    """The open transactions, for a log line: ``571 (2 of 3 events), 572 (1 event, END not read)``."""
+def describe_open(transactions: Mapping[str, tuple[int, int | None]], shown: int = 3) -> str:
+    """Transactions for a log line (:attr:`Release.open`, :attr:`Release.given_up`):
+    ``571 (2 of 3 events), 572 (1 event, END not read)``."""
     parts = []
-    for xid, (seen, expected) in list(release.open.items())[:shown]:
+    for xid, (seen, expected) in list(transactions.items())[:shown]:
         got = f"{seen} event{'s' * (seen != 1)}"
         parts.append(f"{xid} ({got}, END not read)" if expected is None else f"{xid} ({seen} of {expected} events)")
-    more = len(release.open) - shown
+    more = len(transactions) - shown
     return ", ".join(parts) + (f" and {more} more" if more > 0 else "")

@@ -83,9 +83,12 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
         recent = ledger.recent_rejects(names[0], pipeline=p.name)  # a reject storm: most of what it reads
         storm = pipeline_warning(recent, warn_above, qualified(spec, p.rejects_table))
         warnings += [storm] if storm else []
+        # change events waiting for the rest of their source transactions (a pipeline over several topics)
+        held = ledger.newest_metrics(names[0], p.name).get("held_events", 0) if p.transaction_topic else None
         if args.json:
             rates = {"recent_rejects": reject_rate_document(recent, warn_above)}
-            documents.append(status_pipeline(s, p.kind, p.topics, merged) | {"warnings": warnings} | rates)
+            waiting = {} if held is None else {"held_events": held}
+            documents.append(status_pipeline(s, p.kind, p.topics, merged) | {"warnings": warnings} | rates | waiting)
             continue
         for line in warnings:
             err_console.print(f"[yellow]warning: {escape(p.name)}: {escape(line)}[/]")
@@ -93,6 +96,11 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
             f"[bold]{escape(p.name)}[/] ({p.kind}) reads {escape(', '.join(p.topics))} into {len(names)} tables"
         )
         console.print(f"  events: {s.records_read} read, {s.rejects} rejected, {s.late_events} late")
+        if held:
+            console.print(
+                f"  waiting: {counted(held, 'change event')} of source transactions not yet whole, staged with the "
+                f"batch that completes them {escape(runbook('A source transaction that waits'))}"
+            )
         if s.late_batches:  # the recent batches' late events, kept beside the rejects
             rejects_table = escape(table_name(spec, qualified(spec, p.rejects_table), args.wide))
             counts = ", ".join(f"batch {b}: {n}" for b, n in s.late_batches)

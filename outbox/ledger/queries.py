@@ -465,6 +465,15 @@ class Queries(LedgerConnection):
         topics = sorted(json.loads(rows[0][0])) if rows else []
         return topics[0] if topics else None
 
+    def newest_metrics(self, table: str, pipeline: str) -> dict[str, int]:
+        """The metrics of ``pipeline``'s newest entry of ``table`` still in the ledger (empty if none)."""
+        rows = self._read(
+            "SELECT metrics FROM outbox WHERE table_name = ? AND pipeline = ? ORDER BY created_at DESC, batch_id DESC "
+            "LIMIT 1",
+            [table, pipeline],
+        )
+        return json.loads(rows[0][0]) if rows else {}
+
     def newest_topic_id(self, table: str) -> str | None:
         """The topic id (incarnation) the table's newest entry still in the ledger was read from, if recorded."""
         rows = self._read(

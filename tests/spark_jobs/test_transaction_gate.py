@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import random
 from collections import defaultdict
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -23,10 +24,13 @@ from spark_jobs.transaction_gate import data_collection, describe_open, plan_rel
 TOPICS = ("db.public.orders", "db.public.lines", "db.public.payments")
 MARKS = "db.transaction"
 PARTITIONS = 2
+EPOCH = datetime(2026, 11, 29, tzinfo=UTC)
 
 
-def _row(topic: str, partition: int, offset: int, **values: Any) -> dict[str, Any]:
-    row = {"topic": topic, "partition": partition, "offset": offset, REASON: None, TOMBSTONE: False}
+def _row(topic: str, partition: int, offset: int, at: int = 0, **values: Any) -> dict[str, Any]:
+    """A row of the gate's columns; ``at``: its Kafka timestamp, in seconds."""
+    stamp = EPOCH + timedelta(seconds=at)
+    row = {"topic": topic, "partition": partition, "offset": offset, "timestamp": stamp, REASON: None, TOMBSTONE: False}
     return row | {TX_STATUS: None, TX_XID: None, TX_COUNTS: None} | values
 
 
@@ -81,7 +85,7 @@ def test_random_streams_cut_at_random_stage_each_transaction_whole_and_every_eve
             batch_rows += rows[read[where] : read[where] + step]
             read[where] = min(len(rows), read[where] + step)
         rows = held + batch_rows
-        release = plan_release(rows, TOPICS, MARKS)
+        release = plan_release(rows, TOPICS, MARKS, timedelta(days=1))  # nothing waits that long here
         held = [r for r in rows if release.waits(r)]
         staged += [(batch, r) for r in rows if not release.waits(r) and r["topic"] != MARKS]
         batch += 1
@@ -114,7 +118,7 @@ def test_an_event_waits_for_its_end_and_for_the_events_it_counts() -> None:
     assert plan_release([order, line], TOPICS, MARKS).hold_from == {(orders, 0): 0, (lines, 1): 0}
     waiting = plan_release([order, line, end], TOPICS, MARKS)
     assert waiting.kept == {(MARKS, 0, 1)} and waiting.open == {"7": (2, 3)}
-    assert describe_open(waiting) == "7 (2 of 3 events)"
+    assert describe_open(waiting.open) == "7 (2 of 3 events)"
     second = _row(lines, 1, 1, **{TX_XID: "7"})
     assert not plan_release([order, line, second, end], TOPICS, MARKS).holds
 
@@ -130,4 +134,26 @@ def test_a_snapshot_read_behind_a_waiting_event_waits_with_it_and_a_reject_only_
     ]
     release = plan_release(rows, TOPICS, MARKS)
     assert [release.waits(r) for r in rows] == [False, True, False, True, True]
-    assert describe_open(release) == "9 (2 events, END not read)"
+    assert describe_open(release.open) == "9 (2 events, END not read)"
+
+
+def test_a_transaction_short_of_an_unreadable_event_waits_for_the_timeout_of_kafka_time_then_is_staged() -> None:
+    """An event that is not a change event at all (not JSON) cannot say its transaction: its END counts it, so the
+    transaction waits, and the events behind it in its partition with it, until a record newer by the timeout."""
+    orders, lines = TOPICS[0], TOPICS[1]
+    counts = json.dumps({"public.orders": 1, "public.lines": 2})
+    rows = [
+        _row(orders, 0, 0, 10, **{TX_XID: "503"}),
+        _row(lines, 0, 0, 10, **{TX_XID: "503"}),
+        _row(lines, 0, 1, 10, **{REASON: "malformed JSON value"}),  # the third event, unreadable
+        _row(MARKS, 0, 0, 11, **{TX_STATUS: "END", TX_XID: "503", TX_COUNTS: counts}),
+        _row(orders, 0, 1, 40, **{TX_XID: "504"}),  # complete, but behind 503 in its partition
+        _row(MARKS, 0, 1, 41, **{TX_STATUS: "END", TX_XID: "504", TX_COUNTS: json.dumps({"public.orders": 1})}),
+    ]
+    timeout = timedelta(seconds=60)
+    waiting = plan_release(rows, TOPICS, MARKS, timeout)
+    assert waiting.open == {"503": (2, 3), "504": (1, 1)} and not waiting.given_up
+    assert [waiting.waits(r) for r in rows] == [True, True, False, True, True, True]
+    newer = _row(lines, 0, 2, 71)  # a snapshot's read 61 s after 503's first event
+    given = plan_release([*rows, newer], TOPICS, MARKS, timeout)
+    assert given.given_up == {"503": (2, 3)} and not given.holds
