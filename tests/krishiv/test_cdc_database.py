@@ -359,5 +359,7 @@ def test_a_database_of_five_tables_lands_whole_transactions_through_kills(
         (TRANSACTION_TOPIC, 0),
     }
     assert all(p["lag"] == 0 for p in shown["partitions"]) and shown["held_events"] == 0
+    check = krishiv_cli(spec_file, "check")  # every table keyed by its own section's key
+    assert check.returncode == 0, check.stdout + check.stderr
     mistake = krishiv_cli(spec_file, "skip-offsets", "--partition", "0", "--to", "1", "--reason", "test")
     assert mistake.returncode != 0 and "--topic" in mistake.stderr and "Traceback" not in mistake.stderr
