@@ -7,7 +7,8 @@ the transaction topic. A seeded workload runs each business change as one source
 with its lines (the order's total is the sum of its lines), a line changed or added with the total changed to
 match, an order deleted (its lines and payments by ``ON DELETE CASCADE``), a customer renamed, a price changed.
 The captured records go to the broker in order (each key's to one partition, as Kafka Connect's partitioner
-would put them). ``krishiv run`` reads them all with one query and is SIGKILLed while it stages.
+would put them). ``krishiv run`` reads them all with one query and is SIGKILLed while it stages, then killed by
+the fault point right after the ledger recorded a batch, so the next run replays that batch.
 
 Beside it, a reader takes the pointers of ``orders`` and ``order_lines`` in one read of the catalog's database
 after every commit, as a query joining them would see them, and checks the invariant the source's transactions
@@ -321,16 +322,24 @@ def test_a_database_of_five_tables_lands_whole_transactions_through_kills(
         with InvariantReader(catalog, spec.iceberg.namespace) as reader:
             shop.transactions(40)
             producer.send_all()
-            for attempt in range(2):  # a run SIGKILLed once it has staged part of what was sent, then one more
+            # a run SIGKILLed once it has staged part of what was sent; then one that kills itself right after the
+            # ledger recorded a batch, before Spark's commit log: the next run replays that batch from the rows that
+            # waited before it, and must stage nothing twice
+            for attempt, faults in enumerate((None, "stage.after_ledger:kill")):
                 output = tmp_path / f"run-{attempt}.log"
-                run = start_krishiv(spec_file, "run", output=output)
+                run = start_krishiv(spec_file, "run", output=output, env={"KRISHIV_FAULTS": faults} if faults else None)
                 try:
                     before = _staged(spec)
                     shop.transactions(30)
                     producer.send_all()
-                    wait_for(lambda b=before: _staged(spec) > b + 60, "nothing new was staged", output, TIMEOUT_S)
-                    os.kill(run.pid, signal.SIGKILL)
-                    run.wait(30)
+                    if faults:
+                        died = lambda r=run: r.poll() is not None  # noqa: E731
+                        wait_for(died, "the fault point did not kill the run", output, TIMEOUT_S)
+                        assert run.returncode == -signal.SIGKILL
+                    else:
+                        wait_for(lambda b=before: _staged(spec) > b + 60, "nothing new was staged", output, TIMEOUT_S)
+                        os.kill(run.pid, signal.SIGKILL)
+                        run.wait(30)
                 finally:
                     stop(run)
             shop.transactions(30)
