@@ -49,7 +49,8 @@ class TopicsShape:
             UpsertShape(m, by_table[m.table], DeleteMemoryStore(checkpoint / MEMBERS_DIR / m.table))
             for m in pipeline.members
         ]
-        self.held = HeldRowsStore(checkpoint) if pipeline.transaction_topic else None
+        # kept whenever the checkpoint has it: rows waiting when transaction_topic is removed are staged next batch
+        self.held = HeldRowsStore(checkpoint)
         # what waits, and each member's remembered deletes, are carried through every batch, a replay's too
         self.stateful = True
 
@@ -77,7 +78,7 @@ class TopicsShape:
                 )
                 valid = build_output(own, member.pipeline)
                 result.files.update(member.compute_valid(valid, offsets, folder, counts[topic]).files)
-            if self.held is not None:  # the change events left waiting after this batch, kept in the checkpoint
+            if self.pipeline.transaction_topic:  # the change events left waiting after this batch, in the checkpoint
                 marks = self.pipeline.transaction_topic
                 result.metrics["held_events"] = sum(1 for r in gate if r["topic"] != marks and release.waits(r))
         finally:
@@ -86,8 +87,6 @@ class TopicsShape:
 
     def _with_held(self, batch: DataFrame, batch_id: int) -> DataFrame:
         """The batch's rows, with those that waited after the batch before it."""
-        if self.held is None:
-            return batch
         held = self.held.load_before(batch_id)
         if held is None:
             return batch
@@ -96,11 +95,13 @@ class TopicsShape:
 
     def _gate(self, rows: DataFrame, gate: list[dict], batch_id: int) -> Release:
         """What waits after this batch, decided and kept in the checkpoint before anything is staged."""
-        if self.held is None:
+        nothing = self.layout.arrow_schema().empty_table()
+        if self.pipeline.transaction_topic is None:  # nothing waits; what waited before (if anything) goes now
+            if self.held.folder.exists():
+                self.held.save(batch_id, nothing)
             return Release()
         timeout = timedelta(milliseconds=self.pipeline.transaction_timeout_ms)
         release = plan_release(gate, self.layout.topics, str(self.pipeline.transaction_topic), timeout)
-        nothing = self.layout.arrow_schema().empty_table()
         self.held.save(batch_id, rows.where(release.waiting()).toArrow() if release.holds else nothing)
         if release.open:
             log.info("batch %s: waiting for source transactions %s", batch_id, describe_open(release.open))

@@ -176,7 +176,7 @@ class HeldRowsStore(BatchStateFiles):
             held = pq.read_table(path)
             return held if held.num_rows else None
         if not self.folder.exists() or not any(self.folder.glob("*.parquet")):
-            return None  # no batch has been staged by this gate yet
+            return None  # no batch has been staged with a transaction topic yet
         raise HeldRowsMissing(
             f"the change events waiting for their transactions after batch {batch_id - 1} are not in {self.folder}, "
             f"so batch {batch_id} cannot be staged; restore the checkpoint with its {STATE_DIR} folder "
