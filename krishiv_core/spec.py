@@ -25,7 +25,6 @@ modules use are all importable from here.
 from __future__ import annotations
 
 import os
-import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -373,9 +372,7 @@ def _parse_pipeline(
             f"expected some of {sorted(known)}{did_you_mean(unknown - _ALL_PIPELINE_KEYS, _ALL_PIPELINE_KEYS)}",
         )
     name = identifier(raw.get("name"), f"{where}.name")
-    topic = expect(raw.get("topic"), str, f"{where}.topic", "a Kafka topic name")
-    if not re.match(r"^[A-Za-z0-9._-]{1,249}$", topic):
-        raise ConfigError(f"{where}.topic", f"not a valid Kafka topic name: {topic!r}")
+    topic = spec_topics.topic_name(raw.get("topic"), f"{where}.topic")
     table = identifier(raw.get("table", name), f"{where}.table")
     record_format = parse_record_format(raw, where, kind, topic, registry)
     remembered = checkpoints / _state_folder(raw, name) / REGISTRY_SCHEMA_FILE if checkpoints else None
