@@ -240,7 +240,7 @@ def run_pipelines(
 
     from pyspark.errors import StreamingQueryException  # seconds of imports: after the checks
 
-    from krishiv_core.catalog import ensure_pipeline_tables, load_catalog
+    from krishiv_core.catalog import ensure_pipeline_tables, load_catalog, qualified
     from outbox.lease import LEASE_TTL_S, stager_lease
     from spark_jobs.job import (
         SOURCE_RESTART_ATTEMPTS,
@@ -250,6 +250,7 @@ def run_pipelines(
         source_process_loss,
         start_pipeline,
         stop_between_batches,
+        topics_appeared,
         worker_start_timed_out,
     )
     from spark_jobs.session import build_session
@@ -307,7 +308,7 @@ def run_pipelines(
                     failure = running[i].query.exception()
                     if failure is None:
                         return False
-                    if new_writer_schema(failure):
+                    if new_writer_schema(failure) or topics_appeared(failure):
                         return started_with_latest_fields(i)
                     if worker_start_timed_out(failure):
                         why, attempts = "worker start", WORKER_START_ATTEMPTS
@@ -336,19 +337,34 @@ def run_pipelines(
 
                 def started_with_latest_fields(i: int) -> bool:
                     """Start ``running[i]`` again with its fields read again from the registry, when a batch stopped
-                    on records of a newer schema version: that batch is replayed from the checkpoint with them, and
-                    its commit adds their columns. Not when the fields read are the same (the failure stands)."""
+                    on records of a newer schema version, and its ``topic_pattern`` matched again, when new topics
+                    match it (their tables created first): the query starts again from its checkpoint, and a commit
+                    adds the new columns. Not when the pipeline read again is the same (the failure stands)."""
                     old = by_name[running[i].query.name]
                     newer = with_latest_fields(spec, old, os.environ)
-                    if newer.fields == old.fields:
+                    if newer == old:
                         return False
                     by_name[old.name] = newer
-                    added = ", ".join(f.name for f in newer.fields if f.name not in {g.name for g in old.fields})
-                    say(
-                        f"query {old.name}: a batch holds records of a newer schema version; starting the query "
-                        f"again with the fields of its subject's latest version (new: {added or 'none'}), from its "
-                        f"checkpoint {NEW_FIELDS_RUNBOOK}"
-                    )
+                    new_topics = {m.topic: m.table for m in newer.members if m.topic not in old.topics}
+                    if new_topics:
+                        ensure_pipeline_tables(
+                            catalog, spec, newer, pending=lambda t: len(ledger.pending_batches([t])), defer_schema=True
+                        )
+                        if committer is not None:
+                            committer.watch([qualified(spec, t) for t in newer.all_tables])
+                        say(
+                            f"query {old.name}: new topics match its topic_pattern: "
+                            + ", ".join(f"{topic} (table {table})" for topic, table in new_topics.items())
+                            + "; their tables are created and the query starts again from its checkpoint"
+                        )
+                    else:
+                        known = {f.name for m in (old, *old.members) for f in m.fields}
+                        added = sorted({f.name for m in (newer, *newer.members) for f in m.fields} - known)
+                        say(
+                            f"query {old.name}: a batch holds records of a newer schema version; starting the query "
+                            f"again with the fields of its subject's latest version (new: {', '.join(added) or 'none'}"
+                            f"), from its checkpoint {NEW_FIELDS_RUNBOOK}"
+                        )
                     before = running[i].stager.history
                     running[i] = start(newer)
                     running[i].stager.history[:0] = before  # the run's counts go on across the start

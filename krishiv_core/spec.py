@@ -76,6 +76,13 @@ from krishiv_core.spec_values import (
     positive_int,
 )
 from krishiv_core.spec_windowed import Aggregation
+from krishiv_core.topic_matches import (
+    MATCHED_TOPICS_FILE,
+    BrokerTopics,
+    matched_topics,
+    pattern_of,
+    remember_matches,
+)
 
 __all__ = [
     "DEFAULT_SPEC_FILE",
@@ -169,6 +176,10 @@ class PipelineSpec:
     transaction_topic: str | None = None
     #: How long (Kafka time) a source transaction waits for the rest of its events before it is staged as it is.
     transaction_timeout_ms: int = 300_000
+    #: ``topic_pattern``: the members are the topics it matches (``krishiv_core.topic_matches``), None for a list.
+    topic_pattern: str | None = None
+    #: How often a running query over ``topic_pattern`` looks for newly matching topics.
+    topic_discovery_interval_ms: int = 30_000
 
     @property
     def topics(self) -> tuple[str, ...]:
@@ -355,10 +366,11 @@ def _parse_pipeline(
     registry: RegistrySettings | None = None,
     env: Mapping[str, str] | None = None,
     checkpoints: Path | None = None,
+    broker: BrokerTopics | None = None,
 ) -> PipelineSpec:
     expect(raw, dict, where, "a table")
-    if "topics" in raw:
-        return _parse_topics_pipeline(raw, where, registry, env, checkpoints)
+    if "topics" in raw or "topic_pattern" in raw:
+        return _parse_topics_pipeline(raw, where, registry, env, checkpoints, broker)
     source = raw
     kind = raw.get("kind", WINDOWED)
     if kind not in KINDS:
@@ -437,17 +449,37 @@ def _parse_topics_pipeline(
     registry: RegistrySettings | None,
     env: Mapping[str, str] | None,
     checkpoints: Path | None,
+    broker: BrokerTopics | None,
 ) -> PipelineSpec:
-    """An upsert pipeline over several topics (:mod:`krishiv_core.spec_topics`): one member per topic."""
+    """An upsert pipeline over several topics (:mod:`krishiv_core.spec_topics`): one member per topic, listed or
+    matched by ``topic_pattern`` (:mod:`krishiv_core.topic_matches`)."""
     name = identifier(raw.get("name"), f"{where}.name")
     unknown = set(raw) - _COMMON_KEYS - _KIND_KEYS[UPSERT] - spec_topics.KEYS
     if unknown:
         raise ConfigError(where, f"unknown keys {sorted(unknown)} for an upsert pipeline over several topics")
 
     def member(source: dict[str, Any], at: str) -> PipelineSpec:
-        return _parse_pipeline({**source, _MEMBER_OF: name}, at, registry, env, checkpoints)
+        try:
+            return _parse_pipeline({**source, _MEMBER_OF: name}, at, registry, env, checkpoints)
+        except ConfigError as exc:
+            if pattern is None:
+                raise
+            raise ConfigError(
+                exc.field,
+                f"{str(exc).removeprefix(exc.field + ': ')} (topic {source['topic']} matches topic_pattern: give "
+                f"its table a [pipelines.tables.{source['table']}] section it can be read with, or narrow "
+                "topic_pattern)",
+            ) from None
 
-    members, transaction = spec_topics.parse_members(raw, where, member)
+    pattern, matched = None, ()
+    kept_in = checkpoints / name / MATCHED_TOPICS_FILE if checkpoints else None
+    if "topic_pattern" in raw:
+        pattern = pattern_of(raw["topic_pattern"], f"{where}.topic_pattern")
+        exclude = [t for t in [spec_topics.transaction_topic(raw, where)] if t]
+        matched = matched_topics(pattern, broker, kept_in, exclude, f"{where}.topic_pattern")
+    members, transaction = spec_topics.parse_members(raw, where, member, matched)
+    if pattern is not None:  # the matches make a pipeline without a mistake: kept
+        remember_matches(kept_in, pattern, matched)
     first = members[0]
     return PipelineSpec(
         name=name,
@@ -464,6 +496,10 @@ def _parse_topics_pipeline(
         members=members,
         transaction_topic=transaction,
         transaction_timeout_ms=parse_duration_ms(raw.get("transaction_timeout", "5m"), f"{where}.transaction_timeout"),
+        topic_pattern=None if pattern is None else pattern.pattern,
+        topic_discovery_interval_ms=parse_duration_ms(
+            raw.get("topic_discovery_interval", "30s"), f"{where}.topic_discovery_interval"
+        ),
     )
 
 
@@ -507,8 +543,10 @@ def parse_spec(
         raise ConfigError("pipelines", "expected at least one [[pipelines]] table")
     registry = parse_registry(doc.get("schema_registry"), environ)
     checkpoints = _resolved(base_dir or Path.cwd(), storage.checkpoint_location)
+    broker = BrokerTopics(kafka.client_settings(environ))  # asked only by a pipeline's topic_pattern
     pipelines = tuple(
-        _parse_pipeline(p, f"pipelines[{n}]", registry, environ, checkpoints) for n, p in enumerate(raw_pipelines)
+        _parse_pipeline(p, f"pipelines[{n}]", registry, environ, checkpoints, broker)
+        for n, p in enumerate(raw_pipelines)
     )
     names = [p.name for p in pipelines]
     dupes = {v for v in names if names.count(v) > 1}
@@ -525,15 +563,19 @@ def parse_spec(
 
 
 def with_latest_fields(spec: KrishivSpec, pipeline: PipelineSpec, env: Mapping[str, str]) -> PipelineSpec:
-    """``pipeline`` parsed again from its table in the spec file, its fields read again from its subject's latest
-    schema (a running query met records of a newer version): the same pipeline when the spec lists its fields. A
-    version the pipeline cannot take (a field a table cannot hold) is the :class:`ConfigError` a load would give."""
-    if pipeline.source is None or pipeline.record_format.fields_schema_id is None:
+    """``pipeline`` parsed again from its table in the spec file, its fields read again from its subjects' latest
+    schemas (a running query met records of a newer version) and its ``topic_pattern`` matched again against the
+    broker's topics (a running query found a new one): the same pipeline when the spec lists its fields and its
+    topics. A version the pipeline cannot take (a field a table cannot hold), or a new topic it cannot read, is the
+    :class:`ConfigError` a load would give."""
+    from_registry = any(m.record_format.fields_schema_id is not None for m in (pipeline, *pipeline.members))
+    if pipeline.source is None or not (from_registry or pipeline.topic_pattern):
         return pipeline
     names = [p.name for p in spec.pipelines]
     where = f"pipelines[{names.index(pipeline.name) if pipeline.name in names else pipeline.name}]"
     checkpoints = spec.resolve(spec.storage.checkpoint_location)
-    return _parse_pipeline(pipeline.source, where, spec.schema_registry, env, checkpoints)
+    broker = BrokerTopics(spec.kafka.client_settings(env))
+    return _parse_pipeline(pipeline.source, where, spec.schema_registry, env, checkpoints, broker)
 
 
 def load_spec(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> KrishivSpec:

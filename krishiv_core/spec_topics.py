@@ -1,14 +1,14 @@
 """An upsert pipeline over several topics (docs/spec.md, "Several topics, one pipeline"): a whole database's CDC.
 
-``topics = [...]`` in place of ``topic``, for ``kind = "upsert"`` with ``envelope = "debezium"``: one query reads
-every topic, one table per topic, and each batch is committed to all its tables at once. Each topic's table is
-named by ``table`` as a template (:data:`TABLE_TEMPLATE_DEFAULT`): ``{table}`` and ``{schema}`` are the last two
-dot-separated parts of the topic (Debezium names a table's topic ``<prefix>.<schema>.<table>``), ``{topic}`` the
-whole topic with every character that is not a letter, digit or ``_`` as ``_``. A table's own settings (``key``,
-``fields``, ``partition_by``, ``subject``) go under ``[pipelines.tables.<table>]``; every other setting of the
-pipeline applies to each table. ``transaction_topic`` names Debezium's transaction metadata topic
-(``provide.transaction.metadata``): batches then make each source transaction visible whole
-(``spark_jobs.transaction_gate``).
+``topics = [...]`` (or ``topic_pattern``, :mod:`krishiv_core.topic_matches`) in place of ``topic``, for
+``kind = "upsert"`` with ``envelope = "debezium"``: one query reads every topic, one table per topic, and each batch
+is committed to all its tables at once. Each topic's table is named by ``table`` as a template
+(:data:`TABLE_TEMPLATE_DEFAULT`): ``{table}`` and ``{schema}`` are the last two dot-separated parts of the topic
+(Debezium names a table's topic ``<prefix>.<schema>.<table>``), ``{topic}`` the whole topic with every character
+that is not a letter, digit or ``_`` as ``_``. A table's own settings (``key``, ``fields``, ``partition_by``,
+``subject``) go under ``[pipelines.tables.<table>]``; every other setting of the pipeline applies to each table.
+``transaction_topic`` names Debezium's transaction metadata topic (``provide.transaction.metadata``): batches then
+make each source transaction visible whole (``spark_jobs.transaction_gate``).
 
 Each table is parsed as the single-topic pipeline it would be (its own fields, from the spec or the registry's
 ``<topic>-value`` subject, its key, its Debezium columns): a *member* of the pipeline.
@@ -24,7 +24,7 @@ from krishiv_core.errors import ConfigError
 from krishiv_core.spec_values import expect
 
 #: The keys only a pipeline over several topics has.
-KEYS = {"topics", "tables", "transaction_topic", "transaction_timeout"}
+KEYS = {"topics", "topic_pattern", "topic_discovery_interval", "tables", "transaction_topic", "transaction_timeout"}
 #: The settings that belong to one table, under ``[pipelines.tables.<table>]``.
 TABLE_KEYS = {"key", "fields", "partition_by", "subject", "kafka_metadata"}
 TABLE_TEMPLATE_DEFAULT = "{table}"
@@ -66,23 +66,36 @@ def _template(value: Any, where: str) -> str:
     return template
 
 
-def member_sources(raw: Mapping[str, Any], where: str) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
+def transaction_topic(raw: Mapping[str, Any], where: str) -> str | None:
+    """The pipeline's ``transaction_topic``, if it has one."""
+    value = raw.get("transaction_topic")
+    return None if value is None else topic_name(value, f"{where}.transaction_topic")
+
+
+def member_sources(
+    raw: Mapping[str, Any], where: str, matched: tuple[str, ...] = ()
+) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
     """Each topic's table as the single-topic pipeline it is (its where, its spec table), and the transaction topic.
 
-    The pipeline's settings apply to every table, the table's own (``[pipelines.tables.<table>]``) replace them.
+    The pipeline's settings apply to every table, the table's own (``[pipelines.tables.<table>]``) replace them. The
+    topics are ``topics``, or ``matched``: those ``topic_pattern`` matches (``krishiv_core.topic_matches``).
     """
+    key = "topic_pattern" if "topic_pattern" in raw else "topics"
     if "topic" in raw:
-        raise ConfigError(f"{where}.topic", "a pipeline reads topic = ... or topics = [...], not both")
+        shown = "topics = [...]" if key == "topics" else "topic_pattern = ..."
+        raise ConfigError(f"{where}.topic", f"a pipeline reads topic = ... or {shown}, not both")
+    if "topics" in raw and "topic_pattern" in raw:
+        raise ConfigError(f"{where}.topic_pattern", "a pipeline reads topics = [...] or topic_pattern = ..., not both")
     if raw.get("kind") != "upsert" or raw.get("envelope") != "debezium":
         raise ConfigError(
-            f"{where}.topics",
+            f"{where}.{key}",
             "several topics are read by an upsert pipeline of Debezium change events: set kind = "
             '"upsert" and envelope = "debezium"',
         )
-    topics = raw["topics"]
+    topics = list(matched) if key == "topic_pattern" else raw["topics"]
     if not isinstance(topics, list) or not topics:
         raise ConfigError(f"{where}.topics", f"expected a list of Kafka topic names, got {topics!r}")
-    topics = [topic_name(t, f"{where}.topics[{i}]") for i, t in enumerate(topics)]
+    topics = [topic_name(t, f"{where}.{key}[{i}]") for i, t in enumerate(topics)]
     repeated = sorted({t for t in topics if topics.count(t) > 1})
     if repeated:
         raise ConfigError(f"{where}.topics", f"lists {repeated[0]} twice")
@@ -104,12 +117,11 @@ def member_sources(raw: Mapping[str, Any], where: str) -> tuple[list[tuple[str, 
             "{schema}_{table}",
         )
     stray = sorted(set(tables) - set(names))
-    if stray:
+    if stray and key == "topics":  # a pattern's table may come with a topic made later
         raise ConfigError(f"{where}.tables.{stray[0]}", f"no topic's table is named {stray[0]}; the tables are {names}")
     shared = {k: v for k, v in raw.items() if k not in KEYS | {"table"} | TABLE_KEYS}
-    transaction = raw.get("transaction_topic")
+    transaction = transaction_topic(raw, where)
     if transaction is not None:
-        transaction = topic_name(transaction, f"{where}.transaction_topic")
         if transaction in topics:
             raise ConfigError(f"{where}.transaction_topic", f"{transaction} is one of the topics of change events")
         # each event's transaction, which the transaction gate groups by, is a column of its table
@@ -128,8 +140,8 @@ def member_sources(raw: Mapping[str, Any], where: str) -> tuple[list[tuple[str, 
 
 
 def parse_members(
-    raw: Mapping[str, Any], where: str, parse: Callable[[dict[str, Any], str], Any]
+    raw: Mapping[str, Any], where: str, parse: Callable[[dict[str, Any], str], Any], matched: tuple[str, ...] = ()
 ) -> tuple[tuple[Any, ...], str | None]:
     """The members (each parsed by ``parse(table's spec, where)``) and the transaction topic."""
-    sources, transaction = member_sources(raw, where)
+    sources, transaction = member_sources(raw, where, matched)
     return tuple(parse(source, at) for at, source in sources), transaction

@@ -124,6 +124,11 @@ class Committer:
         """Start the thread; its first pass commits what is pending already (left by an earlier process)."""
         self._thread.start()
 
+    def watch(self, tables: Sequence[str]) -> None:
+        """Commit ``tables`` too from the next pass on (a pipeline's new tables, made while it runs). Safe from any
+        thread: the list a pass reads is replaced, never changed in place."""
+        self.tables = list(dict.fromkeys([*self.tables, *tables]))
+
     def wake(self) -> None:
         """Ask for a pass now (the stager recorded a batch). Cheap, and safe from any thread."""
         self._woken.set()

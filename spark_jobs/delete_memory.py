@@ -37,8 +37,12 @@ STATE_DIR = "krishiv/upsert-deletes"
 class DeleteMemoryStore(BatchStateFiles):
     """The remembered deletes after each batch, one Parquet file per batch id inside a query's checkpoint."""
 
-    def __init__(self, checkpoint: Path) -> None:
+    def __init__(self, checkpoint: Path, *, new_when_missing: bool = False) -> None:
+        """``new_when_missing``: no folder means the table is new to the query (a member of a pipeline over several
+        topics, which came after deletes were remembered, added since the last batch): it starts remembering none,
+        without the warning an older checkpoint gets."""
         super().__init__(checkpoint, STATE_DIR)
+        self.new_when_missing = new_when_missing
 
     def load_before(self, batch_id: int) -> pa.Table | None:
         """The memory batch ``batch_id`` starts from; None when it is empty (batch 0)."""
@@ -48,6 +52,8 @@ class DeleteMemoryStore(BatchStateFiles):
         if path.exists():
             return pq.read_table(path)
         if not self.folder.exists():
+            if self.new_when_missing:
+                return None
             log.warning(
                 "%s does not exist: the checkpoint was written before upsert deletes were remembered, so batch %s "
                 "starts remembering none (a delete staged earlier does not block an older event)",

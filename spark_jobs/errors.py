@@ -47,3 +47,8 @@ class NewWriterSchema(KafkaSourceError):
     """A batch holds records of a schema version registered after the one the pipeline's fields were taken from, with
     fields the query does not read: the batch stops before anything is staged, and ``krishiv run`` starts the query
     again with the subject's latest fields (``krishiv_core.spec.with_latest_fields``), from its checkpoint."""
+
+
+class TopicsAppeared(KafkaSourceError):
+    """New topics match a running pipeline's ``topic_pattern``: the query stops before it plans a batch, and ``krishiv
+    run`` starts it again with their tables (``krishiv_core.spec.with_latest_fields``), from its checkpoint."""

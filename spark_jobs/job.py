@@ -24,7 +24,7 @@ from krishiv_core.table_purpose import purpose_properties
 from krishiv_core.tables import OutputTable, output_tables
 from spark_jobs.checkpoint import Checkpoint
 from spark_jobs.delete_memory import DeleteMemoryStore
-from spark_jobs.errors import CheckpointMismatch, NewWriterSchema, TopicMissing
+from spark_jobs.errors import CheckpointMismatch, NewWriterSchema, TopicMissing, TopicsAppeared
 from spark_jobs.events import EventsShape
 from spark_jobs.kafka_source import SOURCE_NAME, KafkaAdmin
 from spark_jobs.ports import RecordedBatches, StagerLeaseHandle, StagingLedger
@@ -139,6 +139,8 @@ def topics_layout(spec: KrishivSpec, pipeline: PipelineSpec) -> TopicsLayout:
         pipeline.record_format.value,
         registry,
         decodings[0].registry_outage_s,
+        pipeline.topic_pattern,
+        pipeline.topic_discovery_interval_ms / 1000,
     )
 
 
@@ -213,6 +215,12 @@ def new_writer_schema(failure: BaseException) -> bool:
     """Whether a query failed because a batch holds records of a newer schema version with fields the query does not
     read (:class:`spark_jobs.errors.NewWriterSchema`, raised in a source task): nothing of the batch was staged."""
     return f"{NewWriterSchema.__module__}.{NewWriterSchema.__name__}: " in str(failure)
+
+
+def topics_appeared(failure: BaseException) -> bool:
+    """Whether a query failed because new topics match its pipeline's ``topic_pattern``
+    (:class:`spark_jobs.errors.TopicsAppeared`, raised before a batch is planned): nothing was staged."""
+    return f"{TopicsAppeared.__module__}.{TopicsAppeared.__name__}: " in str(failure)
 
 
 def stop_between_batches(query: StreamingQuery, timeout_s: float = 30.0) -> None:

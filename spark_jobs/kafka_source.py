@@ -221,6 +221,14 @@ class KafkaAdmin:
         except BrokerUnavailable as exc:
             raise KafkaSourceError(str(exc)) from None
 
+    def topic_names(self) -> frozenset[str]:
+        """The name of every topic on the broker."""
+        try:
+            metadata = list_topics(self._consumer, self._problems, self.bootstrap, METADATA_TIMEOUT_S)
+        except BrokerUnavailable as exc:
+            raise KafkaSourceError(str(exc)) from None
+        return frozenset(metadata.topics)
+
     def _why(self, exc: BaseException) -> str:
         """What went wrong, in the client's own words if it said more than ``exc`` (secrets scrubbed)."""
         self._problems.serve(self._consumer)

@@ -46,7 +46,9 @@ class TopicsShape:
         self.layout = layout
         by_table = {t.output.name: t for t in targets}
         self.members = [
-            UpsertShape(m, by_table[m.table], DeleteMemoryStore(checkpoint / MEMBERS_DIR / m.table))
+            UpsertShape(
+                m, by_table[m.table], DeleteMemoryStore(checkpoint / MEMBERS_DIR / m.table, new_when_missing=True)
+            )
             for m in pipeline.members
         ]
         # kept whenever the checkpoint has it: rows waiting when transaction_topic is removed are staged next batch

@@ -13,12 +13,15 @@ one batch have no common columns beyond the Kafka record's: the source hands Spa
 decoding's ``reason``/``__tombstone``/``__cdc_delete``, the transaction columns (:data:`TX_COLUMNS`) and one struct
 column per topic (:meth:`TopicsLayout.member_column`) holding that topic's fields, null in every other topic's
 rows. Debezium's transaction metadata topic, when there is one, is decoded into the transaction columns
-(:func:`transaction_mark`).
+(:func:`transaction_mark`). A pipeline over ``topic_pattern`` stops its query when a new topic matches
+(:meth:`TopicsStreamReader._discover`); ``krishiv run`` starts it again with that topic's table.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,8 +34,9 @@ from pyspark.sql.types import StructType
 
 from krishiv_core.formats import JSON
 from krishiv_core.tables import spark_type
+from krishiv_core.topic_matches import matching
 from spark_jobs.debezium import Unreadable, transaction_of, unwrap_json
-from spark_jobs.errors import KafkaSourceError, TopicMissing
+from spark_jobs.errors import KafkaSourceError, TopicMissing, TopicsAppeared
 from spark_jobs.kafka_source import (
     CONFLUENT_CLIENTS,
     TASK_PACK_RECORDS,
@@ -70,6 +74,10 @@ class TopicsLayout:
     transaction_format: str = JSON
     registry: Mapping[str, str] | None = None
     registry_outage_s: float = 60.0
+    #: The pipeline's ``topic_pattern``, whose new matches stop the query (:class:`TopicsAppeared`), and how often
+    #: the broker's topics are listed for them.
+    topic_pattern: str | None = None
+    discovery_interval_s: float = 30.0
 
     @property
     def all_topics(self) -> tuple[str, ...]:
@@ -110,6 +118,8 @@ class TopicsLayout:
                 "transaction_format": self.transaction_format,
                 "registry": None if self.registry is None else dict(self.registry),
                 "registry_outage_s": self.registry_outage_s,
+                "topic_pattern": self.topic_pattern,
+                "discovery_interval_s": self.discovery_interval_s,
             }
         )
 
@@ -123,6 +133,8 @@ class TopicsLayout:
             doc.get("transaction_format", JSON),
             doc.get("registry"),
             float(doc.get("registry_outage_s", 60.0)),
+            doc.get("topic_pattern"),
+            float(doc.get("discovery_interval_s", 30.0)),
         )
 
     def union(self, topic: str, batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -264,6 +276,7 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if i < len(self.layout.topics):
                 own["decoding"] = self.layout.decodings[i].to_option()
             self.readers[topic] = KafkaStreamReader(own, clients)
+        self._discovered_at = time.monotonic()
         self.max_records = int(options.get("maxRecordsPerBatch", "0"))
         self.catch_up_records = int(options.get("catchUpRecordsPerBatch", "0"))
         self.records_per_split = max(1, int(options.get("recordsPerSplit", "250000")))
@@ -292,8 +305,26 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.max_records) if self.max_records > 0 else ReadAllAvailable()
 
+    def _discover(self) -> None:
+        """Every ``discovery_interval_s``, the broker's topics: :class:`TopicsAppeared` when the pattern matches one
+        the query does not read (before a batch is planned, so nothing of it is staged)."""
+        pattern = self.layout.topic_pattern
+        if pattern is None or time.monotonic() - self._discovered_at < self.layout.discovery_interval_s:
+            return
+        first = next(iter(self.readers.values()))
+        names = first._retrying(first.admin.topic_names)
+        self._discovered_at = time.monotonic()
+        exclude = [*self.layout.all_topics]
+        new = matching(re.compile(pattern), names, exclude)
+        if new:
+            raise TopicsAppeared(
+                f"topics {', '.join(new)} now match topic_pattern {pattern!r}: the query stops "
+                "before its next batch, to start again with their tables"
+            )
+
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         """Each topic's end, planned by its own reader (every check made), then one read limit shared by all."""
+        self._discover()
         begins: TopicOffsets = {}
         ends: TopicOffsets = {}
         recorded = False

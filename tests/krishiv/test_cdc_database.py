@@ -35,16 +35,13 @@ from sqlalchemy.orm import Session
 
 from chaos.workspace import SETTINGS_TEMPLATE
 from krishiv.broker import LocalBroker
-from krishiv.operations import open_ledger
 from krishiv.produce import OrderEvent, ensure_topic, produce
 from krishiv_core.catalog import load_catalog, qualified
-from krishiv_core.entries import COMMITTED
 from krishiv_core.spec import KrishivSpec, load_spec
-from spark_jobs.kafka_source import latest_offsets
 from tests.services.debezium_capture import Capture, CapturedRecord, start_capture
 from tests.services.private_postgres import LogicalPostgres
 from tests.services.processes import stop
-from tests.spark_jobs.pipeline_helpers import krishiv_cli, start_krishiv, wait_for
+from tests.spark_jobs.pipeline_helpers import all_topics_committed, krishiv_cli, start_krishiv, wait_for
 
 TIMEOUT_S = 300.0
 PARTITIONS = 2
@@ -275,18 +272,6 @@ class InvariantReader:
                 self.broken.append(f"cut {self.cuts}: order {order} total {total} without its lines")
 
 
-def _all_committed(spec: KrishivSpec) -> bool:
-    pipeline = spec.pipeline()
-    ledger = open_ledger(spec)
-    if not Path(ledger.path).exists():
-        return False
-    rejects = qualified(spec, pipeline.rejects_table)
-    return all(
-        ledger.end_offsets(rejects, topic, status=COMMITTED) == latest_offsets(spec.kafka.bootstrap_servers, topic)
-        for topic in pipeline.topics
-    ) and not ledger.pending_batches([qualified(spec, t) for t in pipeline.all_tables])
-
-
 def _table_rows(spec: KrishivSpec, table: str) -> dict[int, dict[str, Any]]:
     rows = load_catalog(spec).load_table(qualified(spec, table)).scan().to_arrow()
     columns = [c for c in rows.column_names if not c.startswith("_cdc_")]
@@ -330,7 +315,7 @@ def test_a_database_of_five_tables_lands_whole_transactions_through_a_kill(
             output = tmp_path / "run-last.log"
             run = start_krishiv(spec_file, "run", output=output)
             try:
-                wait_for(lambda: _all_committed(spec), "not everything was committed", output, TIMEOUT_S)
+                wait_for(lambda: all_topics_committed(spec), "not everything was committed", output, TIMEOUT_S)
             finally:
                 stop(run)
             reader.check()

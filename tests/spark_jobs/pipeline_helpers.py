@@ -109,3 +109,17 @@ def decoded_frame(spark, rows: list[tuple], pipeline):
     raw = pa.Table.from_pylist([dict(zip(ARROW_SCHEMA.names, r, strict=True)) for r in rows], schema=ARROW_SCHEMA)
     decoding = Decoding.of(pipeline)
     return spark.createDataFrame(RecordDecoder(decoding).from_kafka(raw), decoding.spark_schema())
+
+
+def all_topics_committed(spec: KrishivSpec) -> bool:
+    """Whether every record of every topic of the spec's first pipeline is committed (its rejects table, which
+    every batch commits to, has reached each topic's end) and nothing is pending."""
+    pipeline = spec.pipeline()
+    ledger = open_ledger(spec)
+    if not Path(ledger.path).exists():
+        return False
+    rejects = qualified(spec, pipeline.rejects_table)
+    return all(
+        ledger.end_offsets(rejects, topic, status=COMMITTED) == latest_offsets(spec.kafka.bootstrap_servers, topic)
+        for topic in pipeline.topics
+    ) and not ledger.pending_batches([qualified(spec, t) for t in pipeline.all_tables])
