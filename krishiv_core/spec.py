@@ -132,6 +132,8 @@ ENV_OVERRIDES = {
 
 #: Where a pipeline whose fields come from the registry keeps the schema it read last (in its checkpoint folder).
 REGISTRY_SCHEMA_FILE = "krishiv/registry-schema.json"
+#: Where a Debezium pipeline keeps its key subject's latest schema (its key, when the spec gives none).
+REGISTRY_KEY_SCHEMA_FILE = "krishiv/registry-key-schema.json"
 
 WINDOWED, EVENTS, UPSERT = "windowed", "events", "upsert"
 KINDS = (WINDOWED, EVENTS, UPSERT)
@@ -360,6 +362,15 @@ def _fields(
     return fields, replace(fmt, reader_schema=reader, fields_schema_id=schema_id)
 
 
+def _registry_key(
+    topic: str, fmt: RecordFormat, registry: RegistrySettings, env: Mapping[str, str], remembered: Path | None
+) -> list[str]:
+    """A Debezium pipeline's ``key`` when the spec gives none: the columns of its Kafka key, as the latest schema of
+    the topic's ``<topic>-key`` subject names them (the table's primary key, as Debezium's converter registers it)."""
+    fields, _, _ = registry_fields(registry, f"{topic}-key", fmt.key, False, env, remembered)
+    return [f.name for f in fields]
+
+
 def _parse_pipeline(
     raw: Any,
     where: str,
@@ -392,6 +403,9 @@ def _parse_pipeline(
     if record_format.envelope is not None:
         raw = dict(raw)
         fields = spec_upsert.with_cdc_fields(raw, where, fields, record_format)
+        if "key" not in raw and record_format.key in REGISTRY_FORMATS and registry is not None:
+            key_file = checkpoints / _state_folder(raw, name) / REGISTRY_KEY_SCHEMA_FILE if checkpoints else None
+            raw["key"] = _registry_key(topic, record_format, registry, env or {}, key_file)
     event_time = raw.get("event_time_field")
     if event_time is not None or kind == WINDOWED:
         event_time = one_field(

@@ -103,7 +103,9 @@ class TopicsShape:
                 self.held.save(batch_id, nothing)
             return Release()
         timeout = timedelta(milliseconds=self.pipeline.transaction_timeout_ms)
-        release = plan_release(gate, self.layout.topics, str(self.pipeline.transaction_topic), timeout)
+        release = plan_release(
+            gate, self.layout.topics, str(self.pipeline.transaction_topic), timeout, self.layout.topic_pattern
+        )
         self.held.save(batch_id, rows.where(release.waiting()).toArrow() if release.holds else nothing)
         if release.open:
             log.info("batch %s: waiting for source transactions %s", batch_id, describe_open(release.open))

@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import reduce
@@ -99,13 +100,32 @@ class Release:
         return reduce(lambda a, b: a | b, parts) if parts else F.lit(False)
 
 
+def counted_tables(topics: Sequence[str], pattern: str | None = None) -> Callable[[str], bool]:
+    """Whether an END's count of a table (``<schema>.<table>``) is of events the pipeline reads: a table of one of
+    ``topics``, or one whose topic (under a prefix of theirs) ``pattern`` matches, not read yet: the query starts
+    again with that topic once it is found (``spark_jobs.topics_source``), and the transaction waits for it."""
+    ours = {data_collection(t) for t in topics}
+    prefixes = {t.rsplit(".", 2)[0] for t in topics if t.count(".") >= 2}
+    matches = re.compile(pattern).fullmatch if pattern is not None else None
+
+    def counted(table: str) -> bool:
+        return table in ours or (matches is not None and any(matches(f"{p}.{table}") for p in prefixes))
+
+    return counted
+
+
 def plan_release(
-    rows: Sequence[Mapping[str, Any]], topics: Sequence[str], transaction_topic: str, timeout: timedelta | None = None
+    rows: Sequence[Mapping[str, Any]],
+    topics: Sequence[str],
+    transaction_topic: str,
+    timeout: timedelta | None = None,
+    pattern: str | None = None,
 ) -> Release:
     """Which of ``rows`` (:data:`GATE_COLUMNS` of a batch's rows, the waiting ones before it included) wait, by the
-    rule of this module. ``topics``: the change-event topics the pipeline reads. ``timeout``: how long a
-    transaction waits, in Kafka time (from the Kafka timestamp of its first row read to the newest row's)."""
-    ours = {data_collection(t) for t in topics}
+    rule of this module. ``topics``: the change-event topics the pipeline reads, and ``pattern`` its
+    ``topic_pattern`` (:func:`counted_tables`). ``timeout``: how long a transaction waits, in Kafka time (from the
+    Kafka timestamp of its first row read to the newest row's)."""
+    ours = counted_tables(topics, pattern)
     expected: dict[str, int] = {}
     marks: list[Mapping[str, Any]] = []
     events: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
@@ -115,7 +135,7 @@ def plan_release(
         if r["topic"] == transaction_topic:
             if r[REASON] is None and r[TX_STATUS] == "END":
                 counts = json.loads(r[TX_COUNTS] or "{}")
-                expected[r[TX_XID]] = sum(n for c, n in counts.items() if c in ours)
+                expected[r[TX_XID]] = sum(n for c, n in counts.items() if ours(c))
                 marks.append(r)
             continue
         if r[TX_XID] is not None:  # a reject too: its END counts it

@@ -157,3 +157,19 @@ def test_a_transaction_short_of_an_unreadable_event_waits_for_the_timeout_of_kaf
     newer = _row(lines, 0, 2, 71)  # a snapshot's read 61 s after 503's first event
     given = plan_release([*rows, newer], TOPICS, MARKS, timeout)
     assert given.given_up == {"503": (2, 3)} and not given.holds
+
+
+def test_under_a_topic_pattern_an_end_counting_a_table_whose_topic_is_not_read_yet_waits_for_it() -> None:
+    """A transaction that touches a table whose topic the pattern matches but the query does not read yet (its topic
+    was made with that very transaction) waits until the query reads it too; a table the pattern leaves out does
+    not hold it."""
+    orders = TOPICS[0]
+    order = _row(orders, 0, 0, **{TX_XID: "9"})
+    counts = {data_collection(orders): 1, "public.refunds": 1, "audit.log": 1}
+    end = _row(MARKS, 0, 1, **{TX_STATUS: "END", TX_XID: "9", TX_COUNTS: json.dumps(counts)})
+    pattern = r"db\.public\..*"
+    waiting = plan_release([order, end], [orders], MARKS, pattern=pattern)
+    assert waiting.open == {"9": (1, 2)} and waiting.hold_from == {(orders, 0): 0}
+    assert not plan_release([order, end], [orders], MARKS).holds  # a list of topics counts only its own
+    refund = _row("db.public.refunds", 0, 0, **{TX_XID: "9"})
+    assert not plan_release([order, refund, end], [orders, "db.public.refunds"], MARKS, pattern=pattern).holds
