@@ -277,6 +277,7 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 own["decoding"] = self.layout.decodings[i].to_option()
             self.readers[topic] = KafkaStreamReader(own, clients)
         self._discovered_at = time.monotonic()
+        self._absent: set[str] = set()  # topics without partitions at the last plan: not there yet
         self.max_records = int(options.get("maxRecordsPerBatch", "0"))
         self.catch_up_records = int(options.get("catchUpRecordsPerBatch", "0"))
         self.records_per_split = max(1, int(options.get("recordsPerSplit", "250000")))
@@ -338,6 +339,7 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 end, was_recorded = self._unless_missing(lambda r=r: r.plan_end({})[0]), False
             begins[topic], ends[topic] = begin, end
             recorded = recorded or was_recorded
+        self._absent = {t for t, end in ends.items() if not end}
         if recorded or not isinstance(limit, ReadMaxRows):
             return ends
         flat_begin, flat_end = _flat(begins), _flat(ends)
@@ -347,7 +349,9 @@ class TopicsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {t: capped.get(t, {}) for t in ends}
 
     def reportLatestOffset(self) -> dict | None:
-        return {t: r.reportLatestOffset() for t, r in self.readers.items()}
+        """Each topic's latest offsets, for Spark's progress; none for a topic the last plan did not find (one that
+        does not exist yet is not waited for, as its reader would wait for a topic it reads)."""
+        return {t: {} if t in self._absent else r.reportLatestOffset() for t, r in self.readers.items()}
 
     def partitions(self, start: dict, end: dict) -> list[KafkaSplit]:
         ranges: list[KafkaRange] = []

@@ -41,6 +41,7 @@ from krishiv_core.spec import KrishivSpec, load_spec
 from tests.services.debezium_capture import Capture, CapturedRecord, start_capture
 from tests.services.private_postgres import LogicalPostgres
 from tests.services.processes import stop
+from tests.services.schema_registry import SchemaRegistryServer
 from tests.spark_jobs.pipeline_helpers import all_topics_committed, krishiv_cli, start_krishiv, wait_for
 
 TIMEOUT_S = 300.0
@@ -182,11 +183,9 @@ class Producer:
     """The captured records produced to the broker in order: a table's by the key's hash, the transaction
     topic's to its one partition."""
 
-    def __init__(self, bootstrap: str, capture: Capture) -> None:
+    def __init__(self, bootstrap: str, capture: Capture, transaction_topic: str = TRANSACTION_TOPIC) -> None:
         self.bootstrap, self.capture, self.sent = bootstrap, capture, 0
-        for table in TABLES:
-            ensure_topic(bootstrap, topic_of(table), PARTITIONS)
-        ensure_topic(bootstrap, TRANSACTION_TOPIC, 1)
+        self.transaction_topic = transaction_topic
 
     def send_all(self, settle_s: float = 3.0) -> None:
         """Everything captured so far, once the capture has been quiet for ``settle_s``."""
@@ -201,8 +200,9 @@ class Producer:
         by_topic: dict[str, list[CapturedRecord]] = {}
         for r in records[self.sent :]:
             by_topic.setdefault(r.destination, []).append(r)
-        for topic, batch in by_topic.items():
-            partitions = 1 if topic == TRANSACTION_TOPIC else PARTITIONS
+        for topic, batch in by_topic.items():  # a topic made with its first record, as Kafka Connect's are
+            partitions = 1 if topic == self.transaction_topic else PARTITIONS
+            ensure_topic(self.bootstrap, topic, partitions)
             produce(
                 self.bootstrap,
                 topic,
@@ -340,3 +340,88 @@ def test_a_database_of_five_tables_lands_whole_transactions_through_a_kill(
     assert check.returncode == 0, check.stdout + check.stderr
     mistake = krishiv_cli(spec_file, "skip-offsets", "--partition", "0", "--to", "1", "--reason", "test")
     assert mistake.returncode != 0 and "--topic" in mistake.stderr and "Traceback" not in mistake.stderr
+
+
+def test_a_growing_avro_database_lands_through_a_topic_pattern_with_no_table_sections(
+    cdc_database: LogicalPostgres, broker: LocalBroker, tmp_path: Path, schema_registry: SchemaRegistryServer
+) -> None:
+    """Debezium's Avro converter registers each table's key and value schemas; a pipeline with only
+    ``topic_pattern`` takes every table's fields and key from them. The run starts with the two tables the
+    snapshot read; the others' topics appear with the first transactions, while it runs, and their tables with
+    them, each transaction still visible whole."""
+    prefix = "grow"
+    shop = Shop(cdc_database, seed=39)
+    shop.create()
+    spec_file = tmp_path / "krishiv.toml"
+    settings = {"bootstrap": broker.bootstrap, "partitions": PARTITIONS, "catalog_uri": "sqlite:///catalog.db"}
+    spec_file.write_text(
+        SETTINGS_TEMPLATE.format(**settings, warehouse="warehouse")
+        + f"""
+[schema_registry]
+url = "{schema_registry.url}"
+
+[[pipelines]]
+name = "shop"
+kind = "upsert"
+envelope = "debezium"
+format = "avro"
+topic_pattern = "{prefix}\\\\.public\\\\..*"
+transaction_topic = "{prefix}.transaction"
+topic_discovery_interval = "1s"
+trigger_interval = "500ms"
+max_records_per_batch = 40
+"""
+    )
+    with start_capture(
+        cdc_database,
+        list(TABLES),
+        out_dir=tmp_path / "capture",
+        topic_prefix=prefix,
+        converter="avro",
+        registry_url=schema_registry.url,
+        extra_properties={"provide.transaction.metadata": "true"},
+    ) as capture:
+        producer = Producer(broker.bootstrap, capture, f"{prefix}.transaction")
+        capture.wait(8)  # the snapshot's reads of customers and products
+        producer.send_all()
+        spec = load_spec(spec_file, env={})
+        assert [m.table for m in spec.pipeline().members] == ["customers", "products"]
+        assert [m.key for m in spec.pipeline().members] == [("id",), ("id",)]  # from each <topic>-key subject
+        catalog = load_catalog(spec)
+        assert isinstance(catalog, SqlCatalog)
+        output = tmp_path / "run.log"
+        run = start_krishiv(spec_file, "run", output=output)
+        try:
+            with InvariantReader(catalog, spec.iceberg.namespace) as reader:
+                wait_for(
+                    lambda: all_topics_committed(load_spec(spec_file, env={})),
+                    "the snapshot committed",
+                    output,
+                    TIMEOUT_S,
+                )
+                shop.transactions(30)
+                producer.send_all()
+                wait_for(
+                    lambda: (
+                        len(load_spec(spec_file, env={}).pipeline().members) == len(TABLES)
+                        and all_topics_committed(load_spec(spec_file, env={}))
+                    ),
+                    "every table committed",
+                    output,
+                    TIMEOUT_S,
+                )
+                reader.check()
+        finally:
+            stop(run)
+
+    said = output.read_text()
+    assert "new topics match its topic_pattern" in said and "Traceback" not in said, said[-3000:]
+    print(f"reader: {reader.cuts} cuts, {len(reader.broken)} broken, {len(reader.errors)} errors")
+    assert reader.broken == [], reader.broken[:5]
+    spec = load_spec(spec_file, env={})
+    assert {m.table for m in spec.pipeline().members} == set(TABLES)
+    for table in TABLES:
+        assert _table_rows(spec, table) == shop.rows(table), table
+    result = krishiv_cli(spec_file, "verify")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert schema_registry.unknown_requests == []

@@ -16,6 +16,7 @@ from krishiv.produce import demo_orders, ensure_topic, produce
 from krishiv_core.catalog import qualified
 from krishiv_core.entries import COMMITTED
 from krishiv_core.spec import KrishivSpec
+from spark_jobs.errors import TopicMissing
 from spark_jobs.kafka_source import latest_offsets
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,13 +114,19 @@ def decoded_frame(spark, rows: list[tuple], pipeline):
 
 def all_topics_committed(spec: KrishivSpec) -> bool:
     """Whether every record of every topic of the spec's first pipeline is committed (its rejects table, which
-    every batch commits to, has reached each topic's end) and nothing is pending."""
+    every batch commits to, has reached each topic's end; a topic not there yet has none) and nothing is pending."""
     pipeline = spec.pipeline()
     ledger = open_ledger(spec)
     if not Path(ledger.path).exists():
         return False
     rejects = qualified(spec, pipeline.rejects_table)
+
+    def latest(topic: str) -> dict[str, int]:
+        try:
+            return latest_offsets(spec.kafka.bootstrap_servers, topic)
+        except TopicMissing:
+            return {}
+
     return all(
-        ledger.end_offsets(rejects, topic, status=COMMITTED) == latest_offsets(spec.kafka.bootstrap_servers, topic)
-        for topic in pipeline.topics
+        ledger.end_offsets(rejects, topic, status=COMMITTED) == latest(topic) for topic in pipeline.topics
     ) and not ledger.pending_batches([qualified(spec, t) for t in pipeline.all_tables])
