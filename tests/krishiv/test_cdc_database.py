@@ -23,6 +23,7 @@ import random
 import signal
 import threading
 import zlib
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from krishiv.broker import LocalBroker
 from krishiv.produce import OrderEvent, ensure_topic, produce
 from krishiv_core.catalog import load_catalog, qualified
 from krishiv_core.spec import KrishivSpec, load_spec
+from outbox.relay import SUMMARY_BATCH_ID
 from tests.services.debezium_capture import Capture, CapturedRecord, start_capture
 from tests.services.private_postgres import LogicalPostgres
 from tests.services.processes import stop
@@ -103,6 +105,7 @@ class Shop:
         self.pg = pg
         self.random = random.Random(seed)
         self.next_id = {t: 1 for t in TABLES}
+        self.kept_orders: set[int] = set()  # orders a test placed itself, which the workload leaves alone
 
     def _id(self, table: str) -> int:
         self.next_id[table] += 1
@@ -131,7 +134,7 @@ class Shop:
 
     def _one(self, conn: Any) -> None:
         r = self.random
-        orders = self._ids(conn, "orders")
+        orders = [o for o in self._ids(conn, "orders") if o not in self.kept_orders]
         roll = r.random()
         if roll < 0.35 or not orders:  # an order placed with its lines and maybe a payment
             order = self._id("orders")
@@ -367,7 +370,7 @@ envelope = "debezium"
 format = "avro"
 topic_pattern = "{prefix}\\\\.public\\\\..*"
 transaction_topic = "{prefix}.transaction"
-topic_discovery_interval = "1s"
+topic_discovery_interval = "15s"
 trigger_interval = "500ms"
 max_records_per_batch = 40
 """
@@ -399,6 +402,15 @@ max_records_per_batch = 40
                     output,
                     TIMEOUT_S,
                 )
+                # one transaction over a table the query reads and one whose topic it makes: it waits for that
+                # topic to be read (up to topic_discovery_interval, while batches read the rest), and lands in both
+                # tables with one batch
+                order = shop._id("orders")
+                shop.kept_orders.add(order)
+                product = shop._id("products")
+                with cdc_database.connect() as conn, conn.transaction():
+                    conn.execute("INSERT INTO products VALUES (%s, 'both', 12345.67)", (product,))
+                    conn.execute("INSERT INTO orders VALUES (%s, 1, 0)", (order,))
                 shop.transactions(30)
                 producer.send_all()
                 wait_for(
@@ -422,6 +434,17 @@ max_records_per_batch = 40
     assert {m.table for m in spec.pipeline().members} == set(TABLES)
     for table in TABLES:
         assert _table_rows(spec, table) == shop.rows(table), table
+    together = _first_batch(catalog, "products", lambda r: r["id"] == product)
+    assert together is not None and together == _first_batch(catalog, "orders", lambda r: r["id"] == order)
     result = krishiv_cli(spec_file, "verify")
     assert result.returncode == 0, result.stdout + result.stderr
     assert schema_registry.unknown_requests == []
+
+
+def _first_batch(catalog: SqlCatalog, table: str, holds: Callable[[dict[str, Any]], bool]) -> str | None:
+    """The batch id of the first snapshot of ``table`` with a row that ``holds``."""
+    loaded = catalog.load_table(f"krishiv.{table}")
+    for snapshot in sorted(loaded.snapshots(), key=lambda s: s.sequence_number):
+        if any(holds(r) for r in loaded.scan(snapshot_id=snapshot.snapshot_id).to_arrow().to_pylist()):
+            return (snapshot.summary or {}).get(SUMMARY_BATCH_ID)
+    return None
