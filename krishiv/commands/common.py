@@ -30,7 +30,7 @@ def show(table: RenderableType, wide: bool) -> None:
 
 
 def counted(n: int, noun: str) -> str:
-    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+    return f"{n:,} {noun}{'' if n == 1 else 'es' if noun.endswith(('ch', 'sh', 's', 'x')) else 's'}"
 
 
 def fail(command: str, message: str) -> None:

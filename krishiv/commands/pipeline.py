@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from rich.markup import escape
 
-from krishiv.commands.common import chosen_pipelines, console, err_console, fail, say, show
+from krishiv.commands.common import chosen_pipelines, console, counted, err_console, fail, say, show
 from krishiv.ledger_outage import LedgerOutage, run_through_ledger_outages
 from krishiv.operations import (
     CommitsStopped,
@@ -141,8 +141,8 @@ def cmd_run(args: argparse.Namespace, spec: KrishivSpec) -> int:
         history = [b for stager in stagers for b in stager.history]
         staged = [b for b in history if b.recorded]
         line = (
-            f"{escape(p.name)}: {len(history)} batches, {len(staged)} staged, "
-            f"{sum(b.records_read for b in history)} records read"
+            f"{escape(p.name)}: {counted(len(history), 'batch')}, {len(staged)} staged, "
+            f"{counted(sum(b.records_read for b in history), 'record')} read"
         )
         if not (args.once or args.no_commit):
             batches = set().union(*(committed.get(qualified(spec, t), set()) for t in p.all_tables))
