@@ -88,12 +88,16 @@ def cmd_status(args: argparse.Namespace, spec: KrishivSpec) -> int:
         if args.json:
             rates = {"recent_rejects": reject_rate_document(recent, warn_above)}
             waiting = {} if held is None else {"held_events": held}
-            documents.append(status_pipeline(s, p.kind, p.topics, merged) | {"warnings": warnings} | rates | waiting)
+            pattern = {} if p.topic_pattern is None else {"topic_pattern": p.topic_pattern}
+            document = status_pipeline(s, p.kind, p.topics, merged) | pattern | {"warnings": warnings}
+            documents.append(document | rates | waiting)
             continue
         for line in warnings:
             err_console.print(f"[yellow]warning: {escape(p.name)}: {escape(line)}[/]")
+        matching = f" (matching {p.topic_pattern})" if p.topic_pattern is not None else ""
         console.print(
-            f"[bold]{escape(p.name)}[/] ({p.kind}) reads {escape(', '.join(p.topics))} into {len(names)} tables"
+            f"[bold]{escape(p.name)}[/] ({p.kind}) reads {escape(', '.join(p.topics) + matching)} into "
+            f"{len(names)} tables"
         )
         console.print(f"  events: {s.records_read} read, {s.rejects} rejected, {s.late_events} late")
         if held:

@@ -186,4 +186,5 @@ def test_tables_appear_as_their_topics_do_and_an_unreadable_topic_stops_with_one
     assert verify.returncode == 0, verify.stdout + verify.stderr
     status = krishiv_cli(spec_file, "status", "--json")
     assert status.returncode == 0, status.stdout + status.stderr
-    assert json.loads(status.stdout)["pipelines"][0]["topics"] == [topic[t] for t in FIELDS]
+    shown = json.loads(status.stdout)["pipelines"][0]
+    assert shown["topics"] == [topic[t] for t in FIELDS] and shown["topic_pattern"] == rf"{prefix}\.public\..*"
