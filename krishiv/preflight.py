@@ -67,7 +67,8 @@ def check_topics(spec: KrishivSpec, pipelines: Sequence[PipelineSpec], timeout_s
                 raise TopicMissing(
                     f"none of the topics of pipeline {pipeline.name!r} exists on Kafka broker "
                     f"{spec.kafka.bootstrap_servers} ({', '.join(pipeline.topics)}): start the connector that "
-                    f"writes them, or correct topics in the spec {runbook('A topic that does not exist')}"
+                    f"writes them, or correct {'topic_pattern' if pipeline.topic_pattern else 'topics'} in the spec "
+                    f"{runbook('A topic that does not exist')}"
                 )
             continue
         if not _exists(metadata, pipeline.topic):

@@ -36,6 +36,7 @@ from krishiv_core.errors import ConfigError
 from krishiv_core.formats import (
     AVRO,
     FORMAT_KEYS,
+    JSON,
     REGISTRY_FORMATS,
     RecordFormat,
     RegistrySettings,
@@ -450,7 +451,7 @@ def _parse_pipeline(
 def _state_folder(raw: Mapping[str, Any], name: str) -> str:
     """Where in the checkpoints a pipeline keeps what it reads of the registry: its folder, or its member's."""
     member = raw.get(_MEMBER_OF)
-    return f"{member}/krishiv/tables/{raw['table']}" if member else name
+    return f"{member}/{spec_topics.MEMBERS_DIR}/{raw['table']}" if member else name
 
 
 #: Marks a member's spec table (``krishiv_core.spec_topics``) with the pipeline it belongs to.
@@ -473,6 +474,13 @@ def _parse_topics_pipeline(
         raise ConfigError(where, f"unknown keys {sorted(unknown)} for an upsert pipeline over several topics")
 
     def member(source: dict[str, Any], at: str) -> PipelineSpec:
+        if pattern is not None and "fields" not in source and source.get("format", JSON) not in REGISTRY_FORMATS:
+            raise ConfigError(
+                at,
+                f"topic {source['topic']} matches topic_pattern and its table has no fields (a JSON record names "
+                f"none): give it a [pipelines.tables.{source['table']}] section with key and fields, or narrow "
+                "topic_pattern",
+            )
         try:
             return _parse_pipeline({**source, _MEMBER_OF: name}, at, registry, env, checkpoints)
         except ConfigError as exc:
@@ -492,6 +500,8 @@ def _parse_topics_pipeline(
         exclude = [t for t in [spec_topics.transaction_topic(raw, where)] if t]
         matched = matched_topics(pattern, broker, kept_in, exclude, f"{where}.topic_pattern")
     members, transaction = spec_topics.parse_members(raw, where, member, matched)
+    key = "topic_pattern" if pattern is not None else "topics"
+    spec_topics.check_none_dropped(members, checkpoints / name if checkpoints else None, f"{where}.{key}")
     if pattern is not None:  # the matches make a pipeline without a mistake: kept
         remember_matches(kept_in, pattern, matched)
     first = members[0]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from krishiv_core.errors import ConfigError
@@ -28,6 +29,9 @@ KEYS = {"topics", "topic_pattern", "topic_discovery_interval", "tables", "transa
 #: The settings that belong to one table, under ``[pipelines.tables.<table>]``.
 TABLE_KEYS = {"key", "fields", "partition_by", "subject", "kafka_metadata"}
 TABLE_TEMPLATE_DEFAULT = "{table}"
+#: Where in a pipeline's checkpoint each table keeps its state (``<MEMBERS_DIR>/<table>/``): what it reads of the
+#: registry, and the batch state of its staging (``spark_jobs.topics_shape``).
+MEMBERS_DIR = "krishiv/tables"
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TOKENS = re.compile(r"\{(\w*)\}")
@@ -145,3 +149,24 @@ def parse_members(
     """The members (each parsed by ``parse(table's spec, where)``) and the transaction topic."""
     sources, transaction = member_sources(raw, where, matched)
     return tuple(parse(source, at) for at, source in sources), transaction
+
+
+def tables_staged(checkpoint: Path | None) -> set[str]:
+    """The tables a pipeline over several has staged batches of: those with batch state in its checkpoint."""
+    folder = checkpoint / MEMBERS_DIR if checkpoint is not None else None
+    if folder is None or not folder.is_dir():
+        return set()
+    return {d.name for d in folder.iterdir() if d.is_dir() and any(d.rglob("*.parquet"))}
+
+
+def check_none_dropped(members: tuple[Any, ...], checkpoint: Path | None, where: str) -> None:
+    """Refuse a spec whose topics (or pattern) leave out a table the pipeline has staged: it would be left behind
+    without a word, and reading its topic again later would start where the checkpoint holds no state for it."""
+    dropped = sorted(tables_staged(checkpoint) - {m.table for m in members})
+    if dropped:
+        raise ConfigError(
+            where,
+            f"no longer reads the topic of table {', '.join(dropped)}, which this pipeline has staged: a table "
+            "once staged stays the pipeline's (its offsets, its state); read its topic still, or give the other "
+            "topics a pipeline of their own (a new name)",
+        )

@@ -98,7 +98,7 @@ def matched_topics(
                 return tuple(kept)
             raise ConfigError(
                 where,
-                f"no topic matching {pattern.pattern!r} is known yet and the Kafka broker at {broker.bootstrap} did "
+                f"no topic matching '{pattern.pattern}' is known yet and the Kafka broker at {broker.bootstrap} did "
                 f"not list its topics ({exc}): start the broker, then run the command again",
             ) from None
     topics = [*kept, *(t for t in found if t not in kept)]
@@ -106,7 +106,7 @@ def matched_topics(
         on = f"on the Kafka broker at {broker.bootstrap} " if broker is not None else "known "
         raise ConfigError(
             where,
-            f"no topic {on}matches {pattern.pattern!r} yet: start the connector that "
+            f"no topic {on}matches '{pattern.pattern}' yet: start the connector that "
             "writes them, or correct topic_pattern (it must match a whole topic name)",
         )
     return tuple(topics)

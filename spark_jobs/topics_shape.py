@@ -23,6 +23,7 @@ from pyspark.sql import functions as F
 
 from krishiv_core.runbook import runbook
 from krishiv_core.spec import PipelineSpec
+from krishiv_core.spec_topics import MEMBERS_DIR
 from spark_jobs.checkpoint import BatchOffsets
 from spark_jobs.delete_memory import DeleteMemoryStore
 from spark_jobs.record_decoder import REASON
@@ -33,9 +34,6 @@ from spark_jobs.transform import build_output
 from spark_jobs.upserts import UpsertShape
 
 log = logging.getLogger(__name__)
-
-#: Where a member keeps its remembered deletes, inside the query's checkpoint.
-MEMBERS_DIR = "krishiv/tables"
 
 
 class TopicsShape:

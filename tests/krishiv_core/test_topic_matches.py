@@ -13,6 +13,7 @@ import pytest
 from krishiv_core import spec as spec_module
 from krishiv_core.errors import ConfigError
 from krishiv_core.spec import parse_spec
+from krishiv_core.spec_topics import MEMBERS_DIR
 from krishiv_core.topic_matches import MATCHED_TOPICS_FILE, BrokerSilent, matched_topics, matching, pattern_of
 
 
@@ -96,7 +97,8 @@ def test_a_pattern_makes_a_member_of_each_topic_it_matches(tmp_path: Path, monke
     on_broker.add("shop.public.lines")
     with pytest.raises(ConfigError) as caught:
         parse_spec(doc)
-    assert caught.value.field.startswith("pipelines[0].tables.lines"), str(caught.value)
+    assert caught.value.field == "pipelines[0].tables.lines", str(caught.value)
+    assert "give it a [pipelines.tables.lines] section with key and fields" in str(caught.value)
     assert json.loads(kept.read_text())["topics"] == ["shop.public.orders"]
     doc["pipelines"][0]["tables"]["lines"] = {"key": ["id"], "fields": {"id": "int", "order_id": "int"}}
     assert parse_spec(doc).pipeline().tables == ("orders", "lines")
@@ -121,3 +123,28 @@ def test_pattern_mistakes_are_one_line(
     with pytest.raises(ConfigError) as caught:
         parse_spec(doc)
     assert caught.value.field == where and says in str(caught.value), str(caught.value)
+
+
+def test_a_spec_that_stops_reading_a_topic_the_pipeline_has_read_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Narrowing the pattern (or the list) would leave a table behind without a word, and widening it again later
+    would start that topic where the checkpoint holds no state for it."""
+    on_broker = {"shop.public.orders", "shop.public.refunds"}
+    monkeypatch.setattr(spec_module, "BrokerTopics", lambda settings: Broker(on_broker))
+    doc = _doc(tmp_path)
+    assert parse_spec(doc).pipeline().tables == ("orders", "refunds")
+    for table in ("orders", "refunds"):  # the batch state a staged table keeps (its remembered deletes)
+        state = tmp_path / "checkpoints" / "shop" / MEMBERS_DIR / table / "krishiv" / "upsert-deletes"
+        state.mkdir(parents=True)
+        (state / "0.parquet").write_bytes(b"")
+    doc["pipelines"][0]["topic_pattern"] = r"shop\.public\.orders"
+    with pytest.raises(ConfigError) as caught:
+        parse_spec(doc)
+    assert caught.value.field == "pipelines[0].topic_pattern", str(caught.value)
+    assert "no longer reads the topic of table refunds, which this pipeline has staged" in str(caught.value)
+    listed = _doc(tmp_path, topics=["shop.public.orders"])
+    del listed["pipelines"][0]["topic_pattern"]
+    listed["pipelines"][0]["tables"].pop("refunds")
+    with pytest.raises(ConfigError, match="no longer reads the topic of table refunds"):
+        parse_spec(listed)
