@@ -309,7 +309,7 @@ def run_pipelines(
                     if failure is None:
                         return False
                     if new_writer_schema(failure) or topics_appeared(failure):
-                        return started_with_latest_fields(i)
+                        return started_with_spec_read_again(i)
                     if worker_start_timed_out(failure):
                         why, attempts = "worker start", WORKER_START_ATTEMPTS
                     elif (said := source_process_loss(failure)) is not None:
@@ -335,7 +335,7 @@ def run_pipelines(
                     running[i].stager.history[:0] = before  # the run's counts go on across the start
                     return True
 
-                def started_with_latest_fields(i: int) -> bool:
+                def started_with_spec_read_again(i: int) -> bool:
                     """Start ``running[i]`` again with its fields read again from the registry, when a batch stopped
                     on records of a newer schema version, and its ``topic_pattern`` matched again, when new topics
                     match it (their tables created first): the query starts again from its checkpoint, and a commit
