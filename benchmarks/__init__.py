@@ -1,4 +1,5 @@
-"""``krishiv bench``: the exactly-once pipeline measured beside the raw Kafka limit and an at-least-once baseline."""
+"""``make bench`` (``python -m benchmarks``): the exactly-once pipeline measured beside the raw Kafka limit and an
+at-least-once baseline."""
 
 from __future__ import annotations
 

@@ -361,7 +361,7 @@ def target_lines(doc: dict[str, Any]) -> list[str]:
 
 def print_tables(doc: dict[str, Any], console: Console) -> None:
     m = doc["machine"]
-    t = RichTable(title=f"krishiv bench: {doc['options']['events']:,} orders, {m['cpus']} CPUs, {m['memory_gib']} GiB")
+    t = RichTable(title=f"make bench: {doc['options']['events']:,} orders, {m['cpus']} CPUs, {m['memory_gib']} GiB")
     for col in ("measurement", "result", "detail"):
         t.add_column(col)
     for row in table_rows(doc):

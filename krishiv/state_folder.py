@@ -1,7 +1,7 @@
 """Working folders a command may wipe: only the ones it made itself, recognised by a marker file.
 
-``krishiv demo --state DIR`` and ``krishiv bench --out DIR`` start from an empty working folder. Before
-they delete anything in it, :func:`check_folder` makes sure the folder is missing, empty, or carries the
+``krishiv demo --state DIR`` and ``make bench`` (``python -m benchmarks --out DIR``) start from an empty working
+folder. Before they delete anything in it, :func:`check_folder` makes sure the folder is missing, empty, or carries the
 command's marker (written by :func:`reset_folder` when the command made it). Anything else (the real
 ledger and warehouse, a home directory, a file) is refused with one line and nothing is deleted.
 """

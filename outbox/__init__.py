@@ -1,1 +1,2 @@
-"""The transactional outbox: the DuckDB ledger of staged batches and the relay that commits them to Iceberg."""
+"""The transactional outbox: the ledger of staged batches (a DuckDB file or a PostgreSQL schema) and the relay that
+commits them to Iceberg."""
