@@ -170,13 +170,21 @@ def build_definitions(
     )
 
 
+def spec_definitions(spec_file: str | os.PathLike[str]) -> dg.Definitions:
+    """The definitions of the spec file at ``spec_file``, as the code location and the Krishiv component load them.
+
+    The overrides of :data:`krishiv_core.spec.ENV_OVERRIDES` set in the environment reach the resources as EnvVars,
+    never as values of the spec; every other variable is the environment's, which the spec's ``${VARIABLE}``
+    references (``[iceberg.properties]``, ``[kafka.properties]``…) need.
+    """
+    from krishiv_core.spec import ENV_OVERRIDES
+
+    environ = {k: v for k, v in os.environ.items() if k not in ENV_OVERRIDES}
+    spec = load_spec(spec_file, env=environ)
+    return build_definitions(spec, [variable for variable in ENV_OVERRIDES if os.environ.get(variable)])
+
+
 @dg.definitions
 def defs() -> dg.Definitions:
     """Called by Dagster when it loads the code location, never at import."""
-    from krishiv_core.spec import ENV_OVERRIDES
-
-    # The overrides reach the resources as EnvVars (below), never as values of the spec; every other variable is
-    # the environment's, which the spec's ${VARIABLE} references ([iceberg.properties], [kafka.properties]…) need.
-    environ = {k: v for k, v in os.environ.items() if k not in ENV_OVERRIDES}
-    spec = load_spec(os.environ.get(SPEC_FILE_ENV) or DEFAULT_SPEC_FILE, env=environ)
-    return build_definitions(spec, [variable for variable in ENV_OVERRIDES if os.environ.get(variable)])
+    return spec_definitions(os.environ.get(SPEC_FILE_ENV) or DEFAULT_SPEC_FILE)
