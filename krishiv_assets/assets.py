@@ -31,6 +31,7 @@ from krishiv_assets.commit_reports import (
     dagster_committer,
     identifier,
 )
+from krishiv_assets.data_versions import input_tag, offsets_version
 from krishiv_assets.freshness import FreshnessWindows, freshness_windows
 from krishiv_assets.resources import (
     IcebergCatalogResource,
@@ -43,11 +44,13 @@ from krishiv_assets.staging_run import (
     STAGING_CONFIG_SCHEMA,
     IdleStop,
     run_spec,
+    staged_offsets,
     staging_plan,
     staging_run_waiting,
     unstaged_records,
 )
 from krishiv_core.catalog import qualified
+from krishiv_core.entries import COMMITTED
 from krishiv_core.errors import KrishivError
 from krishiv_core.runbook import before_pointer
 from krishiv_core.spec import UPSERT, WINDOWED, KrishivSpec, PipelineSpec
@@ -216,25 +219,27 @@ def pipeline_assets(
                 stop_when=stop,
             )
             summary = book.table_summary(first, topic=pipeline.topic)
+            staged = staged_offsets(book, first, pipeline)
         except KrishivError as exc:
             raise run_failure(exc) from exc
         history = running[0].stager.history
-        staged = [b for b in history if b.recorded]
+        recorded = [b for b in history if b.recorded]
         stopped = "caught up" if plan.once else (stop.reason or "stopped")
-        context.log.info("staged %d of %d batches; %s", len(staged), len(history), stopped)
+        context.log.info("staged %d of %d batches; %s", len(recorded), len(history), stopped)
         return dg.MaterializeResult(
+            data_version=offsets_version(staged),  # krishiv_assets/data_versions.py
             metadata={
                 "linger_s": plan.linger_s,
                 "stopped_because": stopped,
                 "batches_run": len(history),
-                "batches_staged": len(staged),
-                "records_read": sum(b.records_read for b in staged),
-                "rows_staged": sum(b.rows for b in staged),
-                "rejects": sum(b.rejects for b in staged),
-                "late_events": sum(b.late_events for b in staged),
+                "batches_staged": len(recorded),
+                "records_read": sum(b.records_read for b in recorded),
+                "rows_staged": sum(b.rows for b in recorded),
+                "rejects": sum(b.rejects for b in recorded),
+                "late_events": sum(b.late_events for b in recorded),
                 "pending_entries": summary.pending,
                 "staged_through_offsets": dg.MetadataValue.json(summary.staged_offsets),
-            }
+            },
         )
 
     @dg.multi_asset(
@@ -275,6 +280,7 @@ def pipeline_assets(
             made = book.commits_since(since, list(names.values()), RUN_COMMITS_READ)
             made = [c for c in made if c.committed_by == by]  # not a committer's that ran meanwhile
             counts = batch_counts(book, made, first)
+            committed = {name: staged_offsets(book, name, pipeline, COMMITTED) for name in names.values()}
         except KrishivError as exc:
             raise run_failure(exc) from exc
         by_table = {r.table: r for r in reports}
@@ -316,7 +322,12 @@ def pipeline_assets(
                 metadata["staged_to_committed_s"] = round(max(waits), 3)
             if name == first:
                 metadata.update(batch_metadata(counts.values()))
-            yield dg.MaterializeResult(asset_key=key, metadata=metadata)
+            yield dg.MaterializeResult(
+                asset_key=key,
+                metadata=metadata,
+                data_version=offsets_version(committed[name]),  # krishiv_assets/data_versions.py
+                tags=input_tag(keys.staged, committed[name]),
+            )
         if refused is not None:
             raise run_failure(refused)
 

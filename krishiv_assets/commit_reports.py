@@ -166,10 +166,17 @@ def gather_facts(
 
 
 def commit_materialization(
-    commit: CommitRecord, key: dg.AssetKey, pending: int, facts: CommitFacts, first_table: str, topic: str
+    commit: CommitRecord,
+    key: dg.AssetKey,
+    pending: int,
+    facts: CommitFacts,
+    first_table: str,
+    topic: str,
+    tags: Mapping[str, str] | None = None,
 ) -> dg.AssetMaterialization:
     """One commit made outside a commit run as a materialization of its table's asset; a batch that published
-    nothing too (its table is then up to date through it, which its freshness policy counts)."""
+    nothing too (its table is then up to date through it, which its freshness policy counts). ``tags``: its data
+    version and provenance (:func:`krishiv_assets.data_versions.table_tags`)."""
     published = commit.committed_snapshot_id is not None
     metadata: dict[str, object] = {
         "batch_id": identifier(commit.batch_id),
@@ -200,6 +207,7 @@ def commit_materialization(
         asset_key=key,
         description=f"batch {commit.batch_id} {what} by {commit.committed_by or 'another process'}",
         metadata=metadata,
+        tags=tags,
     )
 
 

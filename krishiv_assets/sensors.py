@@ -62,9 +62,11 @@ from krishiv_assets.commit_reports import (
     gather_facts,
     pending_by_table,
 )
+from krishiv_assets.data_versions import staged_report, table_tags, topic_observation
 from krishiv_assets.resources import IcebergCatalogResource, KafkaResource, LedgerResource
 from krishiv_assets.staging_run import latest_offsets, staged_offsets
 from krishiv_core.catalog import qualified
+from krishiv_core.entries import COMMITTED
 from krishiv_core.env_settings import seconds_from_env
 from krishiv_core.errors import ConfigError
 from krishiv_core.spec import KrishivSpec, PipelineSpec
@@ -181,13 +183,24 @@ def reported_commits(
     *,
     first_table: str,
     topic: str,
+    versions: Mapping[str, Mapping[str, str]] | None = None,
 ) -> list[dg.AssetMaterialization]:
     """The materializations for ``commits`` (``keys``: qualified table name -> asset key; the caller has left out
-    those a run materialized), an empty batch's included."""
+    those a run materialized), an empty batch's included. ``versions``: per table, the data version tags of its
+    newest reported commit, the one Dagster compares (:func:`krishiv_assets.data_versions.table_tags`)."""
     waiting = pending_by_table(pending)
+    newest = {c.table: i for i, c in enumerate(commits)}
     return [
-        commit_materialization(c, keys[c.table], waiting.get(c.table, 0), facts, first_table, topic)
-        for c in commits
+        commit_materialization(
+            c,
+            keys[c.table],
+            waiting.get(c.table, 0),
+            facts,
+            first_table,
+            topic,
+            (versions or {}).get(c.table) if newest[c.table] == i else None,
+        )
+        for i, c in enumerate(commits)
         if c.table in keys
     ]
 
@@ -370,9 +383,21 @@ def outbox_sensor(
             latest_offsets=lambda: kafka.latest_offsets(pipeline.topic, spec.kafka.consumer_settings()),
             warn=context.log.warning,
         )
-        events = reported_commits(unreported, keys, pending, facts, first_table=first, topic=pipeline.topic)
-        cursor.unchecked = cursor.unchecked or bool(events)
-        reported = f"; reported {len(events)} commits no commit run materialized" if events else ""
+        staged_key = PipelineKeys.of(spec, pipeline).staged
+        try:  # the data versions (krishiv_assets/data_versions.py): what is staged, and what each table committed
+            staged = staged_report(context.instance, staged_key, staged_offsets(book, first, pipeline))
+            versions = {
+                t: table_tags(staged_key, staged_offsets(book, t, pipeline, COMMITTED))
+                for t in {c.table for c in unreported}
+            }
+        except (LedgerBusyError, LedgerCorrupt) as exc:
+            return dg.SkipReason(str(exc))
+        reports = reported_commits(
+            unreported, keys, pending, facts, first_table=first, topic=pipeline.topic, versions=versions
+        )
+        events = ([staged] if staged is not None else []) + reports
+        cursor.unchecked = cursor.unchecked or bool(reports)
+        reported = f"; reported {len(reports)} commits no commit run materialized" if reports else ""
         due, left = left_to_committer(pending, lease)
         request, reason = commit_request(context, job.name, pipeline.name, what, cursor, due, left)
         checks = (
@@ -420,14 +445,19 @@ def kafka_sensor(
             latest = latest_offsets(spec, pipeline, kafka)
         except (KafkaSourceError, ConfigError) as exc:  # ConfigError: a ${VARIABLE} of [kafka.properties] is unset
             return dg.SkipReason(f"broker {kafka.bootstrap_servers}: {exc}")
+        observed = topic_observations(context.instance, pipeline, latest)
+
+        def skip(reason: str) -> dg.SensorResult | dg.SkipReason:
+            return dg.SensorResult(skip_reason=reason, asset_events=observed) if observed else dg.SkipReason(reason)
+
         behind = {p: end - staged.get(p, 0) for p, end in latest.items() if end > staged.get(p, 0)}
         if not behind:
-            return dg.SkipReason(f"topic {', '.join(pipeline.topics)}: nothing beyond the staged offsets {staged}")
+            return skip(f"topic {', '.join(pipeline.topics)}: nothing beyond the staged offsets {staged}")
         cursor = SensorCursor.parse(context.cursor)
         if _has_runs(context, job.name, IN_FLIGHT):
-            return dg.SkipReason(f"a staging run of {pipeline.name} is in flight")
+            return skip(f"a staging run of {pipeline.name} is in flight")
         if latest == cursor.requested and time.time() - cursor.requested_at < RETRY_AFTER_S:
-            return dg.SkipReason(f"staging up to {latest} was requested {time.time() - cursor.requested_at:.0f}s ago")
+            return skip(f"staging up to {latest} was requested {time.time() - cursor.requested_at:.0f}s ago")
         retries = cursor.retries + 1 if latest == cursor.requested else 0
         digest = hashlib.sha256(json.dumps(latest, sort_keys=True).encode()).hexdigest()[:12]
         records = sum(behind.values())
@@ -439,6 +469,21 @@ def kafka_sensor(
                 )
             ],
             cursor=SensorCursor(latest, time.time(), retries).dumps(),
+            asset_events=observed,
         )
 
     return sensor
+
+
+def topic_observations(
+    instance: dg.DagsterInstance, pipeline: PipelineSpec, latest: Mapping[str, int]
+) -> list[dg.AssetObservation]:
+    """An observation of each topic of the pipeline whose end offsets (``latest``, :func:`latest_offsets`'s labels)
+    changed since its last one: the topic's data version (krishiv_assets/data_versions.py)."""
+    observed = []
+    for topic in pipeline.topics:
+        prefix = f"{topic}/" if pipeline.members else ""
+        ends = {k.removeprefix(prefix): o for k, o in latest.items() if k.startswith(prefix)}
+        if ends and (event := topic_observation(instance, dg.AssetKey(["kafka", topic]), ends)) is not None:
+            observed.append(event)
+    return observed

@@ -31,7 +31,7 @@ from krishiv_core.errors import ConfigError
 from krishiv_core.spec import KrishivSpec
 from outbox.relay import CommitRelay
 from spark_jobs.staging import staging_folder, write_parquet
-from tests.krishiv_assets.test_sensors import _tick
+from tests.krishiv_assets.test_sensors import _tick, commit_events
 from tests.spark_jobs.pipeline_helpers import krishiv_cli, produce_orders
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,8 +106,8 @@ def test_each_commit_names_its_process_and_reported_commits_are_plotted_and_chec
         }
 
         tick = _tick(spec, SENSOR, start, instance)
-        events = {e.asset_key: _values(e) for e in tick.asset_events}
-        assert len(tick.asset_events) == 2 and set(events) == {keys.table, keys.rejects}  # batch 1 only
+        events = {e.asset_key: _values(e) for e in commit_events(tick)}
+        assert len(commit_events(tick)) == 2 and set(events) == {keys.table, keys.rejects}  # batch 1 only
         shown, empty = events[keys.table], events[keys.rejects]
         for values in (shown, empty):
             assert values["committed_by"] == "krishiv commit" and values["batch_id"] == "1"
@@ -119,7 +119,7 @@ def test_each_commit_names_its_process_and_reported_commits_are_plotted_and_chec
         assert (empty["rows_added"], empty["bytes_added"], empty["snapshots_committed"]) == (0, 0, 0)
         assert "rejects" not in empty  # a batch's counts go on the pipeline's first table
         # Dagster plots a number; an id must be text.
-        event = next(e for e in tick.asset_events if e.asset_key == keys.table)
+        event = next(e for e in commit_events(tick) if e.asset_key == keys.table)
         for name in ("batch_id", "snapshot_id", "query_id", "kafka_offsets", "committed_by"):
             assert isinstance(event.metadata[name], dg.TextMetadataValue), name
         for name in ("rows_added", "bytes_added", "rows_committed", "staged_to_committed_s", "lag_records"):
@@ -127,7 +127,7 @@ def test_each_commit_names_its_process_and_reported_commits_are_plotted_and_chec
 
         (checks,) = tick.run_requests
         assert checks.job_name == checks_job_name(pipeline)
-        for event in tick.asset_events:  # what the daemon does with the tick's events
+        for event in commit_events(tick):  # what the daemon does with the tick's events
             instance.report_runless_asset_event(event)
         checked = defs.resolve_job_def(checks.job_name).execute_in_process(instance=instance, tags=checks.tags)
         evaluations = checked.get_asset_check_evaluations()
@@ -144,7 +144,7 @@ def test_each_commit_names_its_process_and_reported_commits_are_plotted_and_chec
         _stage(spec, 2, 12, 16)
         CommitRelay(ledger, load_catalog(spec), committed_by="krishiv commit").run(list(tables))
         soon = _tick(spec, SENSOR, tick.cursor, instance)
-        assert len(soon.asset_events) == 2 and not soon.run_requests
+        assert len(commit_events(soon)) == 2 and not soon.run_requests
         cursor = SensorCursor.parse(soon.cursor)
         assert cursor.unchecked
         cursor.checks_requested_at -= 3600  # as if the interval had passed, with no commit since
@@ -158,7 +158,7 @@ def test_each_commit_names_its_process_and_reported_commits_are_plotted_and_chec
         assert not held.run_requests and SensorCursor.parse(held.cursor).unchecked
         instance.report_run_failed(committing)
         later = _tick(spec, SENSOR, held.cursor, instance)
-        assert not later.asset_events and [r.job_name for r in later.run_requests] == [checks_job_name(pipeline)]
+        assert not commit_events(later) and [r.job_name for r in later.run_requests] == [checks_job_name(pipeline)]
         assert not SensorCursor.parse(later.cursor).unchecked
 
 
@@ -188,8 +188,8 @@ def test_a_table_turns_red_when_commits_stop_and_green_after_a_commit(make_spec,
             _stage(spec, batch_id, batch_id, batch_id + 1)
             CommitRelay(ledger, catalog, committed_by="krishiv run").run(tables)
             tick = _tick(spec, SENSOR, cursor, instance)
-            assert {e.asset_key for e in tick.asset_events} == {keys.table, keys.rejects}
-            for event in tick.asset_events:
+            assert {e.asset_key for e in commit_events(tick)} == {keys.table, keys.rejects}
+            for event in commit_events(tick):
                 instance.report_runless_asset_event(event)
             cursor = tick.cursor
 

@@ -16,7 +16,7 @@ from krishiv_core.entries import COMMITTED
 from krishiv_core.spec import load_spec
 from outbox.ledger import Ledger
 from outbox.relay import SUMMARY_BATCH_ID, CommitRelay, TableCommitReport
-from tests.krishiv_assets.test_sensors import _tick
+from tests.krishiv_assets.test_sensors import _tick, commit_events
 from tests.outbox.test_relay import stage
 
 BATCHES = 12
@@ -88,7 +88,7 @@ def test_a_safety_net_run_racing_the_committer_commits_each_batch_once(tmp_path:
 
     with instance:
         tick = _tick(spec, f"{pipeline.name}_outbox_sensor", '{"commit_seq": 0}', instance)
-    reported = sorted(int(e.metadata["batch_id"].value) for e in tick.asset_events)
+    reported = sorted(int(e.metadata["batch_id"].value) for e in commit_events(tick))
     assert reported == by_committer["krishiv run"]
     # No commit run (all is committed); a checks run for the reported commits, if the committer made any.
     assert [r.job_name for r in tick.run_requests] == ([f"{pipeline.name}_checks_job"] if reported else [])
