@@ -137,6 +137,7 @@ class _Run(threading.Thread):
 
     def run(self) -> None:
         from krishiv.operations import run_pipelines
+        from krishiv.query_supervisor import RunClients
 
         def reporter(_pipeline: str):
             def staged(batch) -> None:
@@ -157,7 +158,7 @@ class _Run(threading.Thread):
                 self.spec,
                 list(self.spec.pipelines),
                 once=False,
-                spark=self.spark,
+                clients=RunClients(spark=self.spark),
                 holder="krishiv bench",
                 reporter=reporter,
                 progress=self.lines.append,

@@ -146,12 +146,13 @@ def _stage_and_commit(
     spark: SparkSession, spec: KrishivSpec, pipeline: PipelineSpec | None = None
 ) -> _StagedAndCommitted:
     from krishiv.operations import commit_pipelines, run_pipelines
+    from krishiv.query_supervisor import RunClients
     from krishiv_core.catalog import load_catalog, qualified
 
     pipeline = pipeline or spec.pipeline()
     with RssSampler() as rss:
         started = time.perf_counter()
-        running = run_pipelines(spec, [pipeline], once=True, spark=spark, holder="krishiv bench")
+        running = run_pipelines(spec, [pipeline], once=True, clients=RunClients(spark=spark), holder="krishiv bench")
         staged = time.perf_counter()
         reports = commit_pipelines(spec, [pipeline])
         table = load_catalog(spec).load_table(qualified(spec, pipeline.table))

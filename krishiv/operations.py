@@ -1,9 +1,10 @@
 """The pipeline's operations behind the CLI, the demo and the Dagster assets: stage, commit, verify.
 
 Each takes the spec (the pipelines, the table names, the Spark query's settings) and, optionally, the clients
-it works with: the Iceberg catalog, the outbox ledger, the Spark session. The CLI passes none, and each is
-opened from the spec (its addresses from the spec file and the environment); the Dagster assets pass their
-resources' clients. Every entry point runs the same code.
+it works with: the Iceberg catalog, the outbox ledger, and for a run the Spark session too, as one
+:class:`~krishiv.query_supervisor.RunClients`. The CLI passes none, and each is opened from the spec (its addresses
+from the spec file and the environment); the Dagster assets pass their resources' clients. Every entry point runs
+the same code; the queries of a run are started, and started again, by :mod:`krishiv.query_supervisor`.
 """
 
 from __future__ import annotations
@@ -13,24 +14,30 @@ import re
 import signal
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING
 
 from krishiv.ledger_outage import LedgerOutage
+from krishiv.query_supervisor import (
+    SOURCE_DIED_RUNBOOK,
+    WORKER_START_RUNBOOK,
+    QuerySupervisor,
+    ReadyClients,
+    RunClients,
+    ensure_tables,
+)
 from krishiv_core.env_settings import seconds_from_env
 from krishiv_core.errors import KrishivError, StagerLeaseLost
 from krishiv_core.reject_rate import reject_rate_warn
-from krishiv_core.runbook import before_pointer, runbook
-from krishiv_core.spec import KrishivSpec, PipelineSpec, with_latest_fields
+from krishiv_core.runbook import before_pointer
+from krishiv_core.spec import KrishivSpec, PipelineSpec
 from outbox.errors import ledger_outage
 from outbox.ledger import Ledger
 from outbox.ledger.connection import DEFAULT_LOCK_TIMEOUT_S
 
 if TYPE_CHECKING:  # Spark and pyiceberg load only when an operation runs, keeping `krishiv status` quick
     from pyiceberg.catalog import Catalog
-    from pyspark.sql import SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
     from krishiv.verify import Verification
@@ -157,14 +164,6 @@ def _root_cause(exc: BaseException) -> str:
     return text.splitlines()[0] if text else repr(exc)
 
 
-#: The runbook section of a query whose Python worker did not connect back in time.
-WORKER_START_RUNBOOK = runbook("A query that did not start in time")
-#: The runbook section of a query whose Kafka source's Python process died.
-SOURCE_DIED_RUNBOOK = runbook("A query whose source process died")
-#: The runbook section of a batch whose records have fields of a newer schema version.
-NEW_FIELDS_RUNBOOK = runbook("A schema version with new fields")
-
-
 def _query_failed(running: RunningPipeline, failure: BaseException, leases: dict[str, HeldLease]) -> KrishivError:
     """``query <name> failed: <cause>``; when every start timed out waiting for Spark's Python worker, or the source's
     Python process died at every start, with the runbook's section. A :class:`LedgerOutage` when the stager stopped
@@ -198,9 +197,7 @@ def run_pipelines(
     pipelines: list[PipelineSpec],
     *,
     once: bool,
-    spark: SparkSession | None = None,
-    catalog: Catalog | None = None,
-    ledger: Ledger | None = None,
+    clients: RunClients | None = None,
     holder: str = "krishiv run",
     reporter: BatchReporter | None = None,
     progress: Progress | None = None,
@@ -213,12 +210,13 @@ def run_pipelines(
 
     With ``once`` (``AvailableNow``), return when the data present at start is staged; otherwise run until
     SIGTERM or Ctrl-C. Raises :class:`StagerBusy` if another live process runs one of the pipelines.
-    ``spark``, ``catalog`` and ``ledger`` default to the spec's (the session built once the leases are held).
-    ``progress`` is told when Spark starts and each query starts. With ``stop_on_signals`` (the CLI), SIGINT and
-    SIGTERM stop a one-shot run between batches too (:class:`RunInterrupted`); a second one ends the process at
-    once. Signals are only handled in the main thread, and a continuous run always stops on them.
-    ``stop_when`` (continuous mode): asked every half second; once it returns True the queries stop between
-    batches, as on SIGTERM, and the run returns (a Dagster staging run that lingers while events arrive).
+    ``clients``: the ledger, catalog and Spark session the caller has (:class:`RunClients`); the missing ones are the
+    spec's (the session built once the leases are held). ``progress`` is told when Spark starts and each query
+    starts. With ``stop_on_signals`` (the CLI), SIGINT and SIGTERM stop a one-shot run between batches too
+    (:class:`RunInterrupted`); a second one ends the process at once. Signals are only handled in the main thread,
+    and a continuous run always stops on them. ``stop_when`` (continuous mode): asked every half second; once it
+    returns True the queries stop between batches, as on SIGTERM, and the run returns (a Dagster staging run that
+    lingers while events arrive).
 
     A continuous run with ``commit`` (the default) commits too: a :class:`~outbox.committer.Committer` with a
     catalog of its own (the spec's) commits every table of the pipelines as soon as a batch is staged, and once
@@ -228,31 +226,21 @@ def run_pipelines(
     """
     from krishiv.preflight import check_history, check_new_catalog, check_topic_unchanged, check_topics
 
+    given = clients or RunClients()
     say = progress or (lambda _line: None)
     warn_above = reject_rate_warn()  # a setting that is not a share is one line now, not after Spark's start-up
-    if ledger is None:
-        ledger = open_writable_ledger(spec)
+    ledger = given.ledger if given.ledger is not None else open_writable_ledger(spec)
     # A broker, topic or catalog that is not there is one line now, not a failed query after Spark's start-up.
-    if spark is None:
+    if given.spark is None:
         check_topics(spec, pipelines)
-    if catalog is None:
+    if given.catalog is None:
         check_new_catalog(spec, pipelines, ledger, say)
 
     from pyspark.errors import StreamingQueryException  # seconds of imports: after the checks
 
-    from krishiv_core.catalog import ensure_pipeline_tables, load_catalog, qualified
+    from krishiv_core.catalog import load_catalog
     from outbox.lease import LEASE_TTL_S, stager_lease
-    from spark_jobs.job import (
-        SOURCE_RESTART_ATTEMPTS,
-        WORKER_START_ATTEMPTS,
-        check_checkpoint,
-        new_writer_schema,
-        source_process_loss,
-        start_pipeline,
-        stop_between_batches,
-        topics_appeared,
-        worker_start_timed_out,
-    )
+    from spark_jobs.job import check_checkpoint, stop_between_batches
     from spark_jobs.session import build_session
     from spark_jobs.window_state import check_output_mode
 
@@ -263,117 +251,40 @@ def run_pipelines(
             p.name: stack.enter_context(stager_lease(ledger, p.name, holder, ttl_s, committing=committing))
             for p in pipelines
         }
-        catalog = load_catalog(spec) if catalog is None else catalog
+        catalog = load_catalog(spec) if given.catalog is None else given.catalog
         check_topic_unchanged(pipelines, ledger)
         check_history(catalog, spec, pipelines, ledger)  # the ledger and the tables tell one history
         for p in pipelines:  # a table the spec cannot evolve, or a change unsafe now, is refused before Spark starts
             check_output_mode(p, check_checkpoint(spec, p, ledger))
-            ensure_pipeline_tables(
-                catalog, spec, p, pending=lambda t: len(ledger.pending_batches([t])), defer_schema=True
-            )
+            ensure_tables(spec, p, catalog, ledger)
         committer = _start_committer(spec, pipelines, ledger, on_commit, say, holder) if committing else None
         outage: list[LedgerOutage] = []  # the ledger is away: no final pass, the leases left (see LedgerOutage)
         if committer is not None:  # a final pass once the queries have stopped (callbacks run last in, first out)
             stack.callback(lambda: committer.stop(0.0) if outage else committer.stop())
+        spark = given.spark
         if spark is None:
             say(f"starting Spark (master {spec.spark.master})")
             spark = build_session(spec)
-        running: list[RunningPipeline] = []
+        queries = QuerySupervisor(
+            spec,
+            ReadyClients(ledger, catalog, spark),
+            leases,
+            committer,
+            once=once,
+            on_batch=lambda name: _waking(committer, reporter(name) if reporter else None),
+            reject_rate_warn=warn_above,
+            say=say,
+        )
+        running = queries.running
         # From here on a signal is a request to stop (PySpark's own handler would make a py4j call inside it).
         with _stop_requests(stop_on_signals or not once, say) as requested:
             try:
                 if not once:  # a shared session's earlier queries would end the wait below at once
                     spark.streams.resetTerminated()
-                by_name = {p.name: p for p in pipelines}
-                restarts: Counter[tuple[str, str]] = Counter()  # (query, why) -> starts again so far
-
-                def start(p: PipelineSpec) -> RunningPipeline:
-                    return start_pipeline(
-                        spark,
-                        spec,
-                        p,
-                        catalog,
-                        ledger,
-                        once=once,
-                        on_batch=_waking(committer, reporter(p.name) if reporter else None),
-                        lease=leases[p.name],
-                        reject_rate_warn=warn_above,
-                    )
-
-                def restarted(i: int) -> bool:
-                    """Start ``running[i]`` again if its query failed only because Spark's Python worker did not
-                    connect back within Spark's fixed limit (a loaded machine: nothing was read or staged), or because
-                    the Python process of its Kafka source died (its checkpoint replays what it had not finished)."""
-                    name = running[i].query.name
-                    failure = running[i].query.exception()
-                    if failure is None:
-                        return False
-                    if new_writer_schema(failure) or topics_appeared(failure):
-                        return started_with_spec_read_again(i)
-                    if worker_start_timed_out(failure):
-                        why, attempts = "worker start", WORKER_START_ATTEMPTS
-                    elif (said := source_process_loss(failure)) is not None:
-                        why, attempts = "source process", SOURCE_RESTART_ATTEMPTS
-                    else:
-                        return False
-                    if restarts[(name, why)] >= attempts - 1:
-                        return False
-                    restarts[(name, why)] += 1
-                    again = f"starting the query again ({restarts[(name, why)] + 1} of {attempts})"
-                    if why == "worker start":
-                        say(
-                            f"query {name}: Spark's Python worker did not connect back within Spark's 10 s "
-                            f"(a loaded machine?); {again} {WORKER_START_RUNBOOK}"
-                        )
-                    else:
-                        say(
-                            f"query {name}: the Python process of its Kafka source died (Spark said: {said}); "
-                            f"{again}, from its checkpoint {SOURCE_DIED_RUNBOOK}"
-                        )
-                    before = running[i].stager.history
-                    running[i] = start(by_name[name])
-                    running[i].stager.history[:0] = before  # the run's counts go on across the start
-                    return True
-
-                def started_with_spec_read_again(i: int) -> bool:
-                    """Start ``running[i]`` again with its fields read again from the registry, when a batch stopped
-                    on records of a newer schema version, and its ``topic_pattern`` matched again, when new topics
-                    match it (their tables created first): the query starts again from its checkpoint, and a commit
-                    adds the new columns. Not when the pipeline read again is the same (the failure stands)."""
-                    old = by_name[running[i].query.name]
-                    newer = with_latest_fields(spec, old, os.environ)
-                    if newer == old:
-                        return False
-                    by_name[old.name] = newer
-                    new_topics = {m.topic: m.table for m in newer.members if m.topic not in old.topics}
-                    if new_topics:
-                        ensure_pipeline_tables(
-                            catalog, spec, newer, pending=lambda t: len(ledger.pending_batches([t])), defer_schema=True
-                        )
-                        if committer is not None:
-                            committer.watch([qualified(spec, t) for t in newer.all_tables])
-                        say(
-                            f"query {old.name}: new topics match its topic_pattern: "
-                            + ", ".join(f"{topic} (table {table})" for topic, table in new_topics.items())
-                            + "; their tables are created and the query starts again from its checkpoint"
-                        )
-                    else:
-                        known = {f.name for m in (old, *old.members) for f in m.fields}
-                        added = sorted({f.name for m in (newer, *newer.members) for f in m.fields} - known)
-                        say(
-                            f"query {old.name}: a batch holds records of a newer schema version; starting the query "
-                            f"again with the fields of its subject's latest version (new: {', '.join(added) or 'none'}"
-                            f"), from its checkpoint {NEW_FIELDS_RUNBOOK}"
-                        )
-                    before = running[i].stager.history
-                    running[i] = start(newer)
-                    running[i].stager.history[:0] = before  # the run's counts go on across the start
-                    return True
-
                 for p in pipelines:
                     if requested.is_set():
                         break
-                    running.append(start(p))
+                    queries.start(p)
                     say(f"query {p.name} started; waiting for its first batch")
                     if len(pipelines) > 1:
                         _wait_for_source(running[-1])
@@ -387,7 +298,7 @@ def run_pipelines(
                                 if running[i].query.awaitTermination(_POLL_S / len(left)):
                                     left.remove(i)
                             except StreamingQueryException as exc:
-                                if not restarted(i):
+                                if not queries.restarted(i):
                                     raise _query_failed(running[i], exc, leases) from exc
                 else:
                     while True:
@@ -397,7 +308,7 @@ def run_pipelines(
                                     break
                             break
                         except StreamingQueryException:
-                            if [i for i in range(len(running)) if restarted(i)]:
+                            if [i for i in range(len(running)) if queries.restarted(i)]:
                                 spark.streams.resetTerminated()
                                 continue
                             break  # named below, from the query that failed

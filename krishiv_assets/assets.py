@@ -192,6 +192,7 @@ def pipeline_assets(
         spark: SparkResource,
     ) -> dg.MaterializeResult:
         from krishiv.operations import run_pipelines
+        from krishiv.query_supervisor import RunClients
 
         try:
             given = context.op_execution_context.op_config or {}
@@ -210,9 +211,7 @@ def pipeline_assets(
                 run_spec(spec, kafka=kafka, spark=spark, iceberg=iceberg),
                 [pipeline],
                 once=plan.once,
-                spark=spark.session(),
-                catalog=catalog,
-                ledger=book,
+                clients=RunClients(ledger=book, catalog=catalog, spark=spark.session()),
                 holder=this_run,
                 reporter=lambda _name: stop.on_batch,
                 progress=context.log.info,

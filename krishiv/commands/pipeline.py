@@ -21,6 +21,7 @@ from krishiv.operations import (
     open_writable_ledger,
     run_pipelines,
 )
+from krishiv.query_supervisor import RunClients
 from krishiv_core.runbook import runbook
 from krishiv_core.spec import KrishivSpec, PipelineSpec
 
@@ -108,7 +109,7 @@ def cmd_run(args: argparse.Namespace, spec: KrishivSpec) -> int:
                     spec,
                     pipelines,
                     once=args.once,
-                    ledger=ledger,
+                    clients=RunClients(ledger=ledger),
                     reporter=metrics.chain(_batch_printer(spec)),
                     progress=say,
                     stop_on_signals=True,

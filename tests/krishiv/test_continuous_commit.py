@@ -14,6 +14,7 @@ import duckdb
 
 from chaos.checks import compare_with_oracle
 from krishiv.operations import open_ledger, run_pipelines
+from krishiv.query_supervisor import RunClients
 from krishiv_core.catalog import qualified
 from krishiv_core.entries import COMMITTED
 from krishiv_core.spec import KrishivSpec
@@ -71,7 +72,7 @@ def test_a_continuous_run_commits_each_batch_without_krishiv_commit(make_spec, b
         spec,
         list(spec.pipelines),
         once=False,
-        spark=spark,
+        clients=RunClients(spark=spark),
         on_commit=reports.append,
         progress=lines.append,
         stop_when=waves,

@@ -19,6 +19,7 @@ from chaos.workspace import SPEC_TEMPLATE
 from krishiv.operations import open_ledger, run_pipelines
 from krishiv.preflight import check_broker
 from krishiv.produce import demo_orders, ensure_topic, produce
+from krishiv.query_supervisor import RunClients
 from krishiv_assets.resources import KafkaResource
 from krishiv_core.catalog import qualified
 from krishiv_core.errors import BrokerUnavailable, ConfigError
@@ -60,7 +61,7 @@ def test_produce_and_the_spark_source_read_through_sasl_ssl_exactly_once(
     )
 
     pipeline = spec.pipeline()
-    run_pipelines(spec, [pipeline], once=True, spark=spark)
+    run_pipelines(spec, [pipeline], once=True, clients=RunClients(spark=spark))
     latest = latest_offsets(spec.kafka.bootstrap_servers, topic, spec.kafka.consumer_settings())
     assert sum(latest.values()) >= RECORDS
     staged = open_ledger(spec).end_offsets(qualified(spec, pipeline.table), topic)

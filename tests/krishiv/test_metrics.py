@@ -18,6 +18,7 @@ from krishiv.metrics.prometheus import MetricsEndpointError
 from krishiv.metrics.settings import METRICS_HOST_ENV, METRICS_PORT_ENV, METRICS_REFRESH_ENV, metrics_settings
 from krishiv.operations import commit_pipelines, open_ledger, run_pipelines
 from krishiv.produce import OrderEvent, demo_orders, ensure_topic, produce
+from krishiv.query_supervisor import RunClients
 from krishiv_core.catalog import qualified
 from krishiv_core.errors import ConfigError
 from krishiv_core.spec import KrishivSpec
@@ -89,7 +90,13 @@ def test_a_running_pipeline_s_metrics_reach_prometheus_and_otlp(
 
             return report
 
-        run_pipelines(spec, [pipeline], once=True, spark=spark, ledger=ledger, reporter=metrics.chain(scraping))
+        run_pipelines(
+            spec,
+            [pipeline],
+            once=True,
+            clients=RunClients(ledger=ledger, spark=spark),
+            reporter=metrics.chain(scraping),
+        )
         text, staged = _scrape(metrics)
         texts.append(text)
         summary = ledger.table_summary(table, pipeline=pipeline.name, topic=pipeline.topic)

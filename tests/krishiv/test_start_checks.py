@@ -12,6 +12,7 @@ import pytest
 from krishiv.cli import main
 from krishiv.inputs import read_spec
 from krishiv.operations import commit_pipelines, open_ledger, run_pipelines
+from krishiv.query_supervisor import RunClients
 from krishiv_core.catalog import load_catalog, qualified
 from krishiv_core.runbook import RUNBOOK
 from krishiv_core.spec import KrishivSpec
@@ -42,7 +43,7 @@ def committed(make_spec, spec_file, spark) -> KrishivSpec:
     spec = make_spec()
     produce_orders(spec, 600)
     said: list[str] = []
-    run_pipelines(spec, list(spec.pipelines), once=True, spark=spark, progress=said.append)
+    run_pipelines(spec, list(spec.pipelines), once=True, clients=RunClients(spark=spark), progress=said.append)
     assert "created a new catalog at sqlite:///catalog.db" in said
     commit_pipelines(spec, list(spec.pipelines))
     return spec
