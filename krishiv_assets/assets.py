@@ -31,7 +31,7 @@ from krishiv_assets.commit_reports import (
     dagster_committer,
     identifier,
 )
-from krishiv_assets.data_versions import input_tag, offsets_version
+from krishiv_assets.data_versions import input_tag, ledger_offsets, staged_inputs, staged_version
 from krishiv_assets.freshness import FreshnessWindows, freshness_windows
 from krishiv_assets.resources import (
     IcebergCatalogResource,
@@ -44,7 +44,6 @@ from krishiv_assets.staging_run import (
     STAGING_CONFIG_SCHEMA,
     IdleStop,
     run_spec,
-    staged_offsets,
     staging_plan,
     staging_run_waiting,
     unstaged_records,
@@ -218,7 +217,7 @@ def pipeline_assets(
                 stop_when=stop,
             )
             summary = book.table_summary(first, topic=pipeline.topic)
-            staged = staged_offsets(book, first, pipeline)
+            staged = ledger_offsets(book, first, pipeline)
         except KrishivError as exc:
             raise run_failure(exc) from exc
         history = running[0].stager.history
@@ -226,7 +225,8 @@ def pipeline_assets(
         stopped = "caught up" if plan.once else (stop.reason or "stopped")
         context.log.info("staged %d of %d batches; %s", len(recorded), len(history), stopped)
         return dg.MaterializeResult(
-            data_version=offsets_version(staged),  # krishiv_assets/data_versions.py
+            data_version=staged_version(staged),  # krishiv_assets/data_versions.py
+            tags=staged_inputs(staged),
             metadata={
                 "linger_s": plan.linger_s,
                 "stopped_because": stopped,
@@ -279,7 +279,7 @@ def pipeline_assets(
             made = book.commits_since(since, list(names.values()), RUN_COMMITS_READ)
             made = [c for c in made if c.committed_by == by]  # not a committer's that ran meanwhile
             counts = batch_counts(book, made, first)
-            committed = {name: staged_offsets(book, name, pipeline, COMMITTED) for name in names.values()}
+            committed = {name: ledger_offsets(book, name, pipeline, COMMITTED) for name in names.values()}
         except KrishivError as exc:
             raise run_failure(exc) from exc
         by_table = {r.table: r for r in reports}
@@ -324,7 +324,7 @@ def pipeline_assets(
             yield dg.MaterializeResult(
                 asset_key=key,
                 metadata=metadata,
-                data_version=offsets_version(committed[name]),  # krishiv_assets/data_versions.py
+                data_version=staged_version(committed[name]),  # krishiv_assets/data_versions.py
                 tags=input_tag(keys.staged, committed[name]),
             )
         if refused is not None:

@@ -62,7 +62,7 @@ from krishiv_assets.commit_reports import (
     gather_facts,
     pending_by_table,
 )
-from krishiv_assets.data_versions import staged_report, table_tags, topic_observation
+from krishiv_assets.data_versions import ledger_offsets, staged_report, table_tags, topic_held, topic_report
 from krishiv_assets.resources import IcebergCatalogResource, KafkaResource, LedgerResource
 from krishiv_assets.staging_run import latest_offsets, staged_offsets
 from krishiv_core.catalog import qualified
@@ -385,9 +385,9 @@ def outbox_sensor(
         )
         staged_key = PipelineKeys.of(spec, pipeline).staged
         try:  # the data versions (krishiv_assets/data_versions.py): what is staged, and what each table committed
-            staged = staged_report(context.instance, staged_key, staged_offsets(book, first, pipeline))
+            staged = staged_report(context.instance, staged_key, ledger_offsets(book, first, pipeline))
             versions = {
-                t: table_tags(staged_key, staged_offsets(book, t, pipeline, COMMITTED))
+                t: table_tags(staged_key, ledger_offsets(book, t, pipeline, COMMITTED))
                 for t in {c.table for c in unreported}
             }
         except (LedgerBusyError, LedgerCorrupt) as exc:
@@ -436,8 +436,6 @@ def kafka_sensor(
         try:
             book = ledger.ledger(SENSOR_LEDGER_TIMEOUT_S)
             lease = book.live_lease(pipeline.name)
-            if lease is not None:
-                return dg.SkipReason(f"{pipeline.name} is being staged by {lease.describe()}")
             staged = staged_offsets(book, table, pipeline)
         except (LedgerBusyError, LedgerCorrupt) as exc:
             return dg.SkipReason(str(exc))
@@ -445,10 +443,13 @@ def kafka_sensor(
             latest = latest_offsets(spec, pipeline, kafka)
         except (KafkaSourceError, ConfigError) as exc:  # ConfigError: a ${VARIABLE} of [kafka.properties] is unset
             return dg.SkipReason(f"broker {kafka.bootstrap_servers}: {exc}")
-        observed = topic_observations(context.instance, pipeline, latest)
+        reported = topic_reports(context.instance, pipeline, latest, staged)
 
         def skip(reason: str) -> dg.SensorResult | dg.SkipReason:
-            return dg.SensorResult(skip_reason=reason, asset_events=observed) if observed else dg.SkipReason(reason)
+            return dg.SensorResult(skip_reason=reason, asset_events=reported) if reported else dg.SkipReason(reason)
+
+        if lease is not None:
+            return skip(f"{pipeline.name} is being staged by {lease.describe()}")
 
         behind = {p: end - staged.get(p, 0) for p, end in latest.items() if end > staged.get(p, 0)}
         if not behind:
@@ -469,21 +470,25 @@ def kafka_sensor(
                 )
             ],
             cursor=SensorCursor(latest, time.time(), retries).dumps(),
-            asset_events=observed,
+            asset_events=reported,
         )
 
     return sensor
 
 
-def topic_observations(
-    instance: dg.DagsterInstance, pipeline: PipelineSpec, latest: Mapping[str, int]
-) -> list[dg.AssetObservation]:
-    """An observation of each topic of the pipeline whose end offsets (``latest``, :func:`latest_offsets`'s labels)
-    changed since its last one: the topic's data version (krishiv_assets/data_versions.py)."""
-    observed = []
+def topic_reports(
+    instance: dg.DagsterInstance, pipeline: PipelineSpec, latest: Mapping[str, int], staged: Mapping[str, int]
+) -> list[dg.AssetMaterialization]:
+    """A report of each topic of the pipeline whose offsets changed since its last one (``latest`` and
+    ``staged`` with :func:`latest_offsets`'s labels): the topic's data version (krishiv_assets/data_versions.py)."""
+    reports = []
     for topic in pipeline.topics:
         prefix = f"{topic}/" if pipeline.members else ""
-        ends = {k.removeprefix(prefix): o for k, o in latest.items() if k.startswith(prefix)}
-        if ends and (event := topic_observation(instance, dg.AssetKey(["kafka", topic]), ends)) is not None:
-            observed.append(event)
-    return observed
+
+        def of(offsets: Mapping[str, int], prefix: str = prefix) -> dict[str, int]:
+            return {k.removeprefix(prefix): o for k, o in offsets.items() if k.startswith(prefix)}
+
+        held = topic_held(of(latest), of(staged))
+        if held and (event := topic_report(instance, dg.AssetKey(["kafka", topic]), held)) is not None:
+            reports.append(event)
+    return reports

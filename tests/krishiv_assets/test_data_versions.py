@@ -2,8 +2,9 @@
 everything staged from its topic, and "Unsynced" while staged batches wait for their commit.
 
 Dagster's own stale-status resolver (what the UI's badge shows) judges the events Krishiv reports, on a real
-instance, in the order a lingering staging run and its committer produce them. The same events without data
-versions show the badge the issue reported on a healthy table.
+instance, in the order a lingering staging run and its committer produce them; likewise the staging asset against
+what the Kafka sensor reports the topic holds. The same events without data versions show the badge the issue
+reported on a healthy table.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from dagster._core.loader import LoadingContextForTest
 from krishiv_assets.data_versions import (
     offsets_version,
     staged_report,
+    staged_version,
     table_tags,
-    topic_observation,
+    topic_held,
+    topic_report,
     version_tags,
 )
 
@@ -40,22 +43,26 @@ def status(instance: dg.DagsterInstance, key: dg.AssetKey) -> StaleStatus:
     return CachingStaleStatusResolver(instance, GRAPH, LoadingContextForTest(instance)).get_status(key)
 
 
-def report(instance: dg.DagsterInstance, event: dg.AssetMaterialization | dg.AssetObservation | None) -> None:
+def report(instance: dg.DagsterInstance, event: dg.AssetMaterialization | dg.AssetMaterialization | None) -> None:
     assert event is not None
     instance.report_runless_asset_event(event)
 
 
 def committed(offsets: dict[str, int]) -> dg.AssetMaterialization:
-    return dg.AssetMaterialization(TABLE, tags=table_tags(STAGED, offsets))
+    return dg.AssetMaterialization(TABLE, tags=table_tags(STAGED, {TOPIC: offsets}))
+
+
+def staged(instance: dg.DagsterInstance, offsets: dict[str, int]) -> dg.AssetMaterialization | None:
+    return staged_report(instance, STAGED, {TOPIC: offsets})
 
 
 def test_a_table_is_unsynced_exactly_while_staged_batches_wait_for_their_commit() -> None:
     with dg.instance_for_test() as instance:
-        report(instance, staged_report(instance, STAGED, {"0": 10, "1": 4}))
+        report(instance, staged(instance, {"0": 10, "1": 4}))
         report(instance, committed({"0": 10, "1": 4}))
         assert status(instance, TABLE) == StaleStatus.FRESH
 
-        report(instance, staged_report(instance, STAGED, {"0": 25, "1": 4}))  # a batch staged, not committed yet
+        report(instance, staged(instance, {"0": 25, "1": 4}))  # a batch staged, not committed yet
         assert status(instance, TABLE) == StaleStatus.STALE
         report(instance, committed({"0": 18, "1": 4}))  # one of two batches committed: it still lags
         assert status(instance, TABLE) == StaleStatus.STALE
@@ -64,11 +71,28 @@ def test_a_table_is_unsynced_exactly_while_staged_batches_wait_for_their_commit(
 
         # The staging run ends after its committer caught up: its materialization has the same version, so the
         # outbox sensor reports nothing more and the table stays in sync.
-        assert staged_report(instance, STAGED, {"1": 4, "0": 25}) is None
+        assert staged(instance, {"1": 4, "0": 25}) is None
         instance.report_runless_asset_event(
-            dg.AssetMaterialization(STAGED, tags=version_tags(offsets_version({"0": 25, "1": 4})))
+            dg.AssetMaterialization(STAGED, tags=version_tags(staged_version({TOPIC: {"0": 25, "1": 4}})))
         )
         assert status(instance, TABLE) == StaleStatus.FRESH
+
+
+def test_the_staging_is_unsynced_exactly_while_the_topic_holds_records_it_has_not_staged() -> None:
+    with dg.instance_for_test() as instance:
+        report(instance, topic_report(instance, TOPIC, topic_held({"0": 10, "1": 0}, {})))
+        report(instance, staged(instance, {"0": 10}))  # partition 1 is empty: nothing staged from it
+        assert status(instance, STAGED) == StaleStatus.FRESH
+
+        report(instance, topic_report(instance, TOPIC, topic_held({"0": 15, "1": 3}, {"0": 10})))
+        assert status(instance, STAGED) == StaleStatus.STALE
+        report(instance, staged(instance, {"0": 15, "1": 3}))
+        assert status(instance, STAGED) == StaleStatus.FRESH
+
+        # Tansu reports a partition's end as its last batch's base offset + 1, short of what was staged: the topic
+        # holds what was staged, and the staging stays in sync.
+        assert topic_report(instance, TOPIC, topic_held({"0": 13, "1": 3}, {"0": 15, "1": 3})) is None
+        assert status(instance, STAGED) == StaleStatus.FRESH
 
 
 def test_without_data_versions_a_caught_up_table_showed_unsynced() -> None:
@@ -79,11 +103,11 @@ def test_without_data_versions_a_caught_up_table_showed_unsynced() -> None:
         assert status(instance, TABLE) == StaleStatus.STALE
 
 
-def test_the_topic_is_observed_only_when_its_end_offsets_change() -> None:
+def test_the_topic_is_reported_only_when_what_it_holds_changes() -> None:
     with dg.instance_for_test() as instance:
-        report(instance, topic_observation(instance, TOPIC, {"0": 5}))
-        assert topic_observation(instance, TOPIC, {"0": 5}) is None
-        report(instance, topic_observation(instance, TOPIC, {"0": 6}))
-        (latest,) = instance.fetch_observations(TOPIC, limit=1).records
+        report(instance, topic_report(instance, TOPIC, {"0": 5}))
+        assert topic_report(instance, TOPIC, {"0": 5, "1": 0}) is None  # an empty partition changes nothing
+        report(instance, topic_report(instance, TOPIC, {"0": 6}))
+        (latest,) = instance.fetch_materializations(TOPIC, limit=1).records
         assert latest.event_log_entry.tags["dagster/data_version"] == offsets_version({"0": 6}).value
         assert offsets_version({"0": 6, "1": 2}) == offsets_version({"1": 2, "0": 6})
