@@ -8,6 +8,7 @@ from and what was expected. A ledger path whose folder does not exist must not r
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -117,3 +118,22 @@ def load_table(catalog: Catalog, name: str, address: str) -> Table:
         raise TableMissing(
             f"table {name} is not in the catalog {address} yet; `krishiv run` creates it and `krishiv commit` fills it"
         ) from None
+
+
+def broker_only(args: argparse.Namespace) -> bool:
+    """True for ``krishiv topic`` with ``--bootstrap``, or where no spec file is named or found: a topic is made or
+    looked at before any spec exists (``krishiv init --topic`` needs the topic first)."""
+    if args.command != "topic":
+        return False
+    named = args.spec or os.environ.get(SPEC_FILE_ENV)
+    return args.bootstrap is not None or (not named and not Path(DEFAULT_SPEC_FILE).exists())
+
+
+def broker_spec(bootstrap: str | None) -> KrishivSpec:
+    """A spec of no pipeline whose broker is ``bootstrap``, ``$KRISHIV_KAFKA_BOOTSTRAP``, or the local default."""
+    from krishiv_core.spec_sections import IcebergSettings, KafkaSettings, SparkSettings, StorageSettings
+
+    address = bootstrap or os.environ.get("KRISHIV_KAFKA_BOOTSTRAP") or KafkaSettings.bootstrap_servers
+    return KrishivSpec(
+        KafkaSettings(bootstrap_servers=address), IcebergSettings(), StorageSettings(), SparkSettings(), ()
+    )

@@ -236,6 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("action", choices=("list", "describe", "create"), help="what to do")
     t.add_argument("name", nargs="?", help="the topic (describe, create)")
     t.add_argument("--partitions", type=_positive, help="create: how many (default: the spec's kafka.partitions)")
+    t.add_argument(
+        "--bootstrap",
+        help="host:port, when there is no spec yet (default: $KRISHIV_KAFKA_BOOTSTRAP, else 127.0.0.1:9092)",
+    )
 
     one = "the pipeline whose topic to write (default: the spec's first)"
     text = "produce seeded demo orders, or your own JSON lines, to a pipeline's topic"

@@ -34,6 +34,19 @@ def test_create_describe_and_list_a_topic(make_spec, spec_file, broker, topic, c
     assert f"{spec.pipeline().topic}  3 partitions  (read by {spec.pipeline().name})" in listed
 
 
+def test_a_topic_is_made_before_any_spec_exists(broker, topic, tmp_path, monkeypatch, capsys) -> None:
+    """In a folder with no spec, `krishiv topic` reaches the broker of --bootstrap or $KRISHIV_KAFKA_BOOTSTRAP: the
+    first topic is made before `krishiv init --topic` (which needs it) writes the spec."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("KRISHIV_SPEC", raising=False)
+    assert main(["topic", "create", topic, "--bootstrap", broker.bootstrap, "--partitions", "2"]) == 0
+    assert capsys.readouterr().out.strip() == f"topic {topic} created 2 partitions"
+    monkeypatch.setenv("KRISHIV_KAFKA_BOOTSTRAP", broker.bootstrap)
+    assert main(["topic", "list"]) == 0
+    assert f"{topic}  2 partitions" in capsys.readouterr().out.splitlines()
+    assert not list(tmp_path.iterdir())  # nothing written: no spec, no state
+
+
 def test_a_topic_the_broker_does_not_have_or_a_bad_name_is_one_line(make_spec, spec_file, topic, capsys) -> None:
     make_spec()
     assert main(["--spec", str(spec_file), "topic", "describe", f"{topic}-none"]) == 2
