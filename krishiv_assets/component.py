@@ -73,8 +73,9 @@ class KrishivScaffolder(dg.Scaffolder[KrishivScaffoldParams]):
 
 
 def dagster_home(root: Path) -> list[str]:
-    """Set ``DAGSTER_HOME`` in ``root/.env`` to ``root/.dagster`` unless it is set there, and put Krishiv's instance
-    settings in that folder unless a ``dagster.yaml`` is there; what was done, a line each."""
+    """Set ``DAGSTER_HOME`` in ``root/.env`` to ``root/.dagster`` (added to the project's ``.gitignore``) unless it is
+    set there, and put Krishiv's instance settings in that home unless a ``dagster.yaml`` is there; what was done, a
+    line each."""
     done = []
     env = root / ".env"
     lines = env.read_text(encoding="utf-8").splitlines() if env.exists() else []
@@ -85,6 +86,11 @@ def dagster_home(root: Path) -> list[str]:
         home = (root / DAGSTER_HOME_FOLDER).resolve()
         env.write_text("\n".join([*lines, f"DAGSTER_HOME={home}", ""]), encoding="utf-8")
         done.append(f"{env}: DAGSTER_HOME={home} (Dagster's runs, event logs and sensor cursors, kept)")
+        ignore = root / ".gitignore"  # create-dagster writes one: the instance's state is not the project's source
+        kept = ignore.read_text(encoding="utf-8") if ignore.exists() else ""
+        if f"{DAGSTER_HOME_FOLDER}/" not in kept.split():
+            ignore.write_text(f"{kept.rstrip()}\n{DAGSTER_HOME_FOLDER}/\n".lstrip(), encoding="utf-8")
+            done.append(f"{ignore}: {DAGSTER_HOME_FOLDER}/")
     settings = home / "dagster.yaml"
     if not settings.exists():
         home.mkdir(parents=True, exist_ok=True)
@@ -112,7 +118,7 @@ class KrishivComponent(dg.Component, dg.Resolvable, dg.Model):
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         from krishiv_assets.definitions import spec_definitions
-        from krishiv_core.errors import ConfigError
+        from krishiv_core.errors import ConfigError, KrishivError
 
         path = self.spec_path(context.project_root)
         if not path.is_file():
@@ -121,4 +127,8 @@ class KrishivComponent(dg.Component, dg.Resolvable, dg.Model):
                 f"no spec file at {path} (spec: {self.spec} in {context.path}): write one there with "
                 "`krishiv init --topic TOPIC`, or name yours in that defs.yaml",
             )
-        return spec_definitions(path)
+        try:
+            return spec_definitions(path)
+        except KrishivError as exc:
+            # The line the CLI prints, naming the file, without the parser's frames under Dagster's own traceback.
+            raise ConfigError("spec", f"{path}: {exc}; `krishiv check` in {path.parent} says the same") from None

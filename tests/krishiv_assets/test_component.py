@@ -24,11 +24,13 @@ def test_the_packaged_instance_settings_are_the_repositorys_but_for_where_state_
 
 def test_the_scaffold_sets_the_projects_dagster_home_once(tmp_path: Path) -> None:
     (tmp_path / ".env").write_text("SOMETHING=1\n")
+    (tmp_path / ".gitignore").write_text(".env\n.venv")
     said = dagster_home(tmp_path)
     home = tmp_path / ".dagster"
     assert (tmp_path / ".env").read_text() == f"SOMETHING=1\nDAGSTER_HOME={home}\n"
+    assert (tmp_path / ".gitignore").read_text() == ".env\n.venv\n.dagster/\n"
     assert (home / "dagster.yaml").read_text() == INSTANCE_SETTINGS.read_text()
-    assert len(said) == 2 and str(home) in said[0]
+    assert len(said) == 3 and str(home) in said[0]
     assert dagster_home(tmp_path) == []  # a second scaffold changes nothing
 
 
@@ -39,4 +41,4 @@ def test_a_users_own_dagster_home_and_settings_are_kept(tmp_path: Path) -> None:
     (tmp_path / ".env").write_text(f'DAGSTER_HOME="{own}"\n')
     assert dagster_home(tmp_path) == []
     assert (own / "dagster.yaml").read_text() == "telemetry:\n  enabled: false\n"
-    assert not (tmp_path / ".dagster").exists()
+    assert not (tmp_path / ".dagster").exists() and not (tmp_path / ".gitignore").exists()

@@ -179,24 +179,33 @@ def test_the_component_is_listed_scaffolded_and_checked(project: Project) -> Non
 
 
 def test_a_spec_that_does_not_load_is_refused_in_one_line(project: Project) -> None:
+    """A wrong ``spec:`` and a misspelt key each fail ``dg check defs`` with the CLI's line, naming the file."""
     defs_yaml = project.folder / "src" / "shop" / "defs" / "ingest" / "defs.yaml"
     good = defs_yaml.read_text()
-    defs_yaml.write_text(good.replace("spec: krishiv.toml", "spec: missing.toml"))
+    typo = project.folder / "typo.toml"
+    typo.write_text((project.folder / "krishiv.toml").read_text().replace("\ntopic = ", "\ntopik = "))
+    said = {}
     try:
-        done = subprocess.run(
-            [str(project.bin / "dg"), "check", "defs"],
-            cwd=project.folder,
-            env=project.env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        for name in ("missing.toml", "typo.toml"):
+            defs_yaml.write_text(good.replace("spec: krishiv.toml", f"spec: {name}"))
+            done = subprocess.run(
+                [str(project.bin / "dg"), "check", "defs"],
+                cwd=project.folder,
+                env=project.env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            assert done.returncode != 0
+            said[name] = done.stdout + done.stderr
     finally:
         defs_yaml.write_text(good)
-    assert done.returncode != 0
-    said = done.stdout + done.stderr
-    assert f"no spec file at {project.folder / 'missing.toml'}" in said, said
-    assert "krishiv init --topic TOPIC" in said
+        typo.unlink()
+    assert f"no spec file at {project.folder / 'missing.toml'}" in said["missing.toml"], said["missing.toml"]
+    assert "krishiv init --topic TOPIC" in said["missing.toml"]
+    assert f"{typo}: pipelines[0]" in said["typo.toml"], said["typo.toml"]
+    assert "did you mean 'topic'" in said["typo.toml"]
+    assert "spec_values.py" not in said["typo.toml"]  # the parser's frames are not shown
 
 
 @pytest.fixture(scope="module")
@@ -340,7 +349,8 @@ def test_sensors_commit_checks_pass_and_the_users_asset_follows_each_commit(
             dg_dev.process,
         )
         assert checks.keys() >= CHECKS and set(checks.values()) == {"SUCCEEDED"}, checks
-        # Caught up: the table and the report carry no "Unsynced" badge (krishiv_assets/data_versions.py).
+        # Caught up: the staging, the table and the report carry no "Unsynced" badge (krishiv_assets/data_versions.py).
+        assert dg_dev.stale_status(["orders", "staged_batches"]) == "FRESH"
         assert dg_dev.stale_status(TABLE_KEY) == "FRESH"
         assert dg_dev.stale_status(REPORT_KEY) == "FRESH"
     commits = dg_dev.materializations(TABLE_KEY)
