@@ -222,12 +222,9 @@ def _labels(pipeline: PipelineSpec, topic: str, offsets: Mapping[str, int]) -> d
     return dict(offsets) if not pipeline.members else {f"{topic}/{p}": o for p, o in offsets.items()}
 
 
-def staged_offsets(ledger: Ledger, table: str, pipeline: PipelineSpec, status: str | None = None) -> dict[str, int]:
-    """The end offsets the ledger has staged for every topic of the pipeline (:func:`_labels`); with ``status``
-    (``COMMITTED``), those of its entries in that status only."""
-    return {
-        k: o for t in pipeline.topics for k, o in _labels(pipeline, t, ledger.end_offsets(table, t, status)).items()
-    }
+def staged_offsets(ledger: Ledger, table: str, pipeline: PipelineSpec) -> dict[str, int]:
+    """The end offsets the ledger has staged for every topic of the pipeline (:func:`_labels`)."""
+    return {k: o for t in pipeline.topics for k, o in _labels(pipeline, t, ledger.end_offsets(table, t)).items()}
 
 
 def latest_offsets(spec: KrishivSpec, pipeline: PipelineSpec, kafka: KafkaResource) -> dict[str, int]:
