@@ -25,7 +25,7 @@ from krishiv.commands.maintenance import (
 from krishiv.commands.parser import build_parser
 from krishiv.commands.pipeline import cmd_commit, cmd_demo, cmd_run, state_removed
 from krishiv.commands.recovery import cmd_restage, cmd_skip_offsets
-from krishiv.inputs import broker_only, broker_spec, read_spec
+from krishiv.inputs import command_spec
 from krishiv_core.errors import KrishivError
 from krishiv_core.spec import KrishivSpec
 
@@ -103,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_broker(args)
         if args.command == "init":
             return cmd_init(args)
-        spec = read_spec(args.spec) if not broker_only(args) else broker_spec(args.bootstrap)
+        spec = command_spec(args)
         return COMMANDS[args.command](args, spec)
     except KrishivError as exc:
         fail(args.command, str(exc) + state_removed(args.command, spec))  # [brackets] in it are text

@@ -4,10 +4,11 @@ Starts a Tansu broker on a free loopback port, produces seeded orders (some late
 tombstones, stages them with Spark in several micro-batches, commits them with the relay, then prints every
 table, the verification and a line of figures per pipeline, and stops the broker.
 
-The pipelines are the spec's first (in the repository's ``krishiv.toml``: windowed orders per minute) and the
-four of :data:`DEMO_PIPELINES`, which read the same topic: raw events with Kafka metadata, a fan-out by customer,
-per-customer hopping windows in update mode and the latest order per customer (an upsert). They are the demo's
-own, not the repository spec's, so ``krishiv run`` and the Dagster code location keep the one classic pipeline.
+The pipelines are the spec's first (in the repository's ``krishiv.toml``: windowed orders per minute; where no spec
+is found, the same pipeline from :data:`CLASSIC_PIPELINE`) and the four of :data:`DEMO_PIPELINES`, which read the
+same topic: raw events with Kafka metadata, a fan-out by customer, per-customer hopping windows in update mode and
+the latest order per customer (an upsert). They are the demo's own, not the repository spec's, so ``krishiv run``
+and the Dagster code location keep the one classic pipeline.
 """
 
 from __future__ import annotations
@@ -78,6 +79,25 @@ version_field = "event_time"
 partition_by = ["bucket(8, customer_id)"]
 """
 
+#: The demo's first pipeline where no spec is found (``krishiv demo`` in an empty folder, Krishiv installed from its
+#: wheel): the repository's ``krishiv.toml`` pipeline, windowed orders per minute (a test keeps the two the same).
+CLASSIC_PIPELINE = """
+[[pipelines]]
+name = "orders_per_minute"
+topic = "orders"
+table = "orders_per_minute"
+event_time_field = "event_time"
+watermark_delay = "5s"
+window = "1m"
+trigger_interval = "2s"
+max_records_per_batch = 200000
+catch_up_records_per_batch = 1000000
+aggregations = [
+  { name = "order_count", function = "count" },
+  { name = "amount_total", function = "sum", field = "amount" },
+]
+"""
+
 #: The fields of the orders ``krishiv produce`` and the demo write.
 ORDER_FIELDS = {"order_id": "string", "customer_id": "string", "amount": "decimal(12,2)", "event_time": "timestamp_ms"}
 
@@ -86,6 +106,12 @@ TOMBSTONED = ("c-003", "c-004", "c-005")
 
 BATCHES = 5  # micro-batches per pipeline, about
 WIDTH = 80  # what every printed table fits in
+
+
+def classic_spec() -> KrishivSpec:
+    """A spec of :data:`CLASSIC_PIPELINE` alone, on the embedded defaults (the demo moves its state to ``--state``)."""
+    raw = tomllib.loads(CLASSIC_PIPELINE)["pipelines"]
+    return parse_spec({"pipelines": [{**p, "fields": ORDER_FIELDS} for p in raw]}, env={})
 
 
 def embedded_spec(spec: KrishivSpec, state: Path, bootstrap: str) -> KrishivSpec:

@@ -120,13 +120,19 @@ def load_table(catalog: Catalog, name: str, address: str) -> Table:
         ) from None
 
 
-def broker_only(args: argparse.Namespace) -> bool:
-    """True for ``krishiv topic`` with ``--bootstrap``, or where no spec file is named or found: a topic is made or
-    looked at before any spec exists (``krishiv init --topic`` needs the topic first)."""
-    if args.command != "topic":
-        return False
-    named = args.spec or os.environ.get(SPEC_FILE_ENV)
-    return args.bootstrap is not None or (not named and not Path(DEFAULT_SPEC_FILE).exists())
+def command_spec(args: argparse.Namespace) -> KrishivSpec:
+    """The spec a command works with: the file named (``--spec``, ``$KRISHIV_SPEC``) or ``./krishiv.toml``. Where
+    none is named or found, ``krishiv topic`` works with the broker alone (``--bootstrap``,
+    ``$KRISHIV_KAFKA_BOOTSTRAP`` or the local default: ``krishiv init --topic`` needs the topic first) and ``krishiv
+    demo`` with its classic pipeline (:func:`krishiv.demo.classic_spec`); ``krishiv topic --bootstrap`` always does."""
+    found = bool(args.spec or os.environ.get(SPEC_FILE_ENV)) or Path(DEFAULT_SPEC_FILE).exists()
+    if args.command == "topic" and (args.bootstrap is not None or not found):
+        return broker_spec(args.bootstrap)
+    if args.command == "demo" and not found:
+        from krishiv.demo import classic_spec
+
+        return classic_spec()
+    return read_spec(args.spec)
 
 
 def broker_spec(bootstrap: str | None) -> KrishivSpec:
@@ -134,6 +140,5 @@ def broker_spec(bootstrap: str | None) -> KrishivSpec:
     from krishiv_core.spec_sections import IcebergSettings, KafkaSettings, SparkSettings, StorageSettings
 
     address = bootstrap or os.environ.get("KRISHIV_KAFKA_BOOTSTRAP") or KafkaSettings.bootstrap_servers
-    return KrishivSpec(
-        KafkaSettings(bootstrap_servers=address), IcebergSettings(), StorageSettings(), SparkSettings(), ()
-    )
+    kafka = KafkaSettings(bootstrap_servers=address)
+    return KrishivSpec(kafka, IcebergSettings(), StorageSettings(), SparkSettings(), ())

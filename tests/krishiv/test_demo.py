@@ -80,3 +80,15 @@ def test_the_demo_writes_every_kind_and_verifies(tmp_path, spark, capsys, monkey
     for p in spec.pipelines:
         for name in p.all_tables:
             assert f"{spec.iceberg.namespace}.{name}" in listed.stdout, name
+
+
+def test_without_a_spec_the_demo_runs_the_repositorys_pipeline(tmp_path, monkeypatch):
+    """Installed from its wheel, Krishiv has no repository spec beside it: `krishiv demo` in an empty folder runs the
+    same classic pipeline."""
+    from krishiv.commands.parser import build_parser
+    from krishiv.inputs import command_spec
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("KRISHIV_SPEC", raising=False)
+    spec = command_spec(build_parser().parse_args(["demo"]))
+    assert spec.pipelines == load_spec(REPO_SPEC, env={}).pipelines
