@@ -30,7 +30,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -50,6 +49,7 @@ from krishiv_core.catalog import load_catalog, qualified
 from krishiv_core.entries import COMMITTED
 from krishiv_core.spec import KrishivSpec, load_spec
 from spark_jobs.kafka_source import latest_offsets
+from tests.services.dagster_web import DagsterWeb
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(600)]
 
@@ -182,25 +182,7 @@ def can_unshare() -> bool:
         return False
 
 
-@dataclass(frozen=True)
-class Webserver:
-    url: str
-
-    def graphql(self, query: str, variables: dict | None = None) -> dict:
-        body = json.dumps({"query": query, "variables": variables or {}}).encode()
-        request = urllib.request.Request(f"{self.url}/graphql", body, {"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=30) as response:
-            answer = json.load(response)
-        assert "errors" not in answer, answer["errors"]
-        return answer["data"]
-
-    def up(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.url}/server_info", timeout=5) as response:
-                return response.status == 200
-        except OSError:
-            return False
-
+class Webserver(DagsterWeb):
     def sensor(self, name: str) -> dict | None:
         """The sensor (its id and status) once the webserver has loaded the code location from the code server."""
         data = self.graphql(

@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from krishiv_core.entries import COMMITTED
 from krishiv_core.spec import KrishivSpec, load_spec
 from outbox.ledger import Ledger
 from spark_jobs.kafka_source import latest_offsets
+from tests.services.dagster_web import DagsterWeb, stop_group
 from tests.spark_jobs.pipeline_helpers import assert_exactly_once, krishiv_cli, produce_orders
 
 if TYPE_CHECKING:
@@ -62,20 +62,11 @@ pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("dagster_dev")]
 
 
 @dataclass
-class DagsterDev:
-    url: str
+class DagsterDev(DagsterWeb):
     folder: Path
     spec: KrishivSpec
     process: subprocess.Popen
     freshness_s: dict[str, float] = field(default_factory=dict)
-
-    def graphql(self, query: str, variables: dict | None = None) -> dict:
-        body = json.dumps({"query": query, "variables": variables or {}}).encode()
-        request = urllib.request.Request(f"{self.url}/graphql", body, {"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=30) as response:
-            answer = json.load(response)
-        assert "errors" not in answer, answer["errors"]
-        return answer["data"]
 
     def runs(self, job: str | None = None) -> list[dict]:
         data = self.graphql(
@@ -99,14 +90,6 @@ def wait_until(condition: Callable[[], object], timeout_s: float, what: str, pro
         assert process.poll() is None, f"dagster dev exited with {process.returncode} while waiting for {what}"
         assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f}s waiting for {what}"
         time.sleep(0.25)
-
-
-def _server_up(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/server_info", timeout=5) as response:
-            return response.status == 200
-    except OSError:
-        return False
 
 
 def _clean_env(**extra: str) -> dict[str, str]:
@@ -178,16 +161,10 @@ def dagster_dev(broker: LocalBroker, tmp_path_factory: pytest.TempPathFactory) -
     )
     dev = DagsterDev(f"http://127.0.0.1:{port}", folder, spec, process)
     try:
-        wait_until(lambda: _server_up(dev.url), STARTUP_TIMEOUT_S, "the webserver", process)
+        wait_until(dev.up, STARTUP_TIMEOUT_S, "the webserver", process)
         yield dev
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        stop_group(process)
         log.close()
         ARTIFACTS.mkdir(exist_ok=True)
         shutil.copy(folder / "dagster-dev.log", ARTIFACTS / "dagster-dev.log")

@@ -21,7 +21,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import urllib.request
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
@@ -35,6 +34,7 @@ import yaml
 from krishiv.broker import LocalBroker, free_port
 from krishiv.produce import OrderEvent, demo_orders, ensure_topic, produce
 from tests.krishiv_assets.test_dagster_dev import STARTUP_TIMEOUT_S, wait_until
+from tests.services.dagster_web import DagsterWeb, stop_group
 
 ROOT = Path(__file__).resolve().parents[2]
 UV = Path(sys.executable).with_name("uv")
@@ -228,37 +228,15 @@ def dg_dev(project: Project, broker: LocalBroker) -> Iterator[DgDev]:
             wait_until(dev.up, STARTUP_TIMEOUT_S, "dg dev's webserver", process)
             yield dev
         finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-                try:
-                    process.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait()
+            stop_group(process)
             artifacts = ROOT / "test-artifacts"
             artifacts.mkdir(exist_ok=True)
             shutil.copy(log_path, artifacts / "dg-dev.log")
 
 
 @dataclass
-class DgDev:
-    url: str
+class DgDev(DagsterWeb):
     process: subprocess.Popen
-
-    def up(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.url}/server_info", timeout=5) as response:
-                return response.status == 200
-        except OSError:
-            return False
-
-    def graphql(self, query: str, variables: dict | None = None) -> dict:
-        body = json.dumps({"query": query, "variables": variables or {}}).encode()
-        request = urllib.request.Request(f"{self.url}/graphql", body, {"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=30) as response:
-            answer = json.load(response)
-        assert "errors" not in answer, answer["errors"]
-        return answer["data"]
 
     def materializations(self, key: list[str]) -> list[dict]:
         """The asset's materializations, newest first, each with its run id and metadata (label -> value)."""
