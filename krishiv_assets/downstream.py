@@ -5,8 +5,8 @@ commit materialized that table; :func:`committed_table` then reads the table as 
 whatever a committer added since, so the asset's result matches the materialization that triggered it (and the
 checks evaluated on it). docs/dagster.md has the example.
 
-dagster-iceberg's IO manager reads a table's current snapshot only, and its releases that admit the pyiceberg
-Krishiv pins (0.12) are older than those that name their pyiceberg bound; the component's ``iceberg`` resource
+dagster-iceberg's IO manager reads a table's current snapshot only, and its current release (0.3.14) requires a
+pyiceberg older than the 0.12 Krishiv pins; the component's ``iceberg`` resource
 (:class:`krishiv_assets.resources.IcebergCatalogResource`) gives the same pyiceberg catalog the commits go to.
 """
 
