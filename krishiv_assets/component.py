@@ -30,6 +30,12 @@ from pydantic import BaseModel, Field
 DEFAULT_SPEC = "krishiv.toml"
 
 
+def spec_file(spec: str, project_root: Path) -> Path:
+    """The spec file a component's ``spec`` names: relative to the project's root, unless absolute."""
+    path = Path(spec).expanduser()
+    return path if path.is_absolute() else project_root / path
+
+
 class KrishivScaffoldParams(BaseModel):
     spec: str = Field(
         default=DEFAULT_SPEC,
@@ -64,8 +70,7 @@ class KrishivScaffolder(dg.Scaffolder[KrishivScaffoldParams]):
         root = request.project_root or Path.cwd()
         for line in dagster_home(root):
             print(f"krishiv: {line}")
-        spec = Path(request.params.spec).expanduser()
-        if not (spec if spec.is_absolute() else root / spec).exists():
+        if not spec_file(request.params.spec, root).exists():
             print(
                 f"krishiv: no spec at {request.params.spec} yet: write one in {root} with "
                 "`krishiv init --topic TOPIC` before `dg check defs` (docs/quickstart.md)"
@@ -112,15 +117,11 @@ class KrishivComponent(dg.Component, dg.Resolvable, dg.Model):
         ),
     )
 
-    def spec_path(self, project_root: Path) -> Path:
-        path = Path(self.spec).expanduser()
-        return path if path.is_absolute() else project_root / path
-
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         from krishiv_assets.definitions import spec_definitions
         from krishiv_core.errors import ConfigError, KrishivError
 
-        path = self.spec_path(context.project_root)
+        path = spec_file(self.spec, context.project_root)
         if not path.is_file():
             raise ConfigError(
                 "spec",

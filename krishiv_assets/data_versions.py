@@ -87,10 +87,8 @@ def table_tags(staged: dg.AssetKey, committed: ByTopic) -> dict[str, str]:
 
 
 def _latest_version(records: list) -> str | None:
-    for record in records:
-        tags = record.event_log_entry.tags or {}
-        return tags.get(DATA_VERSION_TAG)
-    return None
+    """The data version of the newest of ``records`` (an event log query's, newest first)."""
+    return (records[0].event_log_entry.tags or {}).get(DATA_VERSION_TAG) if records else None
 
 
 def topic_held(latest: Mapping[str, int], staged: Mapping[str, int]) -> dict[str, int]:

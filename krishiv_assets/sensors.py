@@ -339,7 +339,9 @@ def outbox_sensor(
     """``job`` commits the pipeline's tables (and checks them); ``checks_job`` only checks them, after commits this
     sensor reported, at most every ``interval_s`` (default :func:`checks_interval_s`)."""
     tables = sorted(qualified(spec, t) for t in pipeline.all_tables)  # every route of a fan-out, and the rejects
-    keys = {qualified(spec, name): key for name, key in PipelineKeys.of(spec, pipeline).tables.items()}
+    pipeline_keys = PipelineKeys.of(spec, pipeline)
+    keys = {qualified(spec, name): key for name, key in pipeline_keys.tables.items()}
+    staged_key = pipeline_keys.staged
     first = qualified(spec, pipeline.tables[0])  # its entries carry each batch's counts
     what = f"{pipeline.name}'s {len(tables)} tables"
     interval = checks_interval_s() if interval_s is None else interval_s
@@ -383,7 +385,6 @@ def outbox_sensor(
             latest_offsets=lambda: kafka.latest_offsets(pipeline.topic, spec.kafka.consumer_settings()),
             warn=context.log.warning,
         )
-        staged_key = PipelineKeys.of(spec, pipeline).staged
         try:  # the data versions (krishiv_assets/data_versions.py): what is staged, and what each table committed
             staged = staged_report(context.instance, staged_key, ledger_offsets(book, first, pipeline))
             versions = {

@@ -18,7 +18,6 @@ tables is the database itself (``SELECT *``).
 
 from __future__ import annotations
 
-import json
 import random
 import signal
 import threading
@@ -44,7 +43,13 @@ from tests.services.debezium_capture import Capture, CapturedRecord, start_captu
 from tests.services.private_postgres import LogicalPostgres
 from tests.services.processes import stop
 from tests.services.schema_registry import SchemaRegistryServer
-from tests.spark_jobs.pipeline_helpers import all_topics_committed, krishiv_cli, start_krishiv, wait_for
+from tests.spark_jobs.pipeline_helpers import (
+    all_topics_committed,
+    krishiv_cli,
+    start_krishiv,
+    verified_status,
+    wait_for,
+)
 
 TIMEOUT_S = 300.0
 PARTITIONS = 2
@@ -328,11 +333,7 @@ def test_a_database_of_five_tables_lands_whole_transactions_through_a_kill(
     assert reader.cuts >= 5, f"the reader saw {reader.cuts} cuts ({reader.errors[:3]})"
     for table in TABLES:
         assert _table_rows(spec, table) == shop.rows(table), table
-    result = krishiv_cli(spec_file, "verify")
-    assert result.returncode == 0, result.stdout + result.stderr
-    status = krishiv_cli(spec_file, "status", "--json")
-    assert status.returncode == 0, status.stdout + status.stderr
-    shown = json.loads(status.stdout)["pipelines"][0]
+    shown = verified_status(spec_file)
     assert shown["topics"] == [*map(topic_of, TABLES), TRANSACTION_TOPIC]
     assert {(p["topic"], p["partition"]) for p in shown["partitions"]} == {
         *((topic_of(t), p) for t in TABLES for p in range(PARTITIONS)),

@@ -26,7 +26,13 @@ from krishiv.produce import OrderEvent, ensure_topic, produce
 from krishiv_core.catalog import load_catalog, qualified
 from krishiv_core.spec import load_spec
 from tests.services.processes import stop
-from tests.spark_jobs.pipeline_helpers import all_topics_committed, krishiv_cli, start_krishiv, wait_for
+from tests.spark_jobs.pipeline_helpers import (
+    all_topics_committed,
+    krishiv_cli,
+    start_krishiv,
+    verified_status,
+    wait_for,
+)
 
 TIMEOUT_S = 240.0
 PARTITIONS = 2
@@ -182,9 +188,5 @@ def test_tables_appear_as_their_topics_do_and_an_unreadable_topic_stops_with_one
         stop(run)
     for table in FIELDS:
         assert _rows(spec_file, table) == db.expected(table), table
-    verify = krishiv_cli(spec_file, "verify")
-    assert verify.returncode == 0, verify.stdout + verify.stderr
-    status = krishiv_cli(spec_file, "status", "--json")
-    assert status.returncode == 0, status.stdout + status.stderr
-    shown = json.loads(status.stdout)["pipelines"][0]
+    shown = verified_status(spec_file)
     assert shown["topics"] == [topic[t] for t in FIELDS] and shown["topic_pattern"] == rf"{prefix}\.public\..*"

@@ -35,7 +35,8 @@ from krishiv_core.entries import COMMITTED
 from krishiv_core.spec import KrishivSpec, load_spec
 from outbox.ledger import Ledger
 from spark_jobs.kafka_source import latest_offsets
-from tests.services.dagster_web import DagsterWeb, stop_group
+from tests.services.dagster_web import DagsterWeb
+from tests.services.processes import stop_group
 from tests.spark_jobs.pipeline_helpers import assert_exactly_once, krishiv_cli, produce_orders
 
 if TYPE_CHECKING:

@@ -34,7 +34,8 @@ import yaml
 from krishiv.broker import LocalBroker, free_port
 from krishiv.produce import OrderEvent, demo_orders, ensure_topic, produce
 from tests.krishiv_assets.test_dagster_dev import STARTUP_TIMEOUT_S, wait_until
-from tests.services.dagster_web import DagsterWeb, stop_group
+from tests.services.dagster_web import DagsterWeb
+from tests.services.processes import stop_group
 
 ROOT = Path(__file__).resolve().parents[2]
 UV = Path(sys.executable).with_name("uv")
@@ -112,6 +113,7 @@ class Project:
     folder: Path  # the project's root, made by create-dagster
     bin: Path  # the fresh virtualenv's scripts
     env: dict[str, str]  # the environment dg and krishiv run with there
+    topic: str  # the spec's topic
 
     def dg(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         return _run([str(self.bin / "dg"), *args], self.folder, self.env, timeout)
@@ -140,8 +142,9 @@ def project(broker: LocalBroker, tmp_path_factory: pytest.TempPathFactory) -> Pr
     _run([str(venv / "bin" / "create-dagster"), "project", "shop", "--no-uv-sync"], work, env)
     folder = work / "shop"
     _run([*install, "--no-deps", "-e", str(folder)], work, env, INSTALL_TIMEOUT_S)
-    (folder / "krishiv.toml").write_text(SPEC.format(bootstrap=broker.bootstrap, topic=f"shop-{uuid.uuid4().hex[:8]}"))
-    return Project(folder, venv / "bin", env)
+    topic = f"shop-{uuid.uuid4().hex[:8]}"
+    (folder / "krishiv.toml").write_text(SPEC.format(bootstrap=broker.bootstrap, topic=topic))
+    return Project(folder, venv / "bin", env, topic)
 
 
 def test_the_component_is_listed_scaffolded_and_checked(project: Project) -> None:
@@ -163,7 +166,7 @@ def test_the_component_is_listed_scaffolded_and_checked(project: Project) -> Non
     assert "All definitions loaded successfully" in project.dg("check", "defs").stdout
     defs = json.loads(project.dg("list", "defs", "--json").stdout)
     assets = {"/".join(a["asset_key_parts"]): a for a in defs["assets"]}
-    topic = f"kafka/{_topic(project)}"
+    topic = f"kafka/{project.topic}"
     # The lineage the UI draws: topic -> staging -> table -> the user's asset.
     assert assets["orders/staged_batches"]["dependency_keys"] == [topic]
     assert assets["iceberg/krishiv/orders"]["dependency_keys"] == ["orders/staged_batches"]
@@ -276,10 +279,6 @@ class DgDev(DagsterWeb):
         }
 
 
-def _topic(project: Project) -> str:
-    return re.search(r'topic = "([^"]+)"', (project.folder / "krishiv.toml").read_text()).group(1)
-
-
 def oracle(events: list[OrderEvent]) -> dict[str, list]:
     """The report's documented content, folded from the produced events: every valid event is one row of the events
     table; per customer, the rows and the sum of their amounts."""
@@ -299,11 +298,10 @@ def _report_shows(project: Project, dev: DgDev, expected: dict[str, list]) -> di
     return json.loads(report.read_text()) if done and report.exists() else None
 
 
-@pytest.mark.usefixtures("project")
 def test_sensors_commit_checks_pass_and_the_users_asset_follows_each_commit(
     project: Project, dg_dev: DgDev, broker: LocalBroker
 ) -> None:
-    topic = _topic(project)
+    topic = project.topic
     partitions = ensure_topic(broker.bootstrap, topic, 2)
     produced: list[OrderEvent] = []
     # Under 1 % rejects, so the rejects_rate check passes.

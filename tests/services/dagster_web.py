@@ -1,12 +1,8 @@
-"""A Dagster webserver as the end-to-end tests talk to it (its GraphQL API, whether it answers), and stopping the
-process group that runs it."""
+"""A Dagster webserver as the end-to-end tests talk to it: its GraphQL API, and whether it answers."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import urllib.request
 from dataclasses import dataclass
 
@@ -30,16 +26,3 @@ class DagsterWeb:
                 return response.status == 200
         except OSError:
             return False
-
-
-def stop_group(process: subprocess.Popen, grace_s: float = 60) -> None:
-    """SIGTERM to the process group ``process`` leads (Dagster stops its webserver, daemon, code server and runs),
-    then SIGKILL to what is left after ``grace_s``."""
-    if process.poll() is not None:
-        return
-    os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()

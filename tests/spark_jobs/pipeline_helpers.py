@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -52,6 +53,15 @@ def krishiv_cli(
         timeout=timeout,
         stdin=subprocess.DEVNULL,
     )
+
+
+def verified_status(spec_file: Path) -> dict:
+    """``krishiv verify`` (which must pass), then the first pipeline of ``krishiv status --json``."""
+    verify = krishiv_cli(spec_file, "verify")
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    status = krishiv_cli(spec_file, "status", "--json")
+    assert status.returncode == 0, status.stdout + status.stderr
+    return json.loads(status.stdout)["pipelines"][0]
 
 
 def start_krishiv(spec_file: Path, *args: str, output: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
