@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import random
+import time
 import uuid
 from decimal import Decimal
 from pathlib import Path
@@ -25,7 +26,9 @@ from krishiv.broker import LocalBroker
 from krishiv.produce import OrderEvent, ensure_topic, produce
 from krishiv_core.catalog import load_catalog, qualified
 from krishiv_core.spec import load_spec
+from tests.services.other_engines import OtherEngines
 from tests.services.processes import stop
+from tests.services.tcp_front import TcpFront, fronted_broker  # noqa: F401 - the fixture
 from tests.spark_jobs.pipeline_helpers import (
     all_topics_committed,
     krishiv_cli,
@@ -35,6 +38,7 @@ from tests.spark_jobs.pipeline_helpers import (
 )
 
 TIMEOUT_S = 240.0
+OUTAGE_S = 10.0  # the broker's outage under a continuous run: shorter than its bound
 PARTITIONS = 2
 FIELDS = {
     "customers": {"id": "int", "name": "string"},
@@ -48,7 +52,7 @@ def _section(table: str) -> str:
     return f'\n[pipelines.tables.{table}]\nkey = ["id"]\n[pipelines.tables.{table}.fields]\n{fields}\n'
 
 
-def _spec_text(broker: LocalBroker, prefix: str, tables: list[str]) -> str:
+def _spec_text(broker: LocalBroker | TcpFront, prefix: str, tables: list[str]) -> str:
     settings = {"bootstrap": broker.bootstrap, "partitions": PARTITIONS, "catalog_uri": "sqlite:///catalog.db"}
     head = SETTINGS_TEMPLATE.format(**settings, warehouse="warehouse") + (
         f'\n[[pipelines]]\nname = "shop"\nkind = "upsert"\nenvelope = "debezium"\n'
@@ -115,7 +119,7 @@ def _precise(value: Decimal) -> str:
     return base64.b64encode(unscaled.to_bytes(unscaled.bit_length() // 8 + 1, "big", signed=True)).decode()
 
 
-def _send(broker: LocalBroker, topic: str, events: list[OrderEvent]) -> None:
+def _send(broker: LocalBroker | TcpFront, topic: str, events: list[OrderEvent]) -> None:
     ensure_topic(broker.bootstrap, topic, PARTITIONS)
     produce(broker.bootstrap, topic, events)
 
@@ -190,3 +194,58 @@ def test_tables_appear_as_their_topics_do_and_an_unreadable_topic_stops_with_one
         assert _rows(spec_file, table) == db.expected(table), table
     shown = verified_status(spec_file)
     assert shown["topics"] == [topic[t] for t in FIELDS] and shown["topic_pattern"] == rf"{prefix}\.public\..*"
+
+
+def test_a_pattern_run_rides_out_a_broker_outage_and_a_topic_made_after_it_joins(
+    fronted_broker: TcpFront,  # noqa: F811 - the fixture imported above
+    tmp_path: Path,
+    other_engines: OtherEngines,
+) -> None:
+    """The broker goes away under a continuous run over a pattern: the run waits for it (one line when it goes, one
+    when it is back; topic discovery waits too), then a topic made after the outage joins, and every table ends
+    equal to the fold of its events, read with pyiceberg and with polars, DuckDB and daft."""
+    prefix = f"out{uuid.uuid4().hex[:8]}"
+    topic = {t: f"{prefix}.public.{t}" for t in FIELDS}
+    spec_file = tmp_path / "krishiv.toml"
+    spec_file.write_text(_spec_text(fronted_broker, prefix, ["customers", "orders"]))
+    db = Database(seed=40)
+    _send(fronted_broker, topic["customers"], db.changes("customers", 40))
+    catalog = load_catalog(load_spec(spec_file, env={}))
+    output = tmp_path / "run.log"
+    run = start_krishiv(spec_file, "run", output=output, env={"KRISHIV_BROKER_OUTAGE_S": "120"})
+    try:
+        wait_for(lambda: all_topics_committed(load_spec(spec_file, env={})), "customers committed", output, TIMEOUT_S)
+        fronted_broker.cut()
+        cut_at = time.monotonic()
+        wait_for(lambda: "retrying for up to" in output.read_text(), "the outage reported", output, TIMEOUT_S)
+        # The outage lasts OUTAGE_S (a duration the test sets, not a wait for a condition); the run stays up.
+        wait_for(lambda: time.monotonic() - cut_at >= OUTAGE_S or run.poll() is not None, "the outage", output, 60)
+        assert run.poll() is None, output.read_text()[-3000:]
+        fronted_broker.restore()
+        wait_for(lambda: "is back after" in output.read_text(), "the broker's return reported", output, TIMEOUT_S)
+        _send(fronted_broker, topic["orders"], db.changes("orders", 50))
+        _send(fronted_broker, topic["customers"], db.changes("customers", 20))
+        wait_for(
+            lambda: "orders" in _tables(catalog) and all_topics_committed(load_spec(spec_file, env={})),
+            "orders committed after the outage",
+            output,
+            TIMEOUT_S,
+        )
+        assert run.poll() is None, output.read_text()[-3000:]
+    finally:
+        stop(run)
+    said = output.read_text()
+    assert "Traceback" not in said, said[-3000:]
+    assert f"new topics match its topic_pattern: {topic['orders']} (table orders)" in said
+    for table in ("customers", "orders"):
+        assert _rows(spec_file, table) == db.expected(table), table
+    shown = verified_status(spec_file)
+    assert shown["topics"] == [topic["customers"], topic["orders"]]
+    spec = load_spec(spec_file, env={})
+    tables = {t: load_catalog(spec).load_table(qualified(spec, t)).metadata_location for t in ("customers", "orders")}
+    for table, by_engine in other_engines.read(tables, tmp_path / "engines").items():
+        for engine, rows in by_engine.items():
+            assert {r["id"]: {c: r[c] for c in FIELDS[table]} for r in rows.to_pylist()} == db.expected(table), (
+                table,
+                engine,
+            )
